@@ -1,0 +1,2 @@
+//! LiteIO disk-agent.
+#![cfg_attr(not(feature = "spdk"), forbid(unsafe_code))]

@@ -1,0 +1,279 @@
+//! Typed validation of LiteIO objects. Every error names the field it is about, in the
+//! JSON path form an operator sees in `kubectl get -o yaml` (`spec.sizeByte`).
+
+use serde::de::DeserializeOwned;
+
+use crate::common::VolumeType;
+use crate::group::{AntstorVolumeGroup, SymmetryValue};
+use crate::keys::annotations;
+use crate::pool::StoragePool;
+use crate::size::{self, MIN_VOLUME_SIZE};
+use crate::snapshot::AntstorSnapshot;
+use crate::volume::AntstorVolume;
+
+/// One invalid field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ValidationError {
+    /// JSON path of the field (`spec.uuid`, `metadata.annotations[obnvmf/allocated-bytes]`).
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub reason: String,
+}
+
+impl ValidationError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// All invalid fields of one object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ValidationErrors(pub Vec<ValidationError>);
+
+impl ValidationErrors {
+    /// True when some error is about `field`.
+    pub fn mentions(&self, field: &str) -> bool {
+        self.0.iter().any(|e| e.field == field)
+    }
+}
+
+fn finish(errors: Vec<ValidationError>) -> Result<(), ValidationErrors> {
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ValidationErrors(errors))
+    }
+}
+
+/// Values a string enum accepts, read from its JSON schema.
+pub fn allowed_values<T: schemars::JsonSchema>() -> Vec<String> {
+    let schema = schemars::schema_for!(T);
+    let mut out = Vec::new();
+    let value = schema.as_value();
+    if let Some(list) = value.get("enum").and_then(|v| v.as_array()) {
+        out.extend(list.iter().filter_map(|v| v.as_str().map(str::to_string)));
+    }
+    if let Some(list) = value.get("oneOf").and_then(|v| v.as_array()) {
+        for item in list {
+            if let Some(c) = item.get("const").and_then(|v| v.as_str()) {
+                out.push(c.to_string());
+            }
+            if let Some(e) = item.get("enum").and_then(|v| v.as_array()) {
+                out.extend(e.iter().filter_map(|v| v.as_str().map(str::to_string)));
+            }
+        }
+    }
+    out
+}
+
+/// Parse a string enum value, with an error naming `field` and the allowed values.
+pub fn parse_enum<T: DeserializeOwned + schemars::JsonSchema>(
+    field: &str,
+    value: &str,
+) -> Result<T, ValidationError> {
+    serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
+        let allowed = allowed_values::<T>()
+            .iter()
+            .map(|v| format!("{v:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        ValidationError::new(field, format!("{value:?} is not one of {allowed}"))
+    })
+}
+
+fn annotation<'a>(
+    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> Option<&'a str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn check_u64_annotation(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+    errors: &mut Vec<ValidationError>,
+) {
+    if let Some(v) = annotation(meta, key) {
+        if v.trim().parse::<u64>().is_err() {
+            errors.push(ValidationError::new(
+                format!("metadata.annotations[{key}]"),
+                format!("{v:?} is not a byte count (a non-negative integer)"),
+            ));
+        }
+    }
+}
+
+/// Validate an AntstorVolume as the API server's CEL rules and LiteIO's webhook would, plus
+/// the annotations the scheduler and agent read.
+pub fn volume(v: &AntstorVolume) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    if v.spec.uuid.trim().is_empty() {
+        errors.push(ValidationError::new("spec.uuid", "must not be empty"));
+    }
+    if v.spec.size_byte < MIN_VOLUME_SIZE {
+        errors.push(ValidationError::new(
+            "spec.sizeByte",
+            format!(
+                "{} bytes is below the minimum of {} ({MIN_VOLUME_SIZE} bytes)",
+                v.spec.size_byte,
+                size::format_bytes(MIN_VOLUME_SIZE)
+            ),
+        ));
+    }
+    if let (Some(VolumeType::KernelLVol), Some(_)) = (v.spec.type_, &v.spec.spdk_lvol) {
+        errors.push(ValidationError::new(
+            "spec.spdkLvol",
+            "is set on a KernelLVol volume",
+        ));
+    }
+    if let (Some(VolumeType::SpdkLVol), Some(_)) = (v.spec.type_, &v.spec.kernel_lvol) {
+        errors.push(ValidationError::new(
+            "spec.kernelLvol",
+            "is set on a SpdkLVol volume",
+        ));
+    }
+    check_u64_annotation(&v.metadata, annotations::ALLOCATED_BYTES, &mut errors);
+    check_u64_annotation(
+        &v.metadata,
+        annotations::SNAPSHOT_RESERVED_BYTES,
+        &mut errors,
+    );
+    if let Some(layout) = annotation(&v.metadata, annotations::LV_LAYOUT) {
+        if layout != "linear" && layout != "striped" {
+            errors.push(ValidationError::new(
+                format!("metadata.annotations[{}]", annotations::LV_LAYOUT),
+                format!("{layout:?} is not one of \"linear\", \"striped\""),
+            ));
+        }
+    }
+    finish(errors)
+}
+
+/// Validate an AntstorSnapshot.
+pub fn snapshot(s: &AntstorSnapshot) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    if s.spec.uuid.trim().is_empty() {
+        errors.push(ValidationError::new("spec.uuid", "must not be empty"));
+    }
+    if s.spec.size < 0 {
+        errors.push(ValidationError::new(
+            "spec.size",
+            format!("{} is negative", s.spec.size),
+        ));
+    }
+    if s.spec.origin_vol_name.is_empty() {
+        errors.push(ValidationError::new(
+            "spec.originVolName",
+            "must name the volume to snapshot",
+        ));
+    }
+    if s.spec.origin_vol_namespace.is_empty() {
+        errors.push(ValidationError::new(
+            "spec.originVolNamespace",
+            "must not be empty",
+        ));
+    }
+    finish(errors)
+}
+
+/// Validate a StoragePool: exactly one engine section, named after its node.
+pub fn pool(p: &StoragePool) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    let lvm = !p.spec.kernel_lvm.name.is_empty();
+    let lvs = !p.spec.spdk_lv_store.name.is_empty();
+    if lvm && lvs {
+        errors.push(ValidationError::new(
+            "spec",
+            "kernelLvm.name and spdkLVStore.name are both set; a pool has one engine",
+        ));
+    }
+    if let Some(name) = &p.metadata.name {
+        if !p.spec.node_info.id.is_empty() && &p.spec.node_info.id != name {
+            errors.push(ValidationError::new(
+                "spec.nodeInfo.id",
+                format!(
+                    "{:?} differs from the pool name {name:?}; a pool is named after its node",
+                    p.spec.node_info.id
+                ),
+            ));
+        }
+    }
+    if lvs && p.spec.spdk_lv_store.cluster_size < 0 {
+        errors.push(ValidationError::new(
+            "spec.spdkLVStore.clusterSize",
+            "is negative",
+        ));
+    }
+    finish(errors)
+}
+
+/// Validate an AntstorVolumeGroup (LiteIO accepted groups that could never be scheduled).
+pub fn volume_group(g: &AntstorVolumeGroup) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    let d = &g.spec.desired_volume_spec;
+    if g.spec.total_size <= 0 {
+        errors.push(ValidationError::new("spec.totalSize", "must be positive"));
+    }
+    if d.count_range.min < 0 || d.count_range.max < 0 {
+        errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.countRange",
+            "bounds must not be negative",
+        ));
+    }
+    if d.count_range.max > 0 && d.count_range.min > d.count_range.max {
+        errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.countRange",
+            format!(
+                "min {} is above max {}",
+                d.count_range.min, d.count_range.max
+            ),
+        ));
+    }
+    let min = d
+        .size_range
+        .min
+        .as_ref()
+        .map(size::parse_quantity)
+        .transpose();
+    let max = d
+        .size_range
+        .max
+        .as_ref()
+        .map(size::parse_quantity)
+        .transpose();
+    match (min, max) {
+        (Err(e), _) => errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.sizeRange.min",
+            e.to_string(),
+        )),
+        (_, Err(e)) => errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.sizeRange.max",
+            e.to_string(),
+        )),
+        (Ok(Some(lo)), Ok(Some(hi))) if lo > hi => errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.sizeRange",
+            format!(
+                "min {} is above max {}",
+                size::format_bytes(lo),
+                size::format_bytes(hi)
+            ),
+        )),
+        _ => {}
+    }
+    if d.size_symmetry == SymmetryValue::Symmetric && d.desired_count <= 0 {
+        errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.desiredCount",
+            "must be positive for a Symmetric group",
+        ));
+    }
+    finish(errors)
+}

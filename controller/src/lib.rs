@@ -1,0 +1,2 @@
+//! LiteIO controller.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! LiteIO csi.
+#![forbid(unsafe_code)]

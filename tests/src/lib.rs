@@ -1,0 +1,2 @@
+//! Cross-component test support.
+#![forbid(unsafe_code)]
