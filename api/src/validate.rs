@@ -102,13 +102,13 @@ fn check_u64_annotation(
     key: &str,
     errors: &mut Vec<ValidationError>,
 ) {
-    if let Some(v) = annotation(meta, key) {
-        if v.trim().parse::<u64>().is_err() {
-            errors.push(ValidationError::new(
-                format!("metadata.annotations[{key}]"),
-                format!("{v:?} is not a byte count (a non-negative integer)"),
-            ));
-        }
+    if let Some(v) = annotation(meta, key)
+        && v.trim().parse::<u64>().is_err()
+    {
+        errors.push(ValidationError::new(
+            format!("metadata.annotations[{key}]"),
+            format!("{v:?} is not a byte count (a non-negative integer)"),
+        ));
     }
 }
 
@@ -147,13 +147,14 @@ pub fn volume(v: &AntstorVolume) -> Result<(), ValidationErrors> {
         annotations::SNAPSHOT_RESERVED_BYTES,
         &mut errors,
     );
-    if let Some(layout) = annotation(&v.metadata, annotations::LV_LAYOUT) {
-        if layout != "linear" && layout != "striped" {
-            errors.push(ValidationError::new(
-                format!("metadata.annotations[{}]", annotations::LV_LAYOUT),
-                format!("{layout:?} is not one of \"linear\", \"striped\""),
-            ));
-        }
+    if let Some(layout) = annotation(&v.metadata, annotations::LV_LAYOUT)
+        && layout != "linear"
+        && layout != "striped"
+    {
+        errors.push(ValidationError::new(
+            format!("metadata.annotations[{}]", annotations::LV_LAYOUT),
+            format!("{layout:?} is not one of \"linear\", \"striped\""),
+        ));
     }
     finish(errors)
 }
@@ -196,16 +197,17 @@ pub fn pool(p: &StoragePool) -> Result<(), ValidationErrors> {
             "kernelLvm.name and spdkLVStore.name are both set; a pool has one engine",
         ));
     }
-    if let Some(name) = &p.metadata.name {
-        if !p.spec.node_info.id.is_empty() && &p.spec.node_info.id != name {
-            errors.push(ValidationError::new(
-                "spec.nodeInfo.id",
-                format!(
-                    "{:?} differs from the pool name {name:?}; a pool is named after its node",
-                    p.spec.node_info.id
-                ),
-            ));
-        }
+    if let Some(name) = &p.metadata.name
+        && !p.spec.node_info.id.is_empty()
+        && &p.spec.node_info.id != name
+    {
+        errors.push(ValidationError::new(
+            "spec.nodeInfo.id",
+            format!(
+                "{:?} differs from the pool name {name:?}; a pool is named after its node",
+                p.spec.node_info.id
+            ),
+        ));
     }
     if lvs && p.spec.spdk_lv_store.cluster_size < 0 {
         errors.push(ValidationError::new(

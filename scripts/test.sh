@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# LiteIO's test command: installs what the checks need, then runs the format check, clippy
+# with -D warnings, and every test tier, and prints one summary line per tier.
+#
+#   T0  unit tests (lib and bin targets, tests/t0_*.rs): always
+#   T1  components against the test API server and the file engine (tests/t1_*.rs): always
+#   T2  against a real kube-apiserver (tests/t2_*.rs): when LITEIO_TEST_KUBECONFIG is set
+#   T3  against real SPDK (agent feature `spdk`, tests/t3_*.rs): when SPDK is found
+#       (SPDK_DIR, vendor/spdk, or pkg-config's spdk_nvmf)
+#
+# Safe to run twice. Exit status is non-zero when a check or a test failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+export CARGO_TERM_COLOR=never
+log_dir=${LITEIO_TEST_LOG_DIR:-$root/target/test-logs}
+mkdir -p "$log_dir"
+
+say() { printf '==> %s\n' "$*"; }
+
+# --- what the checks need -------------------------------------------------------------
+need_pkgs=()
+for p in build-essential pkg-config libclang-dev clang util-linux xfsprogs e2fsprogs jq python3; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "installing Debian packages: ${need_pkgs[*]}"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null \
+            || say "warning: could not install ${need_pkgs[*]}"
+    else
+        say "warning: missing Debian packages (run as root to install): ${need_pkgs[*]}"
+    fi
+fi
+if ! command -v cargo >/dev/null; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null; then
+    say "cargo not found: install a Rust toolchain (1.89 or newer) with rustfmt and clippy"
+    exit 1
+fi
+for comp in rustfmt clippy; do
+    if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+        rustup component add "$comp" >/dev/null 2>&1 || true
+    fi
+done
+
+spdk_found() {
+    [ -n "${SPDK_DIR:-}" ] && return 0
+    [ -e "$root/vendor/spdk" ] && return 0
+    pkg-config --exists spdk_nvmf 2>/dev/null
+}
+
+# --- static checks --------------------------------------------------------------------
+failed_checks=0
+say "cargo fmt --check"
+cargo fmt --all -- --check || { say "FAILED: formatting (run cargo fmt --all)"; failed_checks=$((failed_checks + 1)); }
+say "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings 2>&1 | tail -n 60
+[ "${PIPESTATUS[0]}" = 0 ] || { say "FAILED: clippy"; failed_checks=$((failed_checks + 1)); }
+if spdk_found; then
+    say "cargo clippy -p liteio-agent --features spdk -D warnings"
+    cargo clippy -p liteio-agent --features spdk --all-targets --locked -- -D warnings 2>&1 | tail -n 60
+    [ "${PIPESTATUS[0]}" = 0 ] || { say "FAILED: clippy (spdk)"; failed_checks=$((failed_checks + 1)); }
+fi
+
+# --- tiers ----------------------------------------------------------------------------
+# Names of integration-test targets that start with a prefix, across the workspace.
+targets_with_prefix() {
+    cargo metadata --no-deps --format-version 1 --locked 2>/dev/null \
+        | jq -r --arg p "$1" '.packages[].targets[] | select(.kind == ["test"]) | select(.name | startswith($p)) | .name'
+}
+
+summary=()
+total_pass=0 total_fail=0 total_skip=0
+# run_tier NAME LABEL -- cargo test args...
+run_tier() {
+    local name=$1 label=$2; shift 3
+    local log="$log_dir/$name.log"
+    say "$name $label: cargo test $*"
+    cargo test --locked "$@" 2>&1 | tee "$log" | grep -E '^(test result|failures:|---- | *panicked|error(\[|:))' || true
+    local status=${PIPESTATUS[0]}
+    local pass fail ign
+    pass=$(sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)
+    fail=$(sed -n 's/^test result: .* \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)
+    ign=$(sed -n 's/^test result: .* \([0-9]*\) ignored.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)
+    pass=${pass:-0} fail=${fail:-0} ign=${ign:-0}
+    if [ "$status" != 0 ] && [ "$fail" = 0 ]; then
+        fail=1 # build error or crashed test binary
+        say "FAILED: $name did not build or a test binary crashed; see $log"
+    fi
+    summary+=("$name: $pass passed, $fail failed, $ign skipped ($label)")
+    total_pass=$((total_pass + pass)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + ign))
+}
+skip_tier() {
+    summary+=("$1: 0 passed, 0 failed, 1 skipped ($2)")
+    total_skip=$((total_skip + 1))
+    say "$1 skipped: $2"
+}
+
+t0_args=(--workspace --lib --bins)
+[ -n "$(targets_with_prefix t0_)" ] && t0_args+=(--test 't0_*')
+run_tier T0 "unit" -- "${t0_args[@]}"
+
+if [ -n "$(targets_with_prefix t1_)" ]; then
+    run_tier T1 "test API server, file engine" -- --workspace --test 't1_*'
+else
+    skip_tier T1 "no T1 tests in the workspace yet"
+fi
+
+if [ -z "${LITEIO_TEST_KUBECONFIG:-}" ]; then
+    skip_tier T2 "LITEIO_TEST_KUBECONFIG not set: no real kube-apiserver"
+elif [ -z "$(targets_with_prefix t2_)" ]; then
+    skip_tier T2 "no T2 tests in the workspace yet"
+else
+    run_tier T2 "real kube-apiserver at $LITEIO_TEST_KUBECONFIG" -- --workspace --test 't2_*' -- --test-threads=1
+fi
+
+if ! spdk_found; then
+    skip_tier T3 "SPDK not found (set SPDK_DIR, place it at vendor/spdk, or install spdk_nvmf.pc for pkg-config)"
+else
+    t3_args=(-p liteio-agent --features spdk --lib)
+    [ -n "$(targets_with_prefix t3_)" ] && t3_args+=(--test 't3_*')
+    run_tier T3 "real SPDK" -- "${t3_args[@]}" -- --test-threads=1
+fi
+
+echo
+echo "LiteIO test summary"
+for line in "${summary[@]}"; do echo "$line"; done
+[ "$failed_checks" = 0 ] || echo "static checks: $failed_checks failed (fmt/clippy)"
+echo "total: $total_pass passed, $((total_fail + failed_checks)) failed, $total_skip skipped"
+[ "$total_fail" = 0 ] && [ "$failed_checks" = 0 ]
