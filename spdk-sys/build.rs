@@ -1,4 +1,21 @@
-//! Finds SPDK and generates bindings when the `link` feature is on; does nothing otherwise.
+//! Finds SPDK, compiles LiteIO's C shim against it, generates bindings, and tells cargo how to
+//! link it. Does nothing unless the `link` feature is on.
+//!
+//! Lookup order (the first that exists wins):
+//! 1. `SPDK_INCLUDE_DIR` + `SPDK_LIB_DIR` (+ `SPDK_SRC_DIR` for the source-tree headers);
+//! 2. `SPDK_DIR`: an SPDK build tree (`build/lib`) or an install prefix (`lib`);
+//! 3. `vendor/spdk` at the workspace root, same shapes;
+//! 4. pkg-config `spdk_nvmf` (its prefix), with the source-tree headers from `SPDK_SRC_DIR`
+//!    or `<prefix>/share/spdk/src`.
+//!
+//! SPDK does not install the headers of the aio, lvol, malloc, null and raid bdev modules, nor
+//! `spdk_internal/`; the shim needs them, so a source tree is required beside an install
+//! prefix. The shim was written against SPDK 26.05: any other version is refused.
+//!
+//! Linking: static archives (`lib/libspdk_*.a`) are linked whole-archive, because SPDK's
+//! modules register themselves from constructors that nothing references; shared libraries
+//! (`SPDK_LINK=shared`) are linked with `--no-as-needed` for the same reason. DPDK and the
+//! system libraries come from pkg-config (`libdpdk`) and SPDK's `spdk_syslibs` list.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -8,24 +25,307 @@ fn main() {
 
 #[cfg(feature = "link")]
 mod link {
+    use std::path::{Path, PathBuf};
+
+    /// SPDK libraries the agent uses, in link order (dependents before dependencies).
+    const SPDK_LIBS: &[&str] = &[
+        "spdk_event_nvmf",
+        "spdk_event_bdev",
+        "spdk_event_accel",
+        "spdk_event_iobuf",
+        "spdk_event_keyring",
+        "spdk_event_sock",
+        "spdk_event_vmd",
+        "spdk_event_scheduler",
+        "spdk_event",
+        "spdk_nvmf",
+        "spdk_bdev_aio",
+        "spdk_bdev_lvol",
+        "spdk_bdev_malloc",
+        "spdk_bdev_null",
+        "spdk_bdev_nvme",
+        "spdk_bdev_raid",
+        "spdk_bdev",
+        "spdk_lvol",
+        "spdk_blob_bdev",
+        "spdk_blob",
+        "spdk_accel",
+        "spdk_accel_error",
+        "spdk_dma",
+        "spdk_nvme",
+        "spdk_sock_posix",
+        "spdk_sock",
+        "spdk_keyring",
+        "spdk_vmd",
+        "spdk_init",
+        "spdk_scheduler_dynamic",
+        "spdk_rpc",
+        "spdk_jsonrpc",
+        "spdk_json",
+        "spdk_notify",
+        "spdk_trace",
+        "spdk_thread",
+        "spdk_env_dpdk",
+        "spdk_env_dpdk_rpc",
+        "spdk_util",
+        "spdk_log",
+    ];
+    /// DPDK libraries SPDK's environment uses (its `spdk_env_dpdk.pc`), drivers included.
+    const DPDK_LIBS: &[&str] = &[
+        "rte_bus_pci",
+        "rte_cryptodev",
+        "rte_dmadev",
+        "rte_eal",
+        "rte_ethdev",
+        "rte_hash",
+        "rte_kvargs",
+        "rte_mbuf",
+        "rte_mempool",
+        "rte_mempool_ring",
+        "rte_meter",
+        "rte_net",
+        "rte_pci",
+        "rte_power",
+        "rte_rcu",
+        "rte_ring",
+        "rte_telemetry",
+        "rte_timer",
+        "rte_vhost",
+    ];
+    /// System libraries of SPDK (its `spdk_syslibs.pc`).
+    const SYS_LIBS: &[&str] = &[
+        "isal", "uuid", "ssl", "crypto", "aio", "numa", "keyutils", "fuse3", "bsd", "rt", "dl", "m",
+    ];
+    /// Module headers the shim and bindings need, relative to a source tree.
+    const MODULE_DIRS: &[&str] = &[
+        "module/bdev/aio",
+        "module/bdev/lvol",
+        "module/bdev/malloc",
+        "module/bdev/null",
+        "module/bdev/raid",
+    ];
+
+    struct Spdk {
+        include: PathBuf,
+        lib: PathBuf,
+        src: PathBuf,
+    }
+
+    fn fail(msg: &str) -> ! {
+        panic!(
+            "\n\nspdk-sys: {msg}\n\nSPDK not found. Install SPDK v26.05 (shared or static) where pkg-config finds it \
+             (spdk_nvmf.pc) together with its source tree (SPDK_SRC_DIR, or <prefix>/share/spdk/src), or set SPDK_DIR \
+             to an SPDK build tree, or place one at vendor/spdk.\n\n"
+        )
+    }
+
+    fn env_path(var: &str) -> Option<PathBuf> {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    }
+
+    fn is_src(dir: &Path) -> bool {
+        dir.join("include/spdk_internal/lvolstore.h").exists()
+            && MODULE_DIRS.iter().all(|m| dir.join(m).is_dir())
+    }
+
+    /// A build tree (`build/lib`, `include`, modules) or an install prefix (`lib`, `include`).
+    fn tree(dir: &Path) -> Option<Spdk> {
+        let dir = dir.canonicalize().ok()?;
+        if dir.join("build/lib").is_dir() && is_src(&dir) {
+            return Some(Spdk {
+                include: dir.join("include"),
+                lib: dir.join("build/lib"),
+                src: dir,
+            });
+        }
+        if dir.join("lib").is_dir() && dir.join("include/spdk/nvmf.h").exists() {
+            let src = env_path("SPDK_SRC_DIR").or_else(|| Some(dir.join("share/spdk/src")))?;
+            if !is_src(&src) {
+                fail(&format!(
+                    "{} is an install prefix but the SPDK source tree (SPDK_SRC_DIR or {}) is missing",
+                    dir.display(),
+                    src.display()
+                ));
+            }
+            return Some(Spdk {
+                include: dir.join("include"),
+                lib: dir.join("lib"),
+                src,
+            });
+        }
+        None
+    }
+
+    fn locate() -> Spdk {
+        if let (Some(include), Some(lib)) = (env_path("SPDK_INCLUDE_DIR"), env_path("SPDK_LIB_DIR"))
+        {
+            let src = env_path("SPDK_SRC_DIR")
+                .unwrap_or_else(|| fail("SPDK_INCLUDE_DIR/SPDK_LIB_DIR need SPDK_SRC_DIR too"));
+            return Spdk { include, lib, src };
+        }
+        if let Some(dir) = env_path("SPDK_DIR") {
+            return tree(&dir).unwrap_or_else(|| {
+                fail(&format!(
+                    "SPDK_DIR={} is neither an SPDK build tree nor an install prefix",
+                    dir.display()
+                ))
+            });
+        }
+        let vendor = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vendor/spdk");
+        if vendor.exists() {
+            return tree(&vendor).unwrap_or_else(|| {
+                fail("vendor/spdk is neither an SPDK build tree nor an install prefix")
+            });
+        }
+        match pkg_config::Config::new()
+            .cargo_metadata(false)
+            .probe("spdk_nvmf")
+        {
+            Ok(lib) => {
+                let libdir = lib
+                    .link_paths
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| fail("spdk_nvmf.pc names no library directory"));
+                let prefix = libdir.parent().map(Path::to_path_buf).unwrap_or_default();
+                tree(&prefix).unwrap_or_else(|| {
+                    fail(&format!(
+                        "pkg-config prefix {} is not an SPDK install",
+                        prefix.display()
+                    ))
+                })
+            }
+            Err(e) => fail(&format!("pkg-config: {e}")),
+        }
+    }
+
+    fn check_version(spdk: &Spdk) {
+        let header = spdk.include.join("spdk/version.h");
+        let text = std::fs::read_to_string(&header)
+            .unwrap_or_else(|e| fail(&format!("{}: {e}", header.display())));
+        let field = |name: &str| -> Option<u32> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name}")))
+                .and_then(|rest| rest.trim().parse().ok())
+        };
+        match (field("SPDK_VERSION_MAJOR"), field("SPDK_VERSION_MINOR")) {
+            (Some(26), Some(5)) => {}
+            (major, minor) => fail(&format!(
+                "SPDK 26.05 is required (the shim's declarations are checked against it); found {major:?}.{minor:?} in {}",
+                header.display()
+            )),
+        }
+    }
+
+    fn link(spdk: &Spdk) {
+        let shared = std::env::var("SPDK_LINK")
+            .map(|v| v == "shared")
+            .unwrap_or(false);
+        println!("cargo:rustc-link-search=native={}", spdk.lib.display());
+        // Arguments the final link needs that a library's build script cannot give it:
+        // shared libraries whose only job is a constructor (DPDK's mempool ring and PCI bus
+        // drivers, SPDK modules when shared) must be kept with --no-as-needed. Dependents read
+        // them as DEP_SPDK_LINK_ARGS (see the agent's build.rs).
+        let mut final_args = vec!["-Wl,--no-as-needed".to_string()];
+        for lib in SPDK_LIBS {
+            let archive = spdk.lib.join(format!("lib{lib}.a"));
+            if !shared && archive.exists() {
+                println!("cargo:rustc-link-lib=static:+whole-archive,-bundle={lib}");
+            } else {
+                println!("cargo:rustc-link-lib=dylib={lib}");
+                final_args.push(format!("-l{lib}"));
+            }
+        }
+        if shared {
+            final_args.push(format!("-Wl,-rpath,{}", spdk.lib.display()));
+        }
+        match pkg_config::Config::new()
+            .cargo_metadata(false)
+            .probe("libdpdk")
+        {
+            Ok(dpdk) => {
+                for p in &dpdk.link_paths {
+                    println!("cargo:rustc-link-search=native={}", p.display());
+                }
+                for l in DPDK_LIBS {
+                    println!("cargo:rustc-link-lib=dylib={l}");
+                    final_args.push(format!("-l{l}"));
+                }
+            }
+            Err(e) => fail(&format!("DPDK (libdpdk.pc) not found: {e}")),
+        }
+        final_args.push("-Wl,--as-needed".to_string());
+        println!("cargo:link_args={}", final_args.join(" "));
+        for l in SYS_LIBS {
+            println!("cargo:rustc-link-lib=dylib={l}");
+        }
+    }
+
     pub fn run() {
         for var in [
             "SPDK_DIR",
             "SPDK_INCLUDE_DIR",
             "SPDK_LIB_DIR",
+            "SPDK_SRC_DIR",
+            "SPDK_LINK",
             "PKG_CONFIG_PATH",
         ] {
             println!("cargo:rerun-if-env-changed={var}");
         }
-        let found = std::env::var_os("SPDK_DIR").is_some()
-            || std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../vendor/spdk"))
-                .exists()
-            || pkg_config::Config::new().probe("spdk_nvmf").is_ok();
-        if !found {
-            panic!(
-                "SPDK not found. Install SPDK (v26.05) where pkg-config finds it (spdk_nvmf.pc), \
-                 or set SPDK_DIR to an SPDK build or install tree, or place one at vendor/spdk."
-            );
+        for f in ["wrapper.h", "shim/shim.c", "shim/shim.h"] {
+            println!("cargo:rerun-if-changed={f}");
         }
+        let spdk = locate();
+        check_version(&spdk);
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dpdk_includes = pkg_config::Config::new()
+            .cargo_metadata(false)
+            .probe("libdpdk")
+            .map(|l| l.include_paths)
+            .unwrap_or_default();
+        let mut includes = vec![
+            spdk.include.clone(),
+            spdk.src.join("include"),
+            manifest.join("shim"),
+        ];
+        includes.extend(MODULE_DIRS.iter().map(|m| spdk.src.join(m)));
+        includes.extend(dpdk_includes);
+
+        let mut cc = cc::Build::new();
+        cc.file("shim/shim.c")
+            .warnings(true)
+            .extra_warnings(false)
+            .flag_if_supported("-Wno-unused-parameter");
+        for i in &includes {
+            cc.include(i);
+        }
+        cc.compile("liteio_spdk_shim");
+
+        let mut builder = bindgen::Builder::default()
+            .header(manifest.join("wrapper.h").to_string_lossy())
+            .allowlist_function("spdk_.*|liteio_.*|create_aio_bdev|bdev_aio_.*|vbdev_.*")
+            .allowlist_type("spdk_.*|liteio_.*|lvs_clear_method|lvol_clear_method")
+            .allowlist_var("SPDK_.*|LITEIO_.*")
+            .opaque_type("spdk_nvme_ctrlr_data|spdk_nvme_.*_page|spdk_nvmf_fabric_.*|spdk_nvme_sgl_descriptor|spdk_nvme_cmd|spdk_nvme_cpl|spdk_nvmf_.*_cmd|spdk_nvme_registered_ctrlr.*|spdk_nvme_reservation.*|spdk_nvme_ns_data|spdk_nvme_feat.*|spdk_nvme_status|spdk_nvme_cdw.*|spdk_bdev_ext_io_opts|spdk_nvme_zns.*|spdk_nvme_cmds_and_effect.*|spdk_nvme_power_state|spdk_ocssd.*|spdk_nvmf_discovery_log.*|spdk_nvme_error_information_entry|spdk_nvme_health_information_page|spdk_nvme_fw_.*|spdk_nvme_ctrlr_list|spdk_nvme_ns_list|spdk_nvme_dsm_range|spdk_nvme_scc_source_range|spdk_nvme_ana_.*|spdk_nvme_primary_ctrl_capabilities|spdk_nvme_secondary_ctrl.*|spdk_nvme_ctrlr_register.*|spdk_nvme_io_msg.*|spdk_bdev_io|spdk_nvme_tcp_.*|spdk_nvme_cdata_.*|spdk_nvmf_transport_opts")
+            .derive_default(true)
+            .layout_tests(false)
+            .generate_comments(false)
+            .prepend_enum_name(false)
+            .default_enum_style(bindgen::EnumVariation::Consts)
+            .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+        for i in &includes {
+            builder = builder.clang_arg(format!("-I{}", i.display()));
+        }
+        let bindings = builder
+            .generate()
+            .unwrap_or_else(|e| fail(&format!("bindgen failed: {e}")));
+        let out =
+            PathBuf::from(std::env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR not set")));
+        bindings
+            .write_to_file(out.join("bindings.rs"))
+            .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+        link(&spdk);
     }
 }

@@ -1,0 +1,481 @@
+//! Block devices: malloc (tests), null (benchmarks), aio over a file or block device, raid0,
+//! listing and I/O statistics.
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+
+use super::error::{Result, SpdkError, libc_errno};
+use super::runtime::{cstr, drop_errno_ctx, errno_cb, errno_ctx, exec, from_c, on_reactor};
+
+/// What SPDK knows about a bdev.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BdevInfo {
+    /// Name.
+    pub name: String,
+    /// Product name (`Malloc disk`, `AIO disk`, `Logical Volume`, `NVMe disk`, …).
+    pub product: String,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Number of blocks.
+    pub num_blocks: u64,
+    /// UUID.
+    pub uuid: String,
+    /// Aliases (`lvs/lvol` for lvols).
+    pub aliases: Vec<String>,
+}
+
+impl BdevInfo {
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.num_blocks.saturating_mul(u64::from(self.block_size))
+    }
+}
+
+/// Cumulative I/O statistics of a bdev.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Read operations.
+    pub read_ops: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Write operations.
+    pub write_ops: u64,
+    /// Sum of read latencies, in microseconds.
+    pub read_latency_us: u64,
+    /// Sum of write latencies, in microseconds.
+    pub write_latency_us: u64,
+}
+
+pub(crate) fn bdev_by_name(name: &str) -> Result<*mut spdk_sys::spdk_bdev> {
+    let c = cstr("bdev", name)?;
+    // SAFETY: runs on an SPDK thread; `c` is a valid C string for the call.
+    let bdev = unsafe { spdk_sys::spdk_bdev_get_by_name(c.as_ptr()) };
+    if bdev.is_null() {
+        Err(SpdkError::NotFound {
+            kind: "bdev",
+            name: name.into(),
+        })
+    } else {
+        Ok(bdev)
+    }
+}
+
+pub(crate) fn bdev_info(bdev: *mut spdk_sys::spdk_bdev) -> BdevInfo {
+    // SAFETY: `bdev` is a live bdev on the reactor during this call; the
+    // getters only read it.
+    unsafe {
+        let mut uuid = [0 as std::ffi::c_char; 64];
+        spdk_sys::spdk_uuid_fmt_lower(
+            uuid.as_mut_ptr(),
+            uuid.len(),
+            spdk_sys::spdk_bdev_get_uuid(bdev),
+        );
+        let mut aliases = Vec::new();
+        let head = spdk_sys::spdk_bdev_get_aliases(bdev);
+        let mut a = if head.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*head).tqh_first
+        };
+        while !a.is_null() {
+            aliases.push(from_c((*a).alias.name));
+            a = (*a).tailq.tqe_next;
+        }
+        BdevInfo {
+            name: from_c(spdk_sys::spdk_bdev_get_name(bdev)),
+            product: from_c(spdk_sys::spdk_bdev_get_product_name(bdev)),
+            block_size: spdk_sys::spdk_bdev_get_block_size(bdev),
+            num_blocks: spdk_sys::spdk_bdev_get_num_blocks(bdev),
+            uuid: super::runtime::from_c_array(&uuid),
+            aliases,
+        }
+    }
+}
+
+fn check_name(field: &'static str, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 63 || name.contains(['/', '\0', ' ']) {
+        return Err(SpdkError::InvalidArgument {
+            field,
+            reason: format!("{name:?} must be 1-63 characters without '/', spaces or NUL"),
+        });
+    }
+    Ok(())
+}
+
+/// Every bdev.
+pub async fn list() -> Result<Vec<BdevInfo>> {
+    on_reactor(|| {
+        let mut out = Vec::new();
+        // SAFETY: iteration of SPDK's bdev list on the reactor.
+        let mut b = unsafe { spdk_sys::spdk_bdev_first() };
+        while !b.is_null() {
+            out.push(bdev_info(b));
+            // SAFETY: `b` is a live bdev returned by the iteration.
+            b = unsafe { spdk_sys::spdk_bdev_next(b) };
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// One bdev, or `None`.
+pub async fn get(name: &str) -> Result<Option<BdevInfo>> {
+    let name = name.to_string();
+    on_reactor(move || match bdev_by_name(&name) {
+        Ok(b) => Ok(Some(bdev_info(b))),
+        Err(SpdkError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    })
+    .await
+}
+
+fn same_or_conflict(
+    existing: &BdevInfo,
+    product: &str,
+    size: Option<u64>,
+    name: &str,
+) -> Result<()> {
+    if existing.product != product || size.is_some_and(|s| s != existing.size_bytes()) {
+        return Err(SpdkError::AlreadyExists {
+            kind: "bdev",
+            name: name.into(),
+            detail: format!(
+                "as a {} of {} bytes",
+                existing.product,
+                existing.size_bytes()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Create a RAM-backed bdev of `size` bytes (tests). Idempotent.
+pub async fn create_malloc(name: &str, size: u64, block_size: u32) -> Result<BdevInfo> {
+    check_name("name", name)?;
+    if block_size == 0
+        || !block_size.is_power_of_two()
+        || size == 0
+        || !size.is_multiple_of(u64::from(block_size))
+    {
+        return Err(SpdkError::InvalidArgument {
+            field: "size",
+            reason: format!(
+                "{size} bytes is not a positive multiple of the block size {block_size}"
+            ),
+        });
+    }
+    let name = name.to_string();
+    on_reactor(move || {
+        if let Ok(b) = bdev_by_name(&name) {
+            let info = bdev_info(b);
+            same_or_conflict(&info, "Malloc disk", Some(size), &name)?;
+            return Ok(info);
+        }
+        let c = cstr("name", &name)?;
+        // SAFETY: on the reactor; `c` outlives the call, which copies the name.
+        let rc = unsafe {
+            spdk_sys::liteio_malloc_create(
+                c.as_ptr(),
+                size / u64::from(block_size),
+                block_size,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(SpdkError::errno("create malloc bdev", name, rc));
+        }
+        bdev_by_name(&name).map(bdev_info)
+    })
+    .await
+}
+
+/// Create a null bdev (discards writes, reads zeroes) for benchmarks. Idempotent.
+pub async fn create_null(name: &str, size: u64, block_size: u32) -> Result<BdevInfo> {
+    check_name("name", name)?;
+    if block_size == 0 || size == 0 || !size.is_multiple_of(u64::from(block_size)) {
+        return Err(SpdkError::InvalidArgument {
+            field: "size",
+            reason: format!("{size} is not a multiple of {block_size}"),
+        });
+    }
+    let name = name.to_string();
+    on_reactor(move || {
+        if let Ok(b) = bdev_by_name(&name) {
+            let info = bdev_info(b);
+            same_or_conflict(&info, "Null disk", Some(size), &name)?;
+            return Ok(info);
+        }
+        let c = cstr("name", &name)?;
+        // SAFETY: on the reactor; the module copies the name.
+        let rc = unsafe {
+            spdk_sys::liteio_null_create(c.as_ptr(), size / u64::from(block_size), block_size)
+        };
+        if rc != 0 {
+            return Err(SpdkError::errno("create null bdev", name, rc));
+        }
+        bdev_by_name(&name).map(bdev_info)
+    })
+    .await
+}
+
+/// Which module deletes a bdev.
+#[derive(Debug, Clone, Copy)]
+enum Module {
+    Malloc,
+    Null,
+    Aio,
+    Raid,
+}
+
+async fn delete_with(module: Module, name: &str) -> Result<()> {
+    let name = name.to_string();
+    exec(move |reply| {
+        if bdev_by_name(&name).is_err() {
+            return reply.send(Ok(()));
+        }
+        let c = match cstr("name", &name) {
+            Ok(c) => c,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let n = name.clone();
+        let ctx = errno_ctx(move |rc| {
+            reply.send(if rc == 0 || rc == -libc_errno::ENODEV {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("delete bdev", n, rc))
+            })
+        });
+        // SAFETY: on the reactor; `ctx` is owned by SPDK until `errno_cb` runs once.
+        unsafe {
+            match module {
+                Module::Malloc => spdk_sys::liteio_malloc_delete(c.as_ptr(), Some(errno_cb), ctx),
+                Module::Null => spdk_sys::liteio_null_delete(c.as_ptr(), Some(errno_cb), ctx),
+                Module::Aio => spdk_sys::bdev_aio_delete(c.as_ptr(), Some(errno_cb), ctx),
+                Module::Raid => {
+                    let rc = spdk_sys::liteio_raid_delete(c.as_ptr(), Some(errno_cb), ctx);
+                    if rc != 0 {
+                        // No raid of that name: SPDK never takes `ctx`.
+                        let f = ctx;
+                        errno_cb(f, if rc == -libc_errno::ENODEV { 0 } else { rc });
+                    }
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// Delete a malloc bdev; missing = success.
+pub async fn delete_malloc(name: &str) -> Result<()> {
+    delete_with(Module::Malloc, name).await
+}
+
+/// Delete a null bdev; missing = success.
+pub async fn delete_null(name: &str) -> Result<()> {
+    delete_with(Module::Null, name).await
+}
+
+/// Smallest backing file an aio bdev accepts.
+pub const MIN_AIO_SIZE: u64 = 1 << 20;
+
+/// Create an aio bdev over a file or block device. Idempotent by name (an aio bdev of that
+/// name is taken as the same one).
+pub async fn create_aio(name: &str, path: &Path, block_size: u32) -> Result<BdevInfo> {
+    check_name("name", name)?;
+    let meta = std::fs::metadata(path).map_err(|e| SpdkError::InvalidArgument {
+        field: "filename",
+        reason: format!("{}: {e}", path.display()),
+    })?;
+    if meta.is_file() && meta.len() < MIN_AIO_SIZE {
+        return Err(SpdkError::InvalidArgument {
+            field: "filename",
+            reason: format!(
+                "{} has {} bytes; an aio bdev needs at least {MIN_AIO_SIZE}",
+                path.display(),
+                meta.len()
+            ),
+        });
+    }
+    if meta.is_dir() {
+        return Err(SpdkError::InvalidArgument {
+            field: "filename",
+            reason: format!("{} is a directory", path.display()),
+        });
+    }
+    let (name, path): (String, PathBuf) = (name.to_string(), path.to_path_buf());
+    on_reactor(move || {
+        if let Ok(b) = bdev_by_name(&name) {
+            let info = bdev_info(b);
+            same_or_conflict(&info, "AIO disk", None, &name)?;
+            return Ok(info);
+        }
+        let c = cstr("name", &name)?;
+        let f = cstr("filename", &path.to_string_lossy())?;
+        // SAFETY: on the reactor; the module copies both strings.
+        let rc = unsafe {
+            spdk_sys::create_aio_bdev(
+                c.as_ptr(),
+                f.as_ptr(),
+                block_size,
+                false,
+                false,
+                std::ptr::null(),
+                false,
+            )
+        };
+        if rc != 0 {
+            return Err(SpdkError::errno(
+                "create aio bdev",
+                format!("{name} on {}", path.display()),
+                rc,
+            ));
+        }
+        bdev_by_name(&name).map(bdev_info)
+    })
+    .await
+}
+
+/// Pick up a grown backing file or device of an aio bdev.
+pub async fn rescan_aio(name: &str) -> Result<BdevInfo> {
+    let name = name.to_string();
+    on_reactor(move || {
+        let c = cstr("name", &name)?;
+        // SAFETY: on the reactor.
+        let rc = unsafe { spdk_sys::bdev_aio_rescan(c.as_ptr()) };
+        if rc != 0 {
+            return Err(if rc == -libc_errno::ENODEV {
+                SpdkError::NotFound { kind: "bdev", name }
+            } else {
+                SpdkError::errno("rescan aio bdev", name, rc)
+            });
+        }
+        bdev_by_name(&name).map(bdev_info)
+    })
+    .await
+}
+
+/// Delete an aio bdev; missing = success.
+pub async fn delete_aio(name: &str) -> Result<()> {
+    delete_with(Module::Aio, name).await
+}
+
+/// Create a raid0 bdev over `bases` with a strip size in KiB.
+pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result<BdevInfo> {
+    check_name("name", name)?;
+    if bases.len() < 2 || bases.len() > 255 {
+        return Err(SpdkError::InvalidArgument {
+            field: "base_bdevs",
+            reason: format!("raid0 needs 2-255 bdevs, got {}", bases.len()),
+        });
+    }
+    let (name, bases) = (name.to_string(), bases.to_vec());
+    exec(move |reply| {
+        if let Ok(b) = bdev_by_name(&name) {
+            let info = bdev_info(b);
+            return reply.send(same_or_conflict(&info, "Raid Volume", None, &name).map(|()| info));
+        }
+        let names: Result<Vec<_>> = bases.iter().map(|b| cstr("base_bdevs", b)).collect();
+        let (c, names) = match (cstr("name", &name), names) {
+            (Ok(c), Ok(n)) => (c, n),
+            (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
+        };
+        let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let n2 = name.clone();
+        let ctx = errno_ctx(move |rc| {
+            reply.send(if rc == 0 {
+                bdev_by_name(&n2).map(bdev_info)
+            } else {
+                Err(SpdkError::errno("create raid0", n2, rc))
+            })
+        });
+        // SAFETY: on the reactor; strings are copied by the raid module; `ctx` is owned by
+        // SPDK when the call returns 0.
+        let rc = unsafe {
+            spdk_sys::liteio_raid0_create(
+                c.as_ptr(),
+                strip_kb,
+                ptrs.len() as u8,
+                ptrs.as_ptr(),
+                Some(errno_cb),
+                ctx,
+            )
+        };
+        if rc != 0 {
+            errno_cb(ctx, rc);
+        }
+    })
+    .await
+}
+
+/// Delete a raid bdev; missing = success.
+pub async fn delete_raid(name: &str) -> Result<()> {
+    delete_with(Module::Raid, name).await
+}
+
+/// Wait until every bdev module finished examining new bdevs (lvstores loaded).
+pub async fn wait_for_examine() -> Result<()> {
+    exec(|reply| {
+        let ctx = errno_ctx(move |_| reply.send(Ok(())));
+        extern "C" fn done(arg: *mut c_void) {
+            errno_cb(arg, 0);
+        }
+        // SAFETY: on the reactor; `ctx` is owned by SPDK until `done` runs once.
+        let rc = unsafe { spdk_sys::spdk_bdev_wait_for_examine(Some(done), ctx) };
+        if rc != 0 {
+            drop_errno_ctx(ctx);
+        }
+    })
+    .await
+}
+
+/// Cumulative I/O statistics of a bdev.
+pub async fn io_stats(name: &str) -> Result<IoStats> {
+    let name = name.to_string();
+    exec(move |reply| {
+        let bdev = match bdev_by_name(&name) {
+            Ok(b) => b,
+            Err(e) => return reply.send(Err(e)),
+        };
+        // SAFETY: a zeroed stat struct is valid; SPDK fills it.
+        let stat: Box<spdk_sys::spdk_bdev_io_stat> = Box::new(unsafe { std::mem::zeroed() });
+        let stat = Box::into_raw(stat);
+        let ctx = errno_ctx(move |rc| {
+            // SAFETY: SPDK is done with `stat` when the callback runs; reclaim it once.
+            let s = unsafe { Box::from_raw(stat) };
+            if rc != 0 {
+                return reply.send(Err(SpdkError::errno("bdev io stat", name, rc)));
+            }
+            let rate = s.ticks_rate.max(1);
+            let us = |ticks: u64| (u128::from(ticks) * 1_000_000 / u128::from(rate)) as u64;
+            reply.send(Ok(IoStats {
+                bytes_read: s.bytes_read,
+                read_ops: s.num_read_ops,
+                bytes_written: s.bytes_written,
+                write_ops: s.num_write_ops,
+                read_latency_us: us(s.read_latency_ticks),
+                write_latency_us: us(s.write_latency_ticks),
+            }))
+        });
+        extern "C" fn done(
+            _bdev: *mut spdk_sys::spdk_bdev,
+            _stat: *mut spdk_sys::spdk_bdev_io_stat,
+            arg: *mut c_void,
+            rc: i32,
+        ) {
+            errno_cb(arg, rc);
+        }
+        // SAFETY: on the reactor; `stat` and `ctx` stay valid until `done` runs once.
+        unsafe {
+            spdk_sys::spdk_bdev_get_device_stat(
+                bdev,
+                stat,
+                spdk_sys::SPDK_BDEV_RESET_STAT_NONE,
+                Some(done),
+                ctx,
+            )
+        };
+    })
+    .await
+}

@@ -1,0 +1,12 @@
+//! The embedded SPDK engine: the only place in the agent with `unsafe`. Every function runs
+//! its SPDK calls on SPDK's application thread; callers are async and never block a reactor.
+#![allow(unsafe_code)]
+
+pub mod bdev;
+pub mod error;
+pub mod lvol;
+pub mod nvmf;
+pub mod runtime;
+
+pub use error::{ErrorKind, Result, SpdkError};
+pub use runtime::{Spdk, SpdkOptions};

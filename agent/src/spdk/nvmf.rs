@@ -1,0 +1,468 @@
+//! The NVMe-oF TCP target: transport, one subsystem per volume, listeners, host allow-lists.
+
+use std::ffi::c_void;
+
+use super::bdev::bdev_by_name;
+use super::error::{Result, SpdkError, libc_errno};
+use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, from_c, on_reactor};
+use spdk_sys::spdk_nvmf_subsystem;
+
+/// Tunables of the TCP transport; `None` keeps SPDK's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TcpTransportOptions {
+    /// Queue depth per queue pair.
+    pub max_queue_depth: Option<u32>,
+    /// Queue pairs per controller (admin included).
+    pub max_qpairs_per_ctrlr: Option<u32>,
+    /// In-capsule data size in bytes.
+    pub in_capsule_data_size: Option<u32>,
+    /// Largest I/O in bytes.
+    pub max_io_size: Option<u32>,
+    /// I/O unit size in bytes.
+    pub io_unit_size: Option<u32>,
+    /// Shared data buffers.
+    pub num_shared_buffers: Option<u32>,
+    /// Buffers cached per poll group.
+    pub buf_cache_size: Option<u32>,
+}
+
+/// One volume's export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemSpec {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Serial number (at most 20 characters).
+    pub serial: String,
+    /// Model number (at most 40 characters).
+    pub model: String,
+    /// Bdev exported as namespace 1.
+    pub bdev: String,
+    /// Namespace UUID (the volume UUID); NGUID carries the same bytes.
+    pub ns_uuid: String,
+    /// Listener address (IPv4).
+    pub address: String,
+    /// Listener TCP port.
+    pub port: u16,
+    /// Host NQNs allowed to connect.
+    pub hosts: Vec<String>,
+}
+
+/// An existing subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemInfo {
+    /// NQN.
+    pub nqn: String,
+    /// Serial number.
+    pub serial: String,
+    /// Bdevs of its namespaces.
+    pub bdevs: Vec<String>,
+    /// Listeners as `(address, port)`.
+    pub listeners: Vec<(String, u16)>,
+    /// Allowed hosts.
+    pub hosts: Vec<String>,
+}
+
+fn tgt() -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
+    // SAFETY: on the reactor; returns the target the nvmf subsystem created, or NULL.
+    let t = unsafe { spdk_sys::spdk_nvmf_get_first_tgt() };
+    if t.is_null() {
+        Err(SpdkError::NotRunning)
+    } else {
+        Ok(t)
+    }
+}
+
+fn subsystem(nqn: &str) -> Result<*mut spdk_nvmf_subsystem> {
+    let t = tgt()?;
+    let c = cstr("nqn", nqn)?;
+    // SAFETY: on the reactor.
+    let ss = unsafe { spdk_sys::spdk_nvmf_tgt_find_subsystem(t, c.as_ptr()) };
+    if ss.is_null() {
+        Err(SpdkError::NotFound {
+            kind: "subsystem",
+            name: nqn.into(),
+        })
+    } else {
+        Ok(ss)
+    }
+}
+
+fn trid(address: &str, port: u16) -> Result<spdk_sys::spdk_nvme_transport_id> {
+    if address.parse::<std::net::Ipv4Addr>().is_err() {
+        return Err(SpdkError::InvalidArgument {
+            field: "address",
+            reason: format!("{address:?} is not an IPv4 address"),
+        });
+    }
+    let s = cstr(
+        "address",
+        &format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port}"),
+    )?;
+    // SAFETY: a zeroed transport id is valid input for the parser.
+    let mut t: spdk_sys::spdk_nvme_transport_id = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` writable, `s` a valid C string.
+    let rc = unsafe { spdk_sys::spdk_nvme_transport_id_parse(&mut t, s.as_ptr()) };
+    if rc != 0 {
+        return Err(SpdkError::errno(
+            "parse transport id",
+            format!("{address}:{port}"),
+            rc,
+        ));
+    }
+    Ok(t)
+}
+
+fn info(ss: *mut spdk_nvmf_subsystem) -> SubsystemInfo {
+    // SAFETY: `ss` is a live subsystem on the reactor; accessors only read.
+    unsafe {
+        let mut bdevs = Vec::new();
+        let mut ns = spdk_sys::spdk_nvmf_subsystem_get_first_ns(ss);
+        while !ns.is_null() {
+            let b = spdk_sys::spdk_nvmf_ns_get_bdev(ns);
+            if !b.is_null() {
+                bdevs.push(from_c(spdk_sys::spdk_bdev_get_name(b)));
+            }
+            ns = spdk_sys::spdk_nvmf_subsystem_get_next_ns(ss, ns);
+        }
+        let mut listeners = Vec::new();
+        let mut l = spdk_sys::spdk_nvmf_subsystem_get_first_listener(ss);
+        while !l.is_null() {
+            let t = spdk_sys::spdk_nvmf_subsystem_listener_get_trid(l);
+            if !t.is_null() {
+                let addr = super::runtime::from_c_array(&(*t).traddr);
+                let port = super::runtime::from_c_array(&(*t).trsvcid)
+                    .parse()
+                    .unwrap_or(0);
+                listeners.push((addr, port));
+            }
+            l = spdk_sys::spdk_nvmf_subsystem_get_next_listener(ss, l);
+        }
+        let mut hosts = Vec::new();
+        let mut h = spdk_sys::spdk_nvmf_subsystem_get_first_host(ss);
+        while !h.is_null() {
+            hosts.push(from_c(spdk_sys::spdk_nvmf_host_get_nqn(h)));
+            h = spdk_sys::spdk_nvmf_subsystem_get_next_host(ss, h);
+        }
+        SubsystemInfo {
+            nqn: from_c(spdk_sys::spdk_nvmf_subsystem_get_nqn(ss)),
+            serial: from_c(spdk_sys::spdk_nvmf_subsystem_get_sn(ss)),
+            bdevs,
+            listeners,
+            hosts,
+        }
+    }
+}
+
+/// Add the TCP transport to the target unless it has one. Idempotent.
+pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
+    let o = spdk_sys::liteio_tcp_opts {
+        max_queue_depth: opts.max_queue_depth.unwrap_or(0),
+        max_qpairs_per_ctrlr: opts.max_qpairs_per_ctrlr.unwrap_or(0),
+        in_capsule_data_size: opts.in_capsule_data_size.unwrap_or(0),
+        max_io_size: opts.max_io_size.unwrap_or(0),
+        io_unit_size: opts.io_unit_size.unwrap_or(0),
+        num_shared_buffers: opts.num_shared_buffers.unwrap_or(0),
+        buf_cache_size: opts.buf_cache_size.unwrap_or(0),
+    };
+    exec(move |reply| {
+        let t = match tgt() {
+            Ok(t) => t,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let tcp = c"TCP";
+        // SAFETY: on the reactor.
+        if !unsafe { spdk_sys::spdk_nvmf_tgt_get_transport(t, tcp.as_ptr()) }.is_null() {
+            return reply.send(Ok(()));
+        }
+        let ctx = errno_ctx(move |rc| {
+            reply.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("add TCP transport", "TCP", rc))
+            })
+        });
+        // SAFETY: on the reactor; `o` is copied; `ctx` owned by SPDK when rc == 0.
+        let rc = unsafe { spdk_sys::liteio_nvmf_tcp_transport_add(t, &o, Some(errno_cb), ctx) };
+        if rc != 0 {
+            errno_cb(ctx, rc);
+        }
+    })
+    .await
+}
+
+/// Every subsystem except the discovery subsystem.
+pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
+    on_reactor(|| {
+        let t = tgt()?;
+        let mut out = Vec::new();
+        // SAFETY: iteration on the reactor.
+        let mut ss = unsafe { spdk_sys::spdk_nvmf_subsystem_get_first(t) };
+        while !ss.is_null() {
+            // SAFETY: `ss` is live.
+            if unsafe { spdk_sys::spdk_nvmf_subsystem_get_type(ss) }
+                == spdk_sys::SPDK_NVMF_SUBTYPE_NVME
+            {
+                out.push(info(ss));
+            }
+            // SAFETY: `ss` is live.
+            ss = unsafe { spdk_sys::spdk_nvmf_subsystem_get_next(ss) };
+        }
+        Ok(out)
+    })
+    .await
+}
+
+fn validate(spec: &SubsystemSpec) -> Result<()> {
+    if !spec.nqn.starts_with("nqn.") || spec.nqn.len() > 223 {
+        return Err(SpdkError::InvalidArgument {
+            field: "nqn",
+            reason: format!("{:?} is not an NQN (nqn.…, at most 223 bytes)", spec.nqn),
+        });
+    }
+    if spec.serial.is_empty() || spec.serial.len() > 20 || !spec.serial.is_ascii() {
+        return Err(SpdkError::InvalidArgument {
+            field: "serial",
+            reason: format!("{:?} must be 1-20 ASCII characters", spec.serial),
+        });
+    }
+    if spec.model.len() > 40 || !spec.model.is_ascii() {
+        return Err(SpdkError::InvalidArgument {
+            field: "model",
+            reason: format!("{:?} must be at most 40 ASCII characters", spec.model),
+        });
+    }
+    if spec.port == 0 {
+        return Err(SpdkError::InvalidArgument {
+            field: "port",
+            reason: "must be 1-65535".into(),
+        });
+    }
+    for h in &spec.hosts {
+        if !h.starts_with("nqn.") {
+            return Err(SpdkError::InvalidArgument {
+                field: "hosts",
+                reason: format!("{h:?} is not a host NQN"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// State of a create in progress, owned by SPDK callbacks on the reactor.
+struct Create {
+    spec: SubsystemSpec,
+    ss: *mut spdk_nvmf_subsystem,
+    reply: Reply<SubsystemInfo>,
+}
+
+fn destroy_and_fail(c: Create, err: SpdkError) {
+    // SAFETY: the subsystem is inactive (never started, or start failed) on the reactor;
+    // destroy frees it now or later without calling back (no callback given).
+    unsafe { spdk_sys::spdk_nvmf_subsystem_destroy(c.ss, None, std::ptr::null_mut()) };
+    c.reply.send(Err(err));
+}
+
+extern "C" fn create_started(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
+    // SAFETY: `arg` is the `Create` leaked by `create_listened`; called once.
+    let c = unsafe { Box::from_raw(arg.cast::<Create>()) };
+    if status != 0 {
+        let e = SpdkError::errno("start subsystem", c.spec.nqn.clone(), status);
+        return destroy_and_fail(*c, e);
+    }
+    let i = info(c.ss);
+    c.reply.send(Ok(i));
+}
+
+extern "C" fn create_listened(arg: *mut c_void, status: i32) {
+    // SAFETY: `arg` is the `Create` leaked by `create_subsystem`; called once.
+    let c = unsafe { Box::from_raw(arg.cast::<Create>()) };
+    if status != 0 {
+        let e = SpdkError::errno(
+            "add listener",
+            format!("{} on {}:{}", c.spec.nqn, c.spec.address, c.spec.port),
+            status,
+        );
+        return destroy_and_fail(*c, e);
+    }
+    let ss = c.ss;
+    let arg = Box::into_raw(c).cast::<c_void>();
+    // SAFETY: on the reactor; `arg` is owned by SPDK until `create_started` runs once.
+    let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_start(ss, Some(create_started), arg) };
+    if rc != 0 {
+        create_started(ss, arg, rc);
+    }
+}
+
+/// Export `spec.bdev` as a subsystem listening on `spec.address:spec.port`, reachable only by
+/// `spec.hosts`. Idempotent: an existing subsystem with the same NQN, bdev and listener gets
+/// its host list reconciled and is success; one with another bdev is an error. A failed create
+/// leaves nothing behind.
+pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
+    validate(&spec)?;
+    let existing = on_reactor({
+        let spec = spec.clone();
+        move || match subsystem(&spec.nqn) {
+            Ok(ss) => Ok(Some(info(ss))),
+            Err(SpdkError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    })
+    .await?;
+    if let Some(cur) = existing {
+        if cur.bdevs != [spec.bdev.clone()]
+            || !cur.listeners.contains(&(spec.address.clone(), spec.port))
+        {
+            return Err(SpdkError::AlreadyExists {
+                kind: "subsystem",
+                name: spec.nqn,
+                detail: format!("exporting {:?} on {:?}", cur.bdevs, cur.listeners),
+            });
+        }
+        return set_hosts(&spec.nqn, &spec.hosts).await;
+    }
+    exec(move |reply| {
+        let setup = || -> Result<(*mut spdk_nvmf_subsystem, spdk_sys::spdk_nvme_transport_id)> {
+            let t = tgt()?;
+            bdev_by_name(&spec.bdev)?;
+            let trid = trid(&spec.address, spec.port)?;
+            let (nqn, sn, mn, bdev, uuid) = (
+                cstr("nqn", &spec.nqn)?,
+                cstr("serial", &spec.serial)?,
+                cstr("model", &spec.model)?,
+                cstr("bdev", &spec.bdev)?,
+                cstr("ns_uuid", &spec.ns_uuid)?,
+            );
+            let hosts: Vec<_> = spec.hosts.iter().map(|h| cstr("hosts", h)).collect::<Result<_>>()?;
+            // SAFETY: on the reactor; strings are copied by SPDK.
+            let ss = unsafe { spdk_sys::spdk_nvmf_subsystem_create(t, nqn.as_ptr(), spdk_sys::SPDK_NVMF_SUBTYPE_NVME, 1) };
+            if ss.is_null() {
+                return Err(SpdkError::errno("create subsystem", spec.nqn.clone(), -libc_errno::EINVAL));
+            }
+            let fail = |e: SpdkError| {
+                // SAFETY: `ss` was just created and never started.
+                unsafe { spdk_sys::spdk_nvmf_subsystem_destroy(ss, None, std::ptr::null_mut()) };
+                e
+            };
+            // SAFETY: `ss` is a new inactive subsystem on the reactor.
+            unsafe {
+                if spdk_sys::spdk_nvmf_subsystem_set_sn(ss, sn.as_ptr()) != 0 {
+                    return Err(fail(SpdkError::InvalidArgument { field: "serial", reason: format!("{:?} rejected by SPDK", spec.serial) }));
+                }
+                if !spec.model.is_empty() && spdk_sys::spdk_nvmf_subsystem_set_mn(ss, mn.as_ptr()) != 0 {
+                    return Err(fail(SpdkError::InvalidArgument { field: "model", reason: format!("{:?} rejected by SPDK", spec.model) }));
+                }
+                spdk_sys::spdk_nvmf_subsystem_set_allow_any_host(ss, false);
+                if spdk_sys::liteio_nvmf_add_ns(ss, bdev.as_ptr(), uuid.as_ptr()) == 0 {
+                    return Err(fail(SpdkError::InvalidArgument {
+                        field: "bdev",
+                        reason: format!("cannot add {} as a namespace with uuid {:?} (claimed by another subsystem, or a bad uuid)", spec.bdev, spec.ns_uuid),
+                    }));
+                }
+                for (h, name) in hosts.iter().zip(&spec.hosts) {
+                    let rc = spdk_sys::spdk_nvmf_subsystem_add_host(ss, h.as_ptr(), std::ptr::null());
+                    if rc != 0 {
+                        return Err(fail(SpdkError::errno("add host", name.clone(), rc)));
+                    }
+                }
+                let mut lopts: spdk_sys::spdk_nvmf_listen_opts = std::mem::zeroed();
+                spdk_sys::spdk_nvmf_listen_opts_init(&mut lopts, std::mem::size_of::<spdk_sys::spdk_nvmf_listen_opts>());
+                let rc = spdk_sys::spdk_nvmf_tgt_listen_ext(t, &trid, &mut lopts);
+                if rc != 0 && rc != -libc_errno::EEXIST {
+                    return Err(fail(SpdkError::errno("listen", format!("{}:{}", spec.address, spec.port), rc)));
+                }
+            }
+            Ok((ss, trid))
+        };
+        match setup() {
+            Err(e) => reply.send(Err(e)),
+            Ok((ss, trid)) => {
+                let arg = Box::into_raw(Box::new(Create { spec, ss, reply })).cast::<c_void>();
+                // SAFETY: on the reactor; `arg` owned by SPDK until `create_listened` runs once.
+                unsafe { spdk_sys::spdk_nvmf_subsystem_add_listener(ss, &trid, Some(create_listened), arg) };
+            }
+        }
+    })
+    .await
+}
+
+/// Make the allow-list exactly `hosts` (live: a removed host's new connections fail and its
+/// existing ones are closed).
+pub async fn set_hosts(nqn: &str, hosts: &[String]) -> Result<SubsystemInfo> {
+    let (nqn, hosts) = (nqn.to_string(), hosts.to_vec());
+    on_reactor(move || {
+        let ss = subsystem(&nqn)?;
+        let cur = info(ss);
+        for h in hosts.iter().filter(|h| !cur.hosts.contains(h)) {
+            let c = cstr("hosts", h)?;
+            // SAFETY: on the reactor; `ss` live; name copied.
+            let rc =
+                unsafe { spdk_sys::spdk_nvmf_subsystem_add_host(ss, c.as_ptr(), std::ptr::null()) };
+            if rc != 0 {
+                return Err(SpdkError::errno("add host", h.clone(), rc));
+            }
+        }
+        for h in cur.hosts.iter().filter(|h| !hosts.contains(h)) {
+            let c = cstr("hosts", h)?;
+            // SAFETY: on the reactor; `ss` live.
+            let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_remove_host(ss, c.as_ptr()) };
+            if rc != 0 && rc != -libc_errno::ENOENT {
+                return Err(SpdkError::errno("remove host", h.clone(), rc));
+            }
+            extern "C" fn disconnected(_arg: *mut c_void, _status: i32) {}
+            // SAFETY: on the reactor; no context to free.
+            unsafe {
+                spdk_sys::spdk_nvmf_subsystem_disconnect_host(
+                    ss,
+                    c.as_ptr(),
+                    Some(disconnected),
+                    std::ptr::null_mut(),
+                    0,
+                )
+            };
+        }
+        Ok(info(ss))
+    })
+    .await
+}
+
+extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
+    if status != 0 {
+        return errno_cb(arg, status);
+    }
+    extern "C" fn destroyed(arg: *mut c_void) {
+        errno_cb(arg, 0);
+    }
+    // SAFETY: the subsystem is inactive now; destroy calls `destroyed` once when it returns
+    // -EINPROGRESS, and not at all otherwise.
+    let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_destroy(ss, Some(destroyed), arg) };
+    if rc != -libc_errno::EINPROGRESS {
+        errno_cb(arg, rc);
+    }
+}
+
+/// Stop and remove a subsystem; missing = success. Its listener stays on the target while
+/// other subsystems may use the port.
+pub async fn delete_subsystem(nqn: &str) -> Result<()> {
+    let nqn = nqn.to_string();
+    exec(move |reply| {
+        let ss = match subsystem(&nqn) {
+            Ok(s) => s,
+            Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
+            Err(e) => return reply.send(Err(e)),
+        };
+        let n = nqn.clone();
+        let ctx = errno_ctx(move |rc| {
+            reply.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("delete subsystem", n, rc))
+            })
+        });
+        // SAFETY: on the reactor; `ctx` owned by SPDK until `delete_stopped` hands it on.
+        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_stop(ss, Some(delete_stopped), ctx) };
+        if rc != 0 {
+            errno_cb(ctx, rc);
+        }
+    })
+    .await
+}

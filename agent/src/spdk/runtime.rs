@@ -1,0 +1,371 @@
+//! The SPDK runtime: SPDK's application framework and reactors on dedicated threads, and an
+//! async handle that runs typed requests on SPDK's application thread.
+//!
+//! Threading: `spdk_app_start` runs on a thread of ours ("spdk-main"), which becomes the
+//! first reactor; the other cores of the mask get reactor threads of SPDK's own. Every
+//! request is a closure sent with `spdk_thread_send_msg` to SPDK's application thread and
+//! answered through a oneshot channel; completions that arrive after the caller went away
+//! are dropped on the reactor without touching freed memory (the boxed callback context is
+//! owned by SPDK until its one call).
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+use super::error::{Result, SpdkError};
+
+/// Options of the SPDK runtime.
+#[derive(Debug, Clone)]
+pub struct SpdkOptions {
+    /// Process name shown in SPDK's logs and shared memory.
+    pub name: String,
+    /// Reactor core mask, as SPDK takes it (`0x1`, `[0,1]`).
+    pub core_mask: String,
+    /// Reactors sleep on file descriptors instead of busy-polling.
+    pub interrupt_mode: bool,
+    /// Use ordinary memory instead of hugepages (development and tests).
+    pub no_huge: bool,
+    /// Memory SPDK reserves, in MiB (required with `no_huge`; 0 = SPDK's default).
+    pub mem_size_mb: u32,
+    /// Disable PCI probing (no NVMe devices configured).
+    pub no_pci: bool,
+    /// Serve SPDK's JSON-RPC on this unix socket for operators' tools; `None` = no socket.
+    pub rpc_socket: Option<PathBuf>,
+}
+
+impl Default for SpdkOptions {
+    fn default() -> Self {
+        Self {
+            name: "liteio-agent".into(),
+            core_mask: "0x1".into(),
+            interrupt_mode: true,
+            no_huge: false,
+            mem_size_mb: 0,
+            no_pci: true,
+            rpc_socket: None,
+        }
+    }
+}
+
+impl SpdkOptions {
+    /// Options for tests and small machines: no hugepages, interrupt mode, one core, no PCI.
+    pub fn small() -> Self {
+        Self {
+            no_huge: true,
+            mem_size_mb: 768,
+            ..Self::default()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let mask = self.core_mask.trim();
+        let valid_hex = mask
+            .strip_prefix("0x")
+            .or_else(|| mask.strip_prefix("0X"))
+            .is_some_and(|h| {
+                !h.is_empty()
+                    && h.chars().all(|c| c.is_ascii_hexdigit())
+                    && h.chars().any(|c| c != '0')
+            });
+        let valid_list = mask.starts_with('[')
+            && mask.ends_with(']')
+            && mask[1..mask.len() - 1].split(',').all(|p| {
+                let p = p.trim();
+                !p.is_empty() && p.split('-').all(|n| n.trim().parse::<u32>().is_ok())
+            });
+        if !valid_hex && !valid_list {
+            return Err(SpdkError::InvalidArgument {
+                field: "core_mask",
+                reason: format!(
+                    "{:?} is neither a hex mask like 0x3 nor a core list like [0,1]",
+                    self.core_mask
+                ),
+            });
+        }
+        if self.no_huge && self.mem_size_mb < 256 {
+            return Err(SpdkError::InvalidArgument {
+                field: "mem_size_mb",
+                reason: format!(
+                    "{} MiB is too small without hugepages; SPDK needs at least 256 (512 or more recommended)",
+                    self.mem_size_mb
+                ),
+            });
+        }
+        if self.name.is_empty() || self.name.contains('\0') {
+            return Err(SpdkError::InvalidArgument {
+                field: "name",
+                reason: "must be a non-empty string without NUL".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// True while an SPDK runtime exists in this process (SPDK allows one at a time).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+/// SPDK's application thread (`*mut spdk_thread`) while running, else 0.
+static APP_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// Runs a boxed task on the SPDK thread that received it.
+extern "C" fn run_task(arg: *mut c_void) {
+    // SAFETY: `arg` is the pointer `send_task` leaked from a `Box<Task>`; SPDK calls this
+    // function exactly once per message, so the box is reclaimed exactly once.
+    let task = unsafe { Box::from_raw(arg.cast::<Task>()) };
+    task();
+}
+
+/// Send `task` to SPDK's application thread.
+pub(crate) fn send_task(task: Task) -> Result<()> {
+    let thread = APP_THREAD.load(Ordering::Acquire);
+    if thread == 0 {
+        return Err(SpdkError::NotRunning);
+    }
+    let arg = Box::into_raw(Box::new(task)).cast::<c_void>();
+    // SAFETY: `thread` is SPDK's live application thread (cleared before the framework
+    // stops); spdk_thread_send_msg is safe to call from any thread and takes ownership of
+    // `arg` only when it returns 0.
+    let rc = unsafe {
+        spdk_sys::spdk_thread_send_msg(thread as *const spdk_sys::spdk_thread, Some(run_task), arg)
+    };
+    if rc != 0 {
+        // SAFETY: SPDK rejected the message, so `arg` is still ours and was never run.
+        drop(unsafe { Box::from_raw(arg.cast::<Task>()) });
+        return Err(SpdkError::errno("send message", "app thread", rc));
+    }
+    Ok(())
+}
+
+/// Where a request's answer goes. Dropping it without [`Reply::send`] makes the caller see
+/// [`SpdkError::NotRunning`].
+pub struct Reply<T>(oneshot::Sender<Result<T>>);
+
+impl<T> Reply<T> {
+    /// Deliver the answer; ignored when the caller stopped waiting.
+    pub fn send(self, value: Result<T>) {
+        let _ = self.0.send(value);
+    }
+}
+
+/// Run `f` on SPDK's application thread and await the answer it sends through its [`Reply`],
+/// possibly later from an SPDK completion callback.
+pub async fn exec<T: Send + 'static>(f: impl FnOnce(Reply<T>) + Send + 'static) -> Result<T> {
+    let (tx, rx) = oneshot::channel();
+    send_task(Box::new(move || f(Reply(tx))))?;
+    rx.await.map_err(|_| SpdkError::NotRunning)?
+}
+
+/// Run a synchronous `f` on SPDK's application thread and return its result.
+pub async fn on_reactor<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    exec(move |reply| reply.send(f())).await
+}
+
+// ---- completion callbacks -------------------------------------------------------------
+
+type ErrnoFn = Box<dyn FnOnce(i32)>;
+
+/// A context for an SPDK callback of shape `(void *arg, int rc)`: pass the returned pointer as
+/// `cb_arg` and [`errno_cb`] as the function. If SPDK rejects the call synchronously and never
+/// calls back, reclaim it with [`drop_errno_ctx`].
+pub(crate) fn errno_ctx(f: impl FnOnce(i32) + 'static) -> *mut c_void {
+    Box::into_raw(Box::new(Box::new(f) as ErrnoFn)).cast()
+}
+
+/// SPDK callback trampoline for [`errno_ctx`].
+pub(crate) extern "C" fn errno_cb(arg: *mut c_void, rc: c_int) {
+    // SAFETY: `arg` came from `errno_ctx` and SPDK calls each callback once.
+    let f = unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) };
+    f(rc);
+}
+
+/// Reclaim a context SPDK did not take.
+pub(crate) fn drop_errno_ctx(arg: *mut c_void) {
+    // SAFETY: the caller owns `arg` (SPDK returned an error and will not call back).
+    drop(unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) });
+}
+
+type HandleFn<H> = Box<dyn FnOnce(*mut H, i32)>;
+
+/// A context for an SPDK callback of shape `(void *arg, T *handle, int rc)`.
+pub(crate) fn handle_ctx<H: 'static>(f: impl FnOnce(*mut H, i32) + 'static) -> *mut c_void {
+    Box::into_raw(Box::new(Box::new(f) as HandleFn<H>)).cast()
+}
+
+/// SPDK callback trampoline for [`handle_ctx`].
+pub(crate) extern "C" fn handle_cb<H: 'static>(arg: *mut c_void, handle: *mut H, rc: c_int) {
+    // SAFETY: `arg` came from `handle_ctx::<H>` and SPDK calls each callback once.
+    let f = unsafe { Box::from_raw(arg.cast::<HandleFn<H>>()) };
+    f(handle, rc);
+}
+
+/// A C string for SPDK, or an error naming the field when `s` holds a NUL.
+pub(crate) fn cstr(field: &'static str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| SpdkError::InvalidArgument {
+        field,
+        reason: format!("{s:?} contains a NUL byte"),
+    })
+}
+
+/// A Rust string from a C string SPDK owns (empty for NULL).
+pub(crate) fn from_c(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: SPDK returns NUL-terminated strings that live at least as long as the object
+    // they describe, which is alive during this call on the reactor.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A Rust string from a fixed-size C char array.
+pub(crate) fn from_c_array(a: &[c_char]) -> String {
+    let bytes: Vec<u8> = a
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+// ---- start and stop -------------------------------------------------------------------
+
+struct StartCtx {
+    ready: std::sync::mpsc::Sender<()>,
+}
+
+extern "C" fn on_started(arg: *mut c_void) {
+    // SAFETY: `arg` is the `StartCtx` leaked by `Spdk::start`; SPDK calls the start function
+    // once, on the application thread.
+    let ctx = unsafe { Box::from_raw(arg.cast::<StartCtx>()) };
+    // SAFETY: called on an SPDK thread; returns that thread.
+    let thread = unsafe { spdk_sys::spdk_get_thread() };
+    APP_THREAD.store(thread as usize, Ordering::Release);
+    let _ = ctx.ready.send(());
+}
+
+/// A running SPDK runtime. Dropping it stops SPDK (see [`Spdk::stop`]).
+pub struct Spdk {
+    main: Mutex<Option<JoinHandle<i32>>>,
+}
+
+impl std::fmt::Debug for Spdk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spdk").finish_non_exhaustive()
+    }
+}
+
+impl Spdk {
+    /// Start SPDK's framework (environment, reactors, bdev and NVMe-oF subsystems). Blocks
+    /// until SPDK is ready; call it from a blocking context (`spawn_blocking`) in async code.
+    /// SPDK's own signal handlers are disabled: the agent owns SIGTERM and calls `stop`.
+    pub fn start(opts: &SpdkOptions) -> Result<Self> {
+        opts.validate()?;
+        if RUNNING.swap(true, Ordering::AcqRel) {
+            return Err(SpdkError::Start(
+                "an SPDK runtime is already running in this process".into(),
+            ));
+        }
+        let name = cstr("name", &opts.name)?;
+        let mask = cstr("core_mask", opts.core_mask.trim())?;
+        let rpc = opts
+            .rpc_socket
+            .as_ref()
+            .map(|p| cstr("rpc_socket", &p.to_string_lossy()))
+            .transpose()?;
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (opts_c, interrupt, no_huge, mem, no_pci) = (
+            opts.clone(),
+            opts.interrupt_mode,
+            opts.no_huge,
+            opts.mem_size_mb,
+            opts.no_pci,
+        );
+        let main = std::thread::Builder::new()
+            .name("spdk-main".into())
+            .spawn(move || {
+                let _keep = &opts_c;
+                // SAFETY: spdk_app_opts is a plain C struct; zeroed is a valid starting state
+                // that spdk_app_opts_init overwrites with defaults.
+                let mut o: spdk_sys::spdk_app_opts = unsafe { std::mem::zeroed() };
+                // SAFETY: `o` is a valid, writable spdk_app_opts of the size we pass.
+                unsafe {
+                    spdk_sys::spdk_app_opts_init(
+                        &mut o,
+                        std::mem::size_of::<spdk_sys::spdk_app_opts>(),
+                    )
+                };
+                o.name = name.as_ptr();
+                o.reactor_mask = mask.as_ptr();
+                o.rpc_addr = rpc.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
+                o.interrupt_mode = interrupt;
+                o.no_huge = no_huge;
+                if mem > 0 {
+                    o.mem_size = i32::try_from(mem).unwrap_or(i32::MAX);
+                }
+                o.no_pci = no_pci;
+                o.disable_signal_handlers = true;
+                o.print_level = spdk_sys::SPDK_LOG_WARN;
+                let ctx = Box::into_raw(Box::new(StartCtx { ready: ready_tx })).cast::<c_void>();
+                // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs
+                // the framework on this thread until spdk_app_stop; `ctx` is reclaimed by
+                // `on_started` (or leaked if SPDK fails before calling it, which is bounded).
+                let rc = unsafe { spdk_sys::spdk_app_start(&mut o, Some(on_started), ctx) };
+                APP_THREAD.store(0, Ordering::Release);
+                // SAFETY: spdk_app_start returned; spdk_app_fini releases the framework on the
+                // thread that ran it.
+                unsafe { spdk_sys::spdk_app_fini() };
+                rc
+            })
+            .map_err(|e| {
+                RUNNING.store(false, Ordering::Release);
+                SpdkError::Start(format!("cannot spawn the SPDK thread: {e}"))
+            })?;
+        if ready_rx.recv().is_err() {
+            let rc = main.join().unwrap_or(-1);
+            RUNNING.store(false, Ordering::Release);
+            return Err(SpdkError::Start(format!(
+                "spdk_app_start returned {rc} before the framework was ready (see SPDK's log above: core mask, memory, sockets)"
+            )));
+        }
+        Ok(Self {
+            main: Mutex::new(Some(main)),
+        })
+    }
+
+    /// Orderly shutdown: SPDK finishes its subsystems (NVMe-oF listeners and subsystems
+    /// removed, lvstores unloaded cleanly, bdevs closed) and the reactors stop. Blocks until
+    /// done. Idempotent.
+    pub fn stop(&self) {
+        let Some(main) = self.main.lock().ok().and_then(|mut m| m.take()) else {
+            return;
+        };
+        // The framework stops through a message to its own thread.
+        let _ = send_task(Box::new(|| {
+            // SAFETY: called on SPDK's application thread while the framework runs.
+            unsafe { spdk_sys::spdk_app_stop(0) };
+        }));
+        let _ = main.join();
+        RUNNING.store(false, Ordering::Release);
+    }
+
+    /// SPDK's version (`v26.05.0`), as compiled in.
+    pub fn version() -> String {
+        // SAFETY: a pure function of compile-time constants.
+        let v = unsafe { spdk_sys::liteio_spdk_version_compiled() };
+        format!("v{}.{:02}.{}", v / 10000, v / 100 % 100, v % 100)
+    }
+}
+
+impl Drop for Spdk {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,237 @@
+//! T3: the embedded SPDK engine against real SPDK (no hugepages, interrupt mode).
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, bdev, lvol};
+
+fn spdk() -> &'static Spdk {
+    static SPDK: OnceLock<Spdk> = OnceLock::new();
+    SPDK.get_or_init(|| {
+        Spdk::start(&SpdkOptions {
+            name: "t3-engine".into(),
+            ..SpdkOptions::small()
+        })
+        .expect("SPDK starts")
+    })
+}
+
+fn run<F: std::future::Future<Output = ()>>(f: F) {
+    spdk();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), f)
+            .await
+            .expect("test timed out")
+    });
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn malloc_lvstore_lvol_lifecycle() {
+    run(async {
+        let b = bdev::create_malloc("t3m0", 64 * MIB, 512).await.unwrap();
+        assert_eq!(b.size_bytes(), 64 * MIB);
+        // Idempotent; another size is a conflict.
+        assert_eq!(
+            bdev::create_malloc("t3m0", 64 * MIB, 512)
+                .await
+                .unwrap()
+                .name,
+            "t3m0"
+        );
+        let e = bdev::create_malloc("t3m0", 32 * MIB, 512)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+
+        let lvs = lvol::create_lvstore("t3m0", "lvs0", 1 << 20).await.unwrap();
+        assert_eq!(lvs.cluster_size, MIB);
+        assert!(
+            lvs.total_data_clusters > 50 && lvs.total_data_clusters <= 64,
+            "{lvs:?}"
+        );
+        assert_eq!(lvs.free_clusters, lvs.total_data_clusters);
+        assert_eq!(
+            lvol::create_lvstore("t3m0", "lvs0", 1 << 20)
+                .await
+                .unwrap()
+                .uuid,
+            lvs.uuid
+        );
+
+        let thick = lvol::create_lvol("lvs0", "vol1", 10 * MIB + 1, false)
+            .await
+            .unwrap();
+        assert_eq!(thick.size_bytes, 11 * MIB, "rounded up to whole clusters");
+        assert!(!thick.thin);
+        let thin = lvol::create_lvol("lvs0", "vol2", 20 * MIB, true)
+            .await
+            .unwrap();
+        assert!(thin.thin);
+        let after = lvol::lvstore("lvs0").await.unwrap().unwrap();
+        assert_eq!(
+            after.free_clusters,
+            lvs.free_clusters - 11,
+            "thick allocates, thin does not"
+        );
+        // Idempotent create; different size conflicts.
+        lvol::create_lvol("lvs0", "vol1", 11 * MIB, false)
+            .await
+            .unwrap();
+        assert_eq!(
+            lvol::create_lvol("lvs0", "vol1", 12 * MIB, false)
+                .await
+                .unwrap_err()
+                .kind(),
+            ErrorKind::AlreadyExists
+        );
+        // Too big for a thick lvol.
+        assert_eq!(
+            lvol::create_lvol("lvs0", "huge", 1 << 40, false)
+                .await
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NoSpace
+        );
+
+        let snap = lvol::snapshot("lvs0", "vol1", "vol1_snap").await.unwrap();
+        assert!(snap.snapshot);
+        let clone = lvol::clone("lvs0", "vol1_snap", "vol1_clone")
+            .await
+            .unwrap();
+        assert!(clone.clone && clone.parent == "vol1_snap", "{clone:?}");
+        let grown = lvol::resize_lvol("lvs0", "vol1", 15 * MIB).await.unwrap();
+        assert_eq!(grown.size_bytes, 15 * MIB);
+        assert_eq!(
+            lvol::resize_lvol("lvs0", "vol1", MIB)
+                .await
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+        let inflated = lvol::inflate("lvs0", "vol1_clone").await.unwrap();
+        assert!(
+            !inflated.clone && inflated.parent.is_empty(),
+            "{inflated:?}"
+        );
+
+        let all = lvol::lvols().await.unwrap();
+        let names: Vec<_> = all
+            .iter()
+            .filter(|l| l.lvs_name == "lvs0")
+            .map(|l| l.name.as_str())
+            .collect();
+        for n in ["vol1", "vol2", "vol1_snap", "vol1_clone"] {
+            assert!(names.contains(&n), "{n} in {names:?}");
+        }
+        // vol1 still depends on its snapshot: the snapshot cannot go first.
+        assert_eq!(
+            lvol::delete_lvol("lvs0", "vol1_snap")
+                .await
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+        for n in ["vol1_clone", "vol1", "vol1_snap", "vol2"] {
+            lvol::delete_lvol("lvs0", n).await.unwrap();
+        }
+        lvol::delete_lvol("lvs0", "vol2").await.unwrap();
+        assert_eq!(
+            lvol::lvstore("lvs0").await.unwrap().unwrap().free_clusters,
+            lvs.free_clusters
+        );
+        lvol::destroy_lvstore("lvs0").await.unwrap();
+        assert!(lvol::lvstore("lvs0").await.unwrap().is_none());
+        bdev::delete_malloc("t3m0").await.unwrap();
+        bdev::delete_malloc("t3m0").await.unwrap();
+        assert!(bdev::get("t3m0").await.unwrap().is_none());
+    });
+}
+
+#[test]
+fn bad_input_is_refused_cleanly() {
+    run(async {
+        let e = bdev::create_malloc("bad/name", MIB, 512).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("name"), "{e}");
+        let e = bdev::create_aio(
+            "aio-missing",
+            std::path::Path::new("/nonexistent/file"),
+            512,
+        )
+        .await
+        .unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/file"), "{e}");
+        let dir = tempdir();
+        let small = dir.join("small.img");
+        std::fs::write(&small, vec![0u8; 4096]).unwrap();
+        let e = bdev::create_aio("aio-small", &small, 512)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("at least"), "{e}");
+        let e = lvol::create_lvstore("no-such-bdev", "lvsx", 0)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        let e = lvol::create_lvol("no-such-lvs", "v", MIB, false)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert!(
+            bdev::list()
+                .await
+                .unwrap()
+                .iter()
+                .all(|b| !b.name.starts_with("aio-")),
+            "nothing half-created"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    });
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "liteio-t3-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+#[test]
+fn aio_file_lvstore_and_rescan() {
+    run(async {
+        let dir = tempdir();
+        let file = dir.join("pool.img");
+        let f = std::fs::File::create(&file).unwrap();
+        f.set_len(64 * MIB).unwrap();
+        let b = bdev::create_aio("t3aio", &file, 512).await.unwrap();
+        assert_eq!(b.size_bytes(), 64 * MIB);
+        let lvs = lvol::create_lvstore("t3aio", "aiolvs", 0).await.unwrap();
+        assert_eq!(lvs.base_bdev, "t3aio");
+        lvol::create_lvol("aiolvs", "v", 8 * MIB, false)
+            .await
+            .unwrap();
+        f.set_len(128 * MIB).unwrap();
+        let grown = bdev::rescan_aio("t3aio").await.unwrap();
+        assert_eq!(grown.size_bytes(), 128 * MIB);
+        lvol::destroy_lvstore("aiolvs").await.unwrap();
+        bdev::delete_aio("t3aio").await.unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    });
+}

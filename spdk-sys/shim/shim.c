@@ -1,0 +1,255 @@
+/*
+ * LiteIO's C shim over SPDK. See shim.h. Compiled against SPDK's source-tree headers
+ * (include/spdk_internal and module/bdev/<m>/) because SPDK does not install the bdev
+ * module headers; build.rs checks the SPDK version these were written for.
+ */
+#include <errno.h>
+#include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "spdk/nvmf.h"
+
+#include "spdk/blob.h"
+#include "spdk/uuid.h"
+#include "spdk/version.h"
+#include "spdk_internal/lvolstore.h"
+
+#include "bdev_malloc.h"
+#include "bdev_null.h"
+#include "bdev_raid.h"
+#include "vbdev_lvol.h"
+
+#include "shim.h"
+
+static void
+copy_str(char *dst, const char *src)
+{
+	snprintf(dst, LITEIO_NAME_MAX, "%s", src ? src : "");
+}
+
+struct spdk_lvol_store *
+liteio_lvs_first(void)
+{
+	struct lvol_store_bdev *b = vbdev_lvol_store_first();
+	return b ? b->lvs : NULL;
+}
+
+struct spdk_lvol_store *
+liteio_lvs_next(struct spdk_lvol_store *prev)
+{
+	struct lvol_store_bdev *b = vbdev_get_lvs_bdev_by_lvs(prev);
+	if (b == NULL) {
+		return NULL;
+	}
+	b = vbdev_lvol_store_next(b);
+	return b ? b->lvs : NULL;
+}
+
+void
+liteio_lvs_get_info(struct spdk_lvol_store *lvs, struct liteio_lvs_info *out)
+{
+	struct lvol_store_bdev *b = vbdev_get_lvs_bdev_by_lvs(lvs);
+
+	memset(out, 0, sizeof(*out));
+	copy_str(out->name, lvs->name);
+	spdk_uuid_fmt_lower(out->uuid, sizeof(out->uuid), &lvs->uuid);
+	if (b != NULL && b->bdev != NULL) {
+		copy_str(out->base_bdev, spdk_bdev_get_name(b->bdev));
+	}
+	out->cluster_size = spdk_bs_get_cluster_size(lvs->blobstore);
+	out->total_data_clusters = spdk_bs_total_data_cluster_count(lvs->blobstore);
+	out->free_clusters = spdk_bs_free_cluster_count(lvs->blobstore);
+	out->block_size = spdk_bs_get_io_unit_size(lvs->blobstore);
+}
+
+void
+liteio_lvol_get_info(struct spdk_lvol *lvol, struct liteio_lvol_info *out)
+{
+	struct spdk_blob_store *bs = lvol->lvol_store->blobstore;
+	uint64_t cluster = spdk_bs_get_cluster_size(bs);
+	spdk_blob_id parent;
+
+	memset(out, 0, sizeof(*out));
+	copy_str(out->name, lvol->name);
+	copy_str(out->lvs_name, lvol->lvol_store->name);
+	copy_str(out->uuid, lvol->uuid_str);
+	if (lvol->bdev != NULL) {
+		copy_str(out->bdev_name, spdk_bdev_get_name(lvol->bdev));
+	}
+	out->size_bytes = spdk_blob_get_num_clusters(lvol->blob) * cluster;
+	out->allocated_bytes = spdk_blob_get_num_allocated_clusters(lvol->blob) * cluster;
+	out->thin = spdk_blob_is_thin_provisioned(lvol->blob);
+	out->snapshot = spdk_blob_is_snapshot(lvol->blob);
+	out->clone = spdk_blob_is_clone(lvol->blob);
+	parent = spdk_blob_get_parent_snapshot(bs, lvol->blob_id);
+	if (parent != SPDK_BLOBID_INVALID) {
+		struct spdk_lvol *p;
+		TAILQ_FOREACH(p, &lvol->lvol_store->lvols, link) {
+			if (p->blob_id == parent) {
+				copy_str(out->parent, p->name);
+				break;
+			}
+		}
+	}
+}
+
+bool
+liteio_bdev_lvol_info(struct spdk_bdev *bdev, struct liteio_lvol_info *out)
+{
+	struct spdk_lvol *lvol;
+
+	if (strcmp(spdk_bdev_get_product_name(bdev), "Logical Volume") != 0) {
+		return false;
+	}
+	lvol = vbdev_lvol_get_from_bdev(bdev);
+	if (lvol == NULL) {
+		return false;
+	}
+	liteio_lvol_get_info(lvol, out);
+	return true;
+}
+
+int
+liteio_malloc_create(const char *name, uint64_t num_blocks, uint32_t block_size,
+		     const struct spdk_uuid *uuid)
+{
+	struct malloc_bdev_opts opts;
+	struct spdk_bdev *bdev = NULL;
+
+	memset(&opts, 0, sizeof(opts));
+	opts.name = (char *)name;
+	opts.num_blocks = num_blocks;
+	opts.block_size = block_size;
+	opts.physical_block_size = block_size;
+	opts.numa_id = SPDK_ENV_NUMA_ID_ANY;
+	if (uuid != NULL) {
+		spdk_uuid_copy(&opts.uuid, uuid);
+	}
+	return create_malloc_disk(&bdev, &opts);
+}
+
+void
+liteio_malloc_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg)
+{
+	delete_malloc_disk(name, cb_fn, cb_arg);
+}
+
+int
+liteio_null_create(const char *name, uint64_t num_blocks, uint32_t block_size)
+{
+	struct null_bdev_opts opts;
+	struct spdk_bdev *bdev = NULL;
+
+	memset(&opts, 0, sizeof(opts));
+	opts.name = (char *)name;
+	opts.num_blocks = num_blocks;
+	opts.block_size = block_size;
+	opts.physical_block_size = block_size;
+	return bdev_null_create(&bdev, &opts);
+}
+
+void
+liteio_null_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg)
+{
+	bdev_null_delete(name, cb_fn, cb_arg);
+}
+
+int
+liteio_raid0_create(const char *name, uint32_t strip_size_kb, uint8_t num_base,
+		    const char *const *base_names, void (*cb_fn)(void *, int), void *cb_arg)
+{
+	return raid_bdev_create(name, strip_size_kb, num_base, (char **)base_names, SPDK_BDEV_RAID_LEVEL_RAID0, false,
+				NULL, cb_fn, cb_arg);
+}
+
+int
+liteio_raid_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg)
+{
+	struct raid_bdev *raid = raid_bdev_find_by_name(name);
+	if (raid == NULL) {
+		return -ENODEV;
+	}
+	raid_bdev_delete(raid, false, cb_fn, cb_arg);
+	return 0;
+}
+
+struct tcp_add_ctx {
+	struct spdk_nvmf_tgt *tgt;
+	void (*cb_fn)(void *, int);
+	void *cb_arg;
+};
+
+static void
+tcp_added(void *arg, int status)
+{
+	struct tcp_add_ctx *ctx = arg;
+	ctx->cb_fn(ctx->cb_arg, status);
+	free(ctx);
+}
+
+static void
+tcp_created(void *arg, struct spdk_nvmf_transport *transport)
+{
+	struct tcp_add_ctx *ctx = arg;
+	if (transport == NULL) {
+		ctx->cb_fn(ctx->cb_arg, -EINVAL);
+		free(ctx);
+		return;
+	}
+	spdk_nvmf_tgt_add_transport(ctx->tgt, transport, tcp_added, ctx);
+}
+
+int
+liteio_nvmf_tcp_transport_add(struct spdk_nvmf_tgt *tgt, const struct liteio_tcp_opts *in,
+			      void (*cb_fn)(void *, int), void *cb_arg)
+{
+	struct spdk_nvmf_transport_opts opts;
+	struct tcp_add_ctx *ctx;
+	int rc;
+
+	memset(&opts, 0, sizeof(opts));
+	if (!spdk_nvmf_transport_opts_init("TCP", &opts, sizeof(opts))) {
+		return -ENOENT;
+	}
+	if (in->max_queue_depth) { opts.max_queue_depth = in->max_queue_depth; }
+	if (in->max_qpairs_per_ctrlr) { opts.max_qpairs_per_ctrlr = in->max_qpairs_per_ctrlr; }
+	if (in->in_capsule_data_size) { opts.in_capsule_data_size = in->in_capsule_data_size; }
+	if (in->max_io_size) { opts.max_io_size = in->max_io_size; }
+	if (in->io_unit_size) { opts.io_unit_size = in->io_unit_size; }
+	if (in->num_shared_buffers) { opts.num_shared_buffers = in->num_shared_buffers; }
+	if (in->buf_cache_size) { opts.buf_cache_size = in->buf_cache_size; }
+	ctx = calloc(1, sizeof(*ctx));
+	if (ctx == NULL) {
+		return -ENOMEM;
+	}
+	ctx->tgt = tgt;
+	ctx->cb_fn = cb_fn;
+	ctx->cb_arg = cb_arg;
+	rc = spdk_nvmf_transport_create_async("TCP", &opts, tcp_created, ctx);
+	if (rc != 0) {
+		free(ctx);
+	}
+	return rc;
+}
+
+uint32_t
+liteio_nvmf_add_ns(struct spdk_nvmf_subsystem *ss, const char *bdev_name, const char *uuid_str)
+{
+	struct spdk_nvmf_ns_opts opts;
+
+	spdk_nvmf_ns_opts_get_defaults(&opts, sizeof(opts));
+	if (uuid_str != NULL && uuid_str[0] != '\0') {
+		if (spdk_uuid_parse(&opts.uuid, uuid_str) != 0) {
+			return 0;
+		}
+		memcpy(opts.nguid, &opts.uuid, sizeof(opts.nguid));
+	}
+	return spdk_nvmf_subsystem_add_ns_ext(ss, bdev_name, &opts, sizeof(opts), NULL);
+}
+
+uint32_t
+liteio_spdk_version_compiled(void)
+{
+	return SPDK_VERSION_MAJOR * 10000 + SPDK_VERSION_MINOR * 100 + SPDK_VERSION_PATCH;
+}

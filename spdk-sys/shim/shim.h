@@ -1,0 +1,94 @@
+/*
+ * LiteIO's C shim over SPDK: helpers for what bindgen cannot express (option structs of
+ * bdev modules whose headers SPDK does not install, internal lvstore/lvol fields, macros).
+ * Only public SPDK types appear in this header.
+ */
+#ifndef LITEIO_SPDK_SHIM_H
+#define LITEIO_SPDK_SHIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "spdk/bdev.h"
+#include "spdk/lvol.h"
+#include "spdk/nvmf.h"
+
+#define LITEIO_NAME_MAX 128
+
+/* Facts about an lvstore. */
+struct liteio_lvs_info {
+	char name[LITEIO_NAME_MAX];
+	char uuid[LITEIO_NAME_MAX];
+	char base_bdev[LITEIO_NAME_MAX];
+	uint64_t cluster_size;
+	uint64_t total_data_clusters;
+	uint64_t free_clusters;
+	uint64_t block_size;
+};
+
+/* Facts about an lvol. */
+struct liteio_lvol_info {
+	char name[LITEIO_NAME_MAX];
+	char lvs_name[LITEIO_NAME_MAX];
+	char uuid[LITEIO_NAME_MAX];
+	char bdev_name[LITEIO_NAME_MAX];
+	/* Name of the snapshot this lvol is a clone of; empty when none. */
+	char parent[LITEIO_NAME_MAX];
+	uint64_t size_bytes;
+	uint64_t allocated_bytes;
+	bool thin;
+	bool snapshot;
+	bool clone;
+};
+
+/* The first lvstore known to the lvol module, or NULL. */
+struct spdk_lvol_store *liteio_lvs_first(void);
+/* The lvstore after `prev`, or NULL. */
+struct spdk_lvol_store *liteio_lvs_next(struct spdk_lvol_store *prev);
+/* Fill `out` with the lvstore's facts. */
+void liteio_lvs_get_info(struct spdk_lvol_store *lvs, struct liteio_lvs_info *out);
+/* Fill `out` with the lvol's facts. */
+void liteio_lvol_get_info(struct spdk_lvol *lvol, struct liteio_lvol_info *out);
+/* Fill `out` for the lvol behind `bdev`; returns false when the bdev is not an lvol. */
+bool liteio_bdev_lvol_info(struct spdk_bdev *bdev, struct liteio_lvol_info *out);
+
+/* Create a RAM-backed bdev (tests). Returns 0 or a negative errno. */
+int liteio_malloc_create(const char *name, uint64_t num_blocks, uint32_t block_size,
+			 const struct spdk_uuid *uuid);
+/* Delete a malloc bdev; `cb_fn(cb_arg, errno)` runs on the calling SPDK thread. */
+void liteio_malloc_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
+/* Create a null bdev (benchmarks). Returns 0 or a negative errno. */
+int liteio_null_create(const char *name, uint64_t num_blocks, uint32_t block_size);
+/* Delete a null bdev. */
+void liteio_null_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
+/* Create a raid0 bdev over `num_base` bdevs with a strip size in KiB. */
+int liteio_raid0_create(const char *name, uint32_t strip_size_kb, uint8_t num_base,
+			const char *const *base_names, void (*cb_fn)(void *, int), void *cb_arg);
+/* Delete a raid bdev by name; -ENODEV when there is none. */
+int liteio_raid_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
+
+/* Tunables of the NVMe/TCP transport; zero keeps SPDK's default. */
+struct liteio_tcp_opts {
+	uint32_t max_queue_depth;
+	uint32_t max_qpairs_per_ctrlr;
+	uint32_t in_capsule_data_size;
+	uint32_t max_io_size;
+	uint32_t io_unit_size;
+	uint32_t num_shared_buffers;
+	uint32_t buf_cache_size;
+};
+
+/* Create the TCP transport with `opts` and add it to `tgt`; `cb_fn(cb_arg, status)` runs when
+ * it is added. Returns 0 when the operation started, or a negative errno. */
+int liteio_nvmf_tcp_transport_add(struct spdk_nvmf_tgt *tgt, const struct liteio_tcp_opts *opts,
+				  void (*cb_fn)(void *, int), void *cb_arg);
+
+/* Add `bdev_name` as a namespace of `ss` with the given UUID (NGUID = the same bytes).
+ * Returns the nsid, or 0 on failure. */
+uint32_t liteio_nvmf_add_ns(struct spdk_nvmf_subsystem *ss, const char *bdev_name,
+			    const char *uuid_str);
+
+/* SPDK's version as major * 10000 + minor * 100 + patch, as compiled. */
+uint32_t liteio_spdk_version_compiled(void);
+
+#endif

@@ -1,0 +1,26 @@
+/* Everything spdk-sys binds: SPDK's public headers, two bdev module headers that only
+ * declare functions, and LiteIO's shim. */
+#include "spdk/stdinc.h"
+#include "spdk/bdev.h"
+#include "spdk/bdev_module.h"
+#include "spdk/blob.h"
+#include "spdk/cpuset.h"
+#include "spdk/env.h"
+#include "spdk/event.h"
+#include "spdk/init.h"
+#include "spdk/json.h"
+#include "spdk/log.h"
+#include "spdk/lvol.h"
+#include "spdk/nvme.h"
+#include "spdk/nvmf.h"
+#include "spdk/rpc.h"
+#include "spdk/string.h"
+#include "spdk/thread.h"
+#include "spdk/uuid.h"
+#include "spdk/version.h"
+#include "spdk/module/bdev/nvme.h"
+
+#include "bdev_aio.h"
+#include "vbdev_lvol.h"
+
+#include "shim.h"
