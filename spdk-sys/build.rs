@@ -99,6 +99,7 @@ mod link {
     /// Module headers the shim and bindings need, relative to a source tree.
     const MODULE_DIRS: &[&str] = &[
         "module/bdev/aio",
+        "module/bdev/nvme",
         "module/bdev/lvol",
         "module/bdev/malloc",
         "module/bdev/null",

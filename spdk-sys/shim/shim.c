@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "spdk/nvmf.h"
+#include "spdk/module/bdev/nvme.h"
 
 #include "spdk/blob.h"
 #include "spdk/uuid.h"
@@ -16,6 +17,7 @@
 #include "spdk_internal/lvolstore.h"
 
 #include "bdev_malloc.h"
+#include "bdev_nvme.h"
 #include "bdev_null.h"
 #include "bdev_raid.h"
 #include "vbdev_lvol.h"
@@ -246,6 +248,15 @@ liteio_nvmf_add_ns(struct spdk_nvmf_subsystem *ss, const char *bdev_name, const 
 		memcpy(opts.nguid, &opts.uuid, sizeof(opts.nguid));
 	}
 	return spdk_nvmf_subsystem_add_ns_ext(ss, bdev_name, &opts, sizeof(opts), NULL);
+}
+
+int
+liteio_bdev_nvme_detach(const char *name, void (*cb_fn)(void *, int), void *cb_arg)
+{
+	struct spdk_nvme_path_id path;
+
+	memset(&path, 0, sizeof(path));
+	return spdk_bdev_nvme_delete(name, &path, cb_fn, cb_arg);
 }
 
 uint32_t

@@ -88,6 +88,10 @@ int liteio_nvmf_tcp_transport_add(struct spdk_nvmf_tgt *tgt, const struct liteio
 uint32_t liteio_nvmf_add_ns(struct spdk_nvmf_subsystem *ss, const char *bdev_name,
 			    const char *uuid_str);
 
+/* Detach every path of the NVMe bdev controller `name` (bdev_nvme). Returns 0 when the
+ * operation started (`cb_fn` will run), or a negative errno (it will not). */
+int liteio_bdev_nvme_detach(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
+
 /* SPDK's version as major * 10000 + minor * 100 + patch, as compiled. */
 uint32_t liteio_spdk_version_compiled(void);
 

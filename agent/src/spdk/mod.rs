@@ -4,6 +4,8 @@
 
 pub mod bdev;
 pub mod error;
+pub mod initiator;
+pub mod io;
 pub mod lvol;
 pub mod nvmf;
 pub mod runtime;

@@ -302,16 +302,18 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
     let existing = on_reactor({
         let spec = spec.clone();
         move || match subsystem(&spec.nqn) {
-            Ok(ss) => Ok(Some(info(ss))),
+            // Compare by the bdev's canonical name: the spec may use an alias (`lvs/lvol`).
+            Ok(ss) => Ok(Some((
+                info(ss),
+                super::bdev::bdev_info(bdev_by_name(&spec.bdev)?).name,
+            ))),
             Err(SpdkError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     })
     .await?;
-    if let Some(cur) = existing {
-        if cur.bdevs != [spec.bdev.clone()]
-            || !cur.listeners.contains(&(spec.address.clone(), spec.port))
-        {
+    if let Some((cur, bdev)) = existing {
+        if cur.bdevs != [bdev] || !cur.listeners.contains(&(spec.address.clone(), spec.port)) {
             return Err(SpdkError::AlreadyExists {
                 kind: "subsystem",
                 name: spec.nqn,

@@ -1,0 +1,146 @@
+//! SPDK's NVMe-oF initiator (`bdev_nvme`): attach a remote subsystem as local bdevs. Used for
+//! migration pipes and to test the target end to end.
+
+use std::ffi::{CString, c_char, c_void};
+
+use super::error::{Result, SpdkError};
+use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec};
+
+struct Attach {
+    names: Vec<*const c_char>,
+    _strings: (CString, CString),
+    ctrlr: String,
+    reply: Reply<Vec<String>>,
+}
+
+extern "C" fn attached(arg: *mut c_void, count: usize, rc: i32) {
+    // SAFETY: `arg` is the `Attach` leaked by `attach_tcp`; called once.
+    let a = unsafe { Box::from_raw(arg.cast::<Attach>()) };
+    if rc != 0 {
+        return a.reply.send(Err(SpdkError::errno(
+            "attach NVMe/TCP controller",
+            a.ctrlr,
+            rc,
+        )));
+    }
+    let names = a
+        .names
+        .iter()
+        .take(count)
+        .map(|p| super::runtime::from_c(*p))
+        .collect();
+    a.reply.send(Ok(names));
+}
+
+/// Connect to `subnqn` at `address:port` over TCP as `hostnqn`, creating bdevs named
+/// `<ctrlr>n<nsid>`. Returns their names.
+pub async fn attach_tcp(
+    ctrlr: &str,
+    address: &str,
+    port: u16,
+    subnqn: &str,
+    hostnqn: &str,
+) -> Result<Vec<String>> {
+    let (ctrlr, address, subnqn, hostnqn) = (
+        ctrlr.to_string(),
+        address.to_string(),
+        subnqn.to_string(),
+        hostnqn.to_string(),
+    );
+    exec(move |reply| {
+        let prepared = (|| -> Result<_> {
+            let spec = cstr(
+                "address",
+                &format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}"),
+            )?;
+            let base = cstr("ctrlr", &ctrlr)?;
+            let host = cstr("hostnqn", &hostnqn)?;
+            if hostnqn.len() > 223 {
+                return Err(SpdkError::InvalidArgument {
+                    field: "hostnqn",
+                    reason: "longer than 223 bytes".into(),
+                });
+            }
+            Ok((spec, base, host))
+        })();
+        let (spec, base, host) = match prepared {
+            Ok(p) => p,
+            Err(e) => return reply.send(Err(e)),
+        };
+        // SAFETY: zeroed structs are valid inputs for the parser and the defaults init.
+        let mut trid: spdk_sys::spdk_nvme_transport_id = unsafe { std::mem::zeroed() };
+        // SAFETY: `trid` writable; `spec` valid.
+        let rc = unsafe { spdk_sys::spdk_nvme_transport_id_parse(&mut trid, spec.as_ptr()) };
+        if rc != 0 {
+            return reply.send(Err(SpdkError::errno("parse transport id", address, rc)));
+        }
+        // SAFETY: as above.
+        let mut drv: spdk_sys::spdk_nvme_ctrlr_opts = unsafe { std::mem::zeroed() };
+        // SAFETY: `drv` writable and of the size passed.
+        unsafe {
+            spdk_sys::spdk_nvme_ctrlr_get_default_ctrlr_opts(
+                &mut drv,
+                std::mem::size_of::<spdk_sys::spdk_nvme_ctrlr_opts>(),
+            )
+        };
+        for (dst, src) in drv.hostnqn.iter_mut().zip(host.as_bytes_with_nul()) {
+            *dst = *src as c_char;
+        }
+        // SAFETY: as above.
+        let mut bopts: spdk_sys::spdk_bdev_nvme_ctrlr_opts = unsafe { std::mem::zeroed() };
+        // SAFETY: `bopts` writable.
+        unsafe { spdk_sys::spdk_bdev_nvme_get_default_ctrlr_opts(&mut bopts) };
+        let mut a = Box::new(Attach {
+            names: vec![std::ptr::null(); 32],
+            _strings: (base, host),
+            ctrlr,
+            reply,
+        });
+        let names = a.names.as_mut_ptr();
+        let base_ptr = a._strings.0.as_ptr();
+        let arg = Box::into_raw(a).cast::<c_void>();
+        // SAFETY: on the reactor; `trid`, `drv` and `bopts` are copied during the call; the
+        // names array lives in `arg`, which SPDK owns until `attached` runs once.
+        let rc = unsafe {
+            spdk_sys::spdk_bdev_nvme_create(
+                &mut trid,
+                base_ptr,
+                names,
+                32,
+                Some(attached),
+                arg,
+                &mut drv,
+                &mut bopts,
+            )
+        };
+        if rc != 0 {
+            attached(arg, 0, rc);
+        }
+    })
+    .await
+}
+
+/// Disconnect an attached controller and remove its bdevs; missing = success.
+pub async fn detach(ctrlr: &str) -> Result<()> {
+    let ctrlr = ctrlr.to_string();
+    exec(move |reply: Reply<()>| {
+        let c = match cstr("ctrlr", &ctrlr) {
+            Ok(c) => c,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let n = ctrlr.clone();
+        let ctx = errno_ctx(move |rc| {
+            reply.send(if rc == 0 || rc == -19 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("detach controller", n, rc))
+            })
+        });
+        // SAFETY: on the reactor; `ctx` owned by SPDK when rc == 0.
+        let rc = unsafe { spdk_sys::liteio_bdev_nvme_detach(c.as_ptr(), Some(errno_cb), ctx) };
+        if rc != 0 {
+            errno_cb(ctx, rc);
+        }
+    })
+    .await
+}

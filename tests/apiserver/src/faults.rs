@@ -1,0 +1,199 @@
+//! Fault injection for tests: failing requests, delaying responses, dropping watches, and
+//! counting requests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+/// The verb of a request, as kube-apiserver's audit log names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verb {
+    /// GET of one object.
+    Get,
+    /// GET of a collection.
+    List,
+    /// GET of a collection with `watch=true`.
+    Watch,
+    /// POST.
+    Create,
+    /// PUT.
+    Update,
+    /// PATCH.
+    Patch,
+    /// DELETE of one object.
+    Delete,
+    /// DELETE of a collection.
+    DeleteCollection,
+}
+
+/// Which requests a fault applies to; `None` fields match anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matcher {
+    /// The verb.
+    pub verb: Option<Verb>,
+    /// The plural, with `/status` for the status subresource (`antstorvolumes/status`).
+    pub resource: Option<String>,
+    /// The object name.
+    pub name: Option<String>,
+}
+
+impl Matcher {
+    /// Requests with this verb on this resource (`plural` or `plural/status`).
+    pub fn new(verb: Verb, resource: &str) -> Self {
+        Matcher {
+            verb: Some(verb),
+            resource: Some(resource.to_string()),
+            name: None,
+        }
+    }
+
+    /// Only requests for this object name.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    fn matches(&self, verb: Verb, resource: &str, name: Option<&str>) -> bool {
+        self.verb.is_none_or(|v| v == verb)
+            && self.resource.as_deref().is_none_or(|r| r == resource)
+            && self.name.as_deref().is_none_or(|n| Some(n) == name)
+    }
+}
+
+#[derive(Debug)]
+struct Failure {
+    matcher: Matcher,
+    remaining: usize,
+    code: u16,
+    reason: String,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    failures: Vec<Failure>,
+    delays: Vec<(Matcher, Duration)>,
+    drop_next_watch: HashMap<String, usize>,
+    counts: HashMap<(Verb, String), u64>,
+}
+
+/// What the server must do with one request.
+#[derive(Debug, Default)]
+pub(crate) struct Decision {
+    pub fail: Option<(u16, String)>,
+    pub delay: Option<Duration>,
+}
+
+/// A handle to the server's fault injection; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Faults {
+    inner: Arc<Mutex<Inner>>,
+    drops: broadcast::Sender<Option<String>>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        let (drops, _) = broadcast::channel(64);
+        Faults {
+            inner: Arc::default(),
+            drops,
+        }
+    }
+}
+
+impl Faults {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Fails the next `n` requests matching `m` with `code` and `reason` (a Status reason
+    /// such as `InternalError`).
+    pub fn fail_next(&self, n: usize, m: Matcher, code: u16, reason: &str) {
+        self.lock().failures.push(Failure {
+            matcher: m,
+            remaining: n,
+            code,
+            reason: reason.to_string(),
+        });
+    }
+
+    /// Delays every response matching `m` by `by` until [`Faults::clear`].
+    pub fn delay(&self, m: Matcher, by: Duration) {
+        self.lock().delays.push((m, by));
+    }
+
+    /// Ends every open watch of `resource` (the plural); returns at once.
+    pub fn drop_watches(&self, resource: &str) {
+        let _ = self.drops.send(Some(resource.to_string()));
+    }
+
+    /// Ends every open watch.
+    pub fn drop_all_watches(&self) {
+        let _ = self.drops.send(None);
+    }
+
+    /// Ends the next `n` watches of `resource` right after they start.
+    pub fn drop_next_watches(&self, resource: &str, n: usize) {
+        *self
+            .lock()
+            .drop_next_watch
+            .entry(resource.to_string())
+            .or_default() += n;
+    }
+
+    /// Requests seen with this verb on this resource (`plural` or `plural/status`).
+    pub fn requests(&self, verb: Verb, resource: &str) -> u64 {
+        self.lock()
+            .counts
+            .get(&(verb, resource.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Removes every pending failure, delay and watch drop (counters stay).
+    pub fn clear(&self) {
+        let mut g = self.lock();
+        g.failures.clear();
+        g.delays.clear();
+        g.drop_next_watch.clear();
+    }
+
+    pub(crate) fn subscribe_drops(&self) -> broadcast::Receiver<Option<String>> {
+        self.drops.subscribe()
+    }
+
+    pub(crate) fn take_watch_drop(&self, resource: &str) -> bool {
+        let mut g = self.lock();
+        match g.drop_next_watch.get_mut(resource) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn decide(&self, verb: Verb, resource: &str, name: Option<&str>) -> Decision {
+        let mut g = self.lock();
+        *g.counts.entry((verb, resource.to_string())).or_default() += 1;
+        let mut d = Decision::default();
+        if let Some(f) = g
+            .failures
+            .iter_mut()
+            .find(|f| f.remaining > 0 && f.matcher.matches(verb, resource, name))
+        {
+            f.remaining -= 1;
+            d.fail = Some((f.code, f.reason.clone()));
+        }
+        g.failures.retain(|f| f.remaining > 0);
+        d.delay = g
+            .delays
+            .iter()
+            .filter(|(m, _)| m.matches(verb, resource, name))
+            .map(|(_, by)| *by)
+            .max();
+        d
+    }
+}

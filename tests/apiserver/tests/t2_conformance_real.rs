@@ -1,0 +1,75 @@
+//! T2: the conformance cases against a real kube-apiserver, reached through the kubeconfig
+//! named by `LITEIO_TEST_KUBECONFIG`. Without it every test prints one skip line and returns.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use liteio_test_apiserver::conformance::{self, CaseResult, Env, Outcome};
+
+const VAR: &str = "LITEIO_TEST_KUBECONFIG";
+
+async fn run<F, Fut>(case: &str, f: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: Future<Output = CaseResult>,
+{
+    let Ok(path) = std::env::var(VAR) else {
+        println!("T2 skipped: {VAR} not set");
+        return;
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(120), async {
+        let env = conformance::real_env(&path, case)
+            .await
+            .unwrap_or_else(|e| panic!("{case}: cannot prepare {path}: {e}"));
+        let r = f(env.clone()).await;
+        conformance::cleanup(&env).await;
+        r
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{case}: timed out after 120s"));
+    match outcome {
+        Ok(Outcome::Passed) => {}
+        Ok(Outcome::Skipped(why)) => println!("T2 {case} skipped: {why}"),
+        Err(e) => panic!("{case} failed against the real kube-apiserver: {e}"),
+    }
+}
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                run(stringify!($name), conformance::$name).await;
+            }
+        )*
+    };
+}
+
+cases!(
+    crud_antstorvolume,
+    crud_lease,
+    generate_name,
+    label_selectors,
+    field_selectors,
+    bad_selectors,
+    watch_event_order,
+    watch_resume,
+    watch_expired_gone,
+    watcher_recovers,
+    stale_update_conflict,
+    lease_two_writers,
+    finalizer_deletion,
+    status_subresource,
+    merge_patch,
+    json_patch,
+    server_side_apply,
+    invalid_objects,
+    malformed_json,
+    unknown_resource,
+    patch_media_and_names,
+    list_paging,
+    fault_fail_next,
+    fault_delay,
+    fault_drop_watch,
+);
