@@ -1,0 +1,136 @@
+//! The argv of every LVM and helper command the engine runs.
+
+use std::path::Path;
+
+/// Tag on a clone LV while its data is still being copied.
+pub const CLONE_INCOMPLETE_TAG: &str = "liteio.clone-incomplete";
+
+/// Fields `lvs` prints (segment fields included: one row per segment, first one kept).
+pub const LV_FIELDS: &str = "lv_uuid,lv_name,lv_full_name,lv_path,lv_size,lv_attr,lv_layout,\
+lv_device_open,lv_tags,origin,origin_size,segtype,stripes,stripe_size,vg_name";
+
+/// Stripe size of striped LVs, as LiteIO.
+pub const STRIPE_SIZE: &str = "128k";
+
+fn v(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_string()).collect()
+}
+
+fn bytes(size: u64) -> String {
+    format!("{size}B")
+}
+
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// `vgs --options vg_all --reportformat json --units B`.
+pub fn vgs() -> Vec<String> {
+    v(&[
+        "vgs",
+        "--options",
+        "vg_all",
+        "--reportformat",
+        "json",
+        "--units",
+        "B",
+    ])
+}
+
+/// `lvs --options <LV_FIELDS> --reportformat json --units B <vg>`.
+pub fn lvs(vg: &str) -> Vec<String> {
+    v(&[
+        "lvs",
+        "--options",
+        LV_FIELDS,
+        "--reportformat",
+        "json",
+        "--units",
+        "B",
+        vg,
+    ])
+}
+
+/// `pvcreate <devs…>`.
+pub fn pvcreate(devs: &[String]) -> Vec<String> {
+    let mut a = v(&["pvcreate"]);
+    a.extend(devs.iter().cloned());
+    a
+}
+
+/// `vgcreate <vg> <devs…>`.
+pub fn vgcreate(vg: &str, devs: &[String]) -> Vec<String> {
+    let mut a = v(&["vgcreate", vg]);
+    a.extend(devs.iter().cloned());
+    a
+}
+
+/// `lvcreate -y -L <size>B [-i <stripes> -I 128k] [--addtag <tag>] -n <lv> <vg>`.
+pub fn lvcreate(
+    vg: &str,
+    lv: &str,
+    size: u64,
+    stripes: Option<u32>,
+    tag: Option<&str>,
+) -> Vec<String> {
+    let mut a = v(&["lvcreate", "-y", "-L", &bytes(size)]);
+    if let Some(n) = stripes {
+        a.extend(v(&["-i", &n.to_string(), "-I", STRIPE_SIZE]));
+    }
+    if let Some(t) = tag {
+        a.extend(v(&["--addtag", t]));
+    }
+    a.extend(v(&["-n", lv, vg]));
+    a
+}
+
+/// `lvcreate -s -L <reserve>B -n <snap> <vg>/<origin>`.
+pub fn lvcreate_snapshot(vg: &str, origin: &str, snap: &str, reserve: u64) -> Vec<String> {
+    v(&[
+        "lvcreate",
+        "-s",
+        "-L",
+        &bytes(reserve),
+        "-n",
+        snap,
+        &format!("{vg}/{origin}"),
+    ])
+}
+
+/// `lvconvert --merge <vg>/<snap>`.
+pub fn lvconvert_merge(vg: &str, snap: &str) -> Vec<String> {
+    v(&["lvconvert", "--merge", &format!("{vg}/{snap}")])
+}
+
+/// `lvextend -L <size>B <vg>/<lv>`.
+pub fn lvextend(vg: &str, lv: &str, size: u64) -> Vec<String> {
+    v(&["lvextend", "-L", &bytes(size), &format!("{vg}/{lv}")])
+}
+
+/// `lvremove -y <vg>/<lv>`.
+pub fn lvremove(vg: &str, lv: &str) -> Vec<String> {
+    v(&["lvremove", "-y", &format!("{vg}/{lv}")])
+}
+
+/// `lvchange --deltag <tag> <vg>/<lv>`.
+pub fn lvchange_deltag(vg: &str, lv: &str, tag: &str) -> Vec<String> {
+    v(&["lvchange", "--deltag", tag, &format!("{vg}/{lv}")])
+}
+
+/// `dd if=<src> of=<dst> bs=4M oflag=direct conv=fsync status=none` (clone data copy).
+pub fn dd(src: &Path, dst: &Path) -> Vec<String> {
+    v(&[
+        "dd",
+        &format!("if={}", path(src)),
+        &format!("of={}", path(dst)),
+        "bs=4M",
+        "oflag=direct",
+        "conv=fsync",
+        "status=none",
+    ])
+}
+
+/// `fallocate -l <size> <file>`.
+pub fn fallocate(file: &Path, size: u64) -> Vec<String> {
+    v(&["fallocate", "-l", &size.to_string(), &path(file)])
+}

@@ -1,0 +1,291 @@
+//! T0: the agent config file: LiteIO's examples, our extensions, defaults, and errors that
+//! name the field.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use liteio_agent::config::{BdevType, Config, ConfigError, PoolingMode};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn err(yaml: &str) -> ConfigError {
+    Config::from_yaml(yaml).expect_err("config accepted")
+}
+
+const MINIMAL_FILE: &str =
+    "storage:\n  pooling: {name: p, mode: File}\n  file: {path: /srv/pool}\n";
+
+#[test]
+fn liteio_lvm_example_parses_with_defaults() {
+    let cfg = Config::load(fixture("liteio-lvm-agent-config.yaml")).unwrap();
+    assert_eq!(cfg.storage.pooling.name, "test-vg");
+    assert_eq!(cfg.storage.pooling.mode, PoolingMode::KernelLvm);
+    assert_eq!(cfg.storage.pvs.len(), 1);
+    assert_eq!(cfg.storage.pvs[0].file_path, "/local-storage/pv01");
+    assert_eq!(cfg.storage.pvs[0].size, 1_048_576_000);
+    assert_eq!(cfg.storage.pvs[0].device_path, "");
+    assert!(cfg.storage.bdev.is_none());
+    // Defaults.
+    assert_eq!(cfg.node_info_keys.ip_label_key, "lite.io/ip");
+    assert_eq!(cfg.node_info_keys.hostname_label_key, "lite.io/hostname");
+    assert_eq!(cfg.node_info_keys.rack_label_key, "lite.io/rack");
+    assert_eq!(cfg.node_info_keys.room_label_key, "lite.io/room");
+    assert_eq!(cfg.nvmf.port_range.ports(), 4510..=4610);
+    assert_eq!(cfg.nvmf.listen_address, None);
+    assert_eq!(cfg.heartbeat.interval, Duration::from_secs(20));
+    assert_eq!(cfg.heartbeat.duration, Duration::from_secs(40));
+    assert_eq!(cfg.metrics.listen_address, None);
+    assert_eq!(cfg.spdk.core_mask, "0x1");
+    assert!(!cfg.spdk.no_huge);
+    assert_eq!(cfg.spdk.mem_size_mib(), None);
+}
+
+#[test]
+fn liteio_aio_lvs_example_parses() {
+    let cfg = Config::load(fixture("liteio-aio-lvs-agent-config.yaml")).unwrap();
+    assert_eq!(cfg.storage.pooling.name, "aio-lvs");
+    assert_eq!(cfg.storage.pooling.mode, PoolingMode::SpdkLvStore);
+    let bdev = cfg.storage.bdev.unwrap();
+    assert_eq!(bdev.kind, BdevType::Aio);
+    assert_eq!(bdev.name, "test-aio-bdev");
+    assert_eq!(bdev.size, 1_048_576_000);
+    assert_eq!(bdev.file_path, "/local-storage/aio-lvs");
+    assert!(cfg.storage.pvs.is_empty());
+}
+
+#[test]
+fn every_extension_parses() {
+    let cfg = Config::load(fixture("full-agent-config.yaml")).unwrap();
+    assert_eq!(cfg.storage.pooling.mode, PoolingMode::File);
+    let file = cfg.storage.file.as_ref().unwrap();
+    assert_eq!(file.path, PathBuf::from("/var/lib/liteio/pool"));
+    assert_eq!(file.size, 10 << 30);
+    assert_eq!(cfg.node_info_keys.ip_label_key, "example.com/ip");
+    assert_eq!(cfg.spdk.core_mask_bits(), Some(3));
+    assert!(cfg.spdk.interrupt_mode);
+    assert!(cfg.spdk.no_huge);
+    assert_eq!(cfg.spdk.mem_size_mib(), Some(512));
+    assert_eq!(
+        cfg.spdk.rpc_socket.as_deref(),
+        Some(Path::new("/var/tmp/liteio-spdk.sock"))
+    );
+    assert_eq!(
+        cfg.spdk.nvme_pci_addresses,
+        ["0000:00:04.0", "0000:af:00.1"]
+    );
+    assert_eq!(
+        cfg.nvmf.listen_address,
+        Some("192.0.2.10".parse::<IpAddr>().unwrap())
+    );
+    assert_eq!(cfg.nvmf.port_range.ports(), 5000..=5099);
+    assert_eq!(
+        cfg.metrics.listen_address,
+        Some("0.0.0.0:9100".parse::<SocketAddr>().unwrap())
+    );
+    assert_eq!(cfg.heartbeat.interval, Duration::from_secs(10));
+    assert_eq!(cfg.heartbeat.duration, Duration::from_secs(60));
+}
+
+#[test]
+fn serialises_back_to_the_same_config() {
+    let cfg = Config::load(fixture("full-agent-config.yaml")).unwrap();
+    let text = serde_yaml::to_string(&cfg).unwrap();
+    assert_eq!(Config::from_yaml(&text).unwrap(), cfg);
+    let built = Config::file_pool("p", "/srv/pool");
+    assert_eq!(Config::from_yaml(MINIMAL_FILE).unwrap(), built);
+}
+
+#[test]
+fn no_huge_gets_a_default_memory_size() {
+    let cfg = Config::from_yaml(&format!("{MINIMAL_FILE}spdk: {{noHuge: true}}\n")).unwrap();
+    assert_eq!(cfg.spdk.mem_size_mib(), Some(1024));
+}
+
+#[test]
+fn unknown_mode_lists_the_allowed_values() {
+    let e = err("storage:\n  pooling: {name: tank, mode: Zfs}\n");
+    assert_eq!(e.field(), Some("storage.pooling.mode"));
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(
+            r#"storage.pooling.mode: "Zfs" is not one of "KernelLVM", "SpdkLVStore", "File""#
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unknown_bdev_type_lists_the_allowed_values() {
+    let e =
+        err("storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: nvme, name: b}\n");
+    assert_eq!(e.field(), Some("storage.bdev.type"));
+    assert!(
+        e.to_string()
+            .contains(r#""nvme" is not one of "aioBdev", "memBdev", "raidBdev""#),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_path() {
+    // LiteIO's own unit test used a `file:` key that its Go structs silently ignored.
+    let e = err(
+        "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {devicePath: /dev/xxx, size: 1234, file: /tmp/xxx}\n",
+    );
+    assert_eq!(e.field(), Some("storage.pvs[0].file"));
+    assert!(e.to_string().contains("unknown field `file`"), "{e}");
+
+    let e = err(&format!("{MINIMAL_FILE}heartbeat: {{intervall: 5s}}\n"));
+    assert_eq!(e.field(), Some("heartbeat.intervall"));
+}
+
+#[test]
+fn liteio_node_info_is_accepted() {
+    let cfg = Config::from_yaml(&format!(
+        "{MINIMAL_FILE}nodeInfo: {{id: node-1, ip: 10.0.0.1, hostname: node-1}}\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.node_info.unwrap().ip, "10.0.0.1");
+}
+
+#[test]
+fn port_range_is_checked() {
+    let e = err(&format!(
+        "{MINIMAL_FILE}nvmf: {{portRange: {{start: 4610, end: 4510}}}}\n"
+    ));
+    assert_eq!(e.field(), Some("nvmf.portRange"));
+    assert!(e.to_string().contains("start must be <= end"), "{e}");
+
+    let e = err(&format!(
+        "{MINIMAL_FILE}nvmf: {{portRange: {{start: 0, end: 10}}}}\n"
+    ));
+    assert_eq!(
+        e.to_string(),
+        "nvmf.portRange.start: 0 is outside 1..=65535"
+    );
+    let e = err(&format!(
+        "{MINIMAL_FILE}nvmf: {{portRange: {{start: 4510, end: 70000}}}}\n"
+    ));
+    assert_eq!(e.field(), Some("nvmf.portRange.end"));
+    // A single port is a valid range.
+    Config::from_yaml(&format!(
+        "{MINIMAL_FILE}nvmf: {{portRange: {{start: 4510, end: 4510}}}}\n"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn heartbeat_duration_must_exceed_interval() {
+    let e = err(&format!(
+        "{MINIMAL_FILE}heartbeat: {{interval: 1m, duration: 60s}}\n"
+    ));
+    assert_eq!(
+        e.to_string(),
+        "heartbeat.duration: 1m must exceed heartbeat.interval (1m)"
+    );
+    let e = err(&format!("{MINIMAL_FILE}heartbeat: {{interval: soon}}\n"));
+    assert_eq!(e.field(), Some("heartbeat.interval"));
+    let ok = Config::from_yaml(&format!(
+        "{MINIMAL_FILE}heartbeat: {{interval: 500ms, duration: 2}}\n"
+    ))
+    .unwrap();
+    assert_eq!(ok.heartbeat.interval, Duration::from_millis(500));
+    assert_eq!(ok.heartbeat.duration, Duration::from_secs(2));
+}
+
+#[test]
+fn mode_specific_fields_are_required() {
+    let e = err("storage:\n  pooling: {name: p, mode: File}\n");
+    assert_eq!(e.field(), Some("storage.file.path"));
+    let e = err("storage:\n  pooling: {name: p, mode: File}\n  file: {path: rel/dir}\n");
+    assert_eq!(e.field(), Some("storage.file.path"));
+    let e = err("storage:\n  pooling: {name: l, mode: SpdkLVStore}\n");
+    assert_eq!(e.field(), Some("storage.bdev"));
+    let e = err(
+        "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: aioBdev, name: b}\n",
+    );
+    assert_eq!(e.field(), Some("storage.bdev.filePath"));
+    let e = err(
+        "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: memBdev, name: m, size: 1000}\n",
+    );
+    assert_eq!(e.field(), Some("storage.bdev.size"));
+    let e = err("storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {size: 10}\n");
+    assert_eq!(e.field(), Some("storage.pvs[0].filePath"));
+    let e = err("storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f}\n");
+    assert_eq!(e.field(), Some("storage.pvs[0].size"));
+    let e = err("storage:\n  pooling: {name: 'bad vg', mode: KernelLVM}\n");
+    assert_eq!(e.field(), Some("storage.pooling.name"));
+    let e = err("storage:\n  pooling: {name: '', mode: KernelLVM}\n");
+    assert_eq!(e.field(), Some("storage.pooling.name"));
+    let e = err("storage:\n  pooling: {mode: KernelLVM}\n");
+    assert_eq!(e.field(), Some("storage.pooling"));
+    assert!(e.to_string().contains("missing field `name`"), "{e}");
+}
+
+#[test]
+fn sizes_accept_quantities() {
+    let cfg = Config::from_yaml(
+        "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f, size: 1Gi}\n",
+    )
+    .unwrap();
+    assert_eq!(cfg.storage.pvs[0].size, 1 << 30);
+    let e = err(
+        "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f, size: lots}\n",
+    );
+    assert_eq!(e.field(), Some("storage.pvs[0].size"));
+    let e = err(
+        "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f, size: -5}\n",
+    );
+    assert_eq!(e.field(), Some("storage.pvs[0].size"));
+}
+
+#[test]
+fn spdk_options_are_checked() {
+    for (spdk, field) in [
+        ("{coreMask: '3'}", "spdk.coreMask"),
+        ("{coreMask: '0x0'}", "spdk.coreMask"),
+        ("{memSizeMiB: 8}", "spdk.memSizeMiB"),
+        ("{rpcSocket: spdk.sock}", "spdk.rpcSocket"),
+        (
+            "{nvmePciAddresses: ['00:04.0']}",
+            "spdk.nvmePciAddresses[0]",
+        ),
+    ] {
+        let e = err(&format!("{MINIMAL_FILE}spdk: {spdk}\n"));
+        assert_eq!(e.field(), Some(field), "{spdk}: {e}");
+    }
+    let e = err(&format!(
+        "{MINIMAL_FILE}metrics: {{listenAddress: nowhere}}\n"
+    ));
+    assert_eq!(e.field(), Some("metrics.listenAddress"));
+}
+
+#[test]
+fn load_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.yaml");
+    let e = Config::load(&missing).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert!(e.to_string().contains("nope.yaml"), "{e}");
+
+    let bad = dir.path().join("agent-config.yaml");
+    std::fs::write(&bad, "storage:\n  pooling: {name: tank, mode: Zfs}\n").unwrap();
+    let e = Config::load(&bad).unwrap_err();
+    assert!(e.to_string().contains("agent-config.yaml"), "{e}");
+    assert_eq!(e.field(), Some("storage.pooling.mode"));
+    let chain = std::error::Error::source(&e).unwrap().to_string();
+    assert!(
+        chain.starts_with("storage.pooling.mode: \"Zfs\""),
+        "{chain}"
+    );
+
+    std::fs::write(&bad, "storage: [unclosed\n").unwrap();
+    let e = Config::load(&bad).unwrap_err();
+    assert!(matches!(e, ConfigError::File { .. }), "{e}");
+}

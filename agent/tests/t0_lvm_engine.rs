@@ -1,0 +1,842 @@
+//! T0: the LVM engine against recorded command output. Every test scripts the exact argv
+//! sequence it expects; an unexpected command fails the test. A real-LVM test runs only where
+//! device-mapper is present.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use liteio_agent::config::LvmPv;
+use liteio_agent::engine::lvm::{cmd, report};
+use liteio_agent::engine::{
+    CmdOutput, CommandRunner, ErrorKind, LvLayout, LvmEngine, PoolEngine, VolumeOptions,
+};
+
+const MIB: u64 = 1 << 20;
+
+fn fixture(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/lvm")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Replays `(argv, output)` pairs in order and records what ran.
+#[derive(Debug, Default)]
+struct Script {
+    expected: Mutex<VecDeque<(Vec<String>, CmdOutput)>>,
+    ran: Mutex<Vec<Vec<String>>>,
+}
+
+impl Script {
+    fn new(steps: Vec<(Vec<String>, CmdOutput)>) -> Arc<Self> {
+        Arc::new(Self {
+            expected: Mutex::new(steps.into()),
+            ran: Mutex::default(),
+        })
+    }
+
+    fn assert_done(&self) {
+        let left = self.expected.lock().unwrap();
+        assert!(
+            left.is_empty(),
+            "commands not run: {:?}",
+            left.iter().map(|(a, _)| a.join(" ")).collect::<Vec<_>>()
+        );
+    }
+}
+
+impl CommandRunner for Script {
+    fn run(&self, argv: &[String]) -> io::Result<CmdOutput> {
+        self.ran.lock().unwrap().push(argv.to_vec());
+        let Some((want, out)) = self.expected.lock().unwrap().pop_front() else {
+            panic!("unexpected command: {}", argv.join(" "));
+        };
+        assert_eq!(argv, want.as_slice(), "wrong command");
+        Ok(out)
+    }
+}
+
+fn ok(stdout: &str) -> CmdOutput {
+    CmdOutput::ok(stdout)
+}
+
+fn s(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_string()).collect()
+}
+
+fn engine(script: &Arc<Script>) -> LvmEngine {
+    LvmEngine::with_runner("test-vg", Vec::new(), script.clone())
+}
+
+/// An `lvs` report with one row per `(name, size, origin, origin_size, segtype, stripes, tags)`.
+fn lvs_json(rows: &[(&str, u64, &str, u64, &str, u32, &str)]) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|(name, size, origin, osize, seg, stripes, tags)| {
+            let attr = if origin.is_empty() { "-wi-a-----" } else { "swi-a-s---" };
+            let osize = if origin.is_empty() { String::new() } else { format!("{osize}B") };
+            format!(
+                r#"{{"lv_uuid":"uuid-{name}", "lv_name":"{name}", "lv_full_name":"test-vg/{name}", "lv_path":"/dev/test-vg/{name}", "lv_size":"{size}B", "lv_attr":"{attr}", "lv_layout":"{seg}", "lv_device_open":"", "lv_tags":"{tags}", "origin":"{origin}", "origin_size":"{osize}", "segtype":"{seg}", "stripes":"{stripes}", "stripe_size":"0B", "vg_name":"test-vg"}}"#
+            )
+        })
+        .collect();
+    format!(
+        "  {{\n      \"report\": [\n          {{\n              \"lv\": [\n                  {}\n              ]\n          }}\n      ]\n  }}\n",
+        rows.join(",\n                  ")
+    )
+}
+
+#[test]
+fn argv_of_every_command() {
+    assert_eq!(
+        cmd::vgs(),
+        s(&[
+            "vgs",
+            "--options",
+            "vg_all",
+            "--reportformat",
+            "json",
+            "--units",
+            "B"
+        ])
+    );
+    assert_eq!(cmd::lvs("test-vg")[..2], s(&["lvs", "--options"])[..]);
+    assert_eq!(
+        cmd::lvs("test-vg")[3..],
+        s(&["--reportformat", "json", "--units", "B", "test-vg"])[..]
+    );
+    assert_eq!(
+        cmd::lvcreate("test-vg", "pvc-1", 8 * MIB, None, None),
+        s(&["lvcreate", "-y", "-L", "8388608B", "-n", "pvc-1", "test-vg"])
+    );
+    assert_eq!(
+        cmd::lvcreate("test-vg", "pvc-1", 16 * MIB, Some(2), None),
+        s(&[
+            "lvcreate",
+            "-y",
+            "-L",
+            "16777216B",
+            "-i",
+            "2",
+            "-I",
+            "128k",
+            "-n",
+            "pvc-1",
+            "test-vg"
+        ])
+    );
+    assert_eq!(
+        cmd::lvcreate_snapshot("test-vg", "pvc-1", "pvc-1_snap", 4 * MIB),
+        s(&[
+            "lvcreate",
+            "-s",
+            "-L",
+            "4194304B",
+            "-n",
+            "pvc-1_snap",
+            "test-vg/pvc-1"
+        ])
+    );
+    assert_eq!(
+        cmd::lvconvert_merge("test-vg", "pvc-1_snap"),
+        s(&["lvconvert", "--merge", "test-vg/pvc-1_snap"])
+    );
+    assert_eq!(
+        cmd::lvextend("test-vg", "pvc-1", 12 * MIB),
+        s(&["lvextend", "-L", "12582912B", "test-vg/pvc-1"])
+    );
+    assert_eq!(
+        cmd::lvremove("test-vg", "pvc-1"),
+        s(&["lvremove", "-y", "test-vg/pvc-1"])
+    );
+    assert_eq!(
+        cmd::pvcreate(&s(&["/dev/loop0", "/dev/loop1"])),
+        s(&["pvcreate", "/dev/loop0", "/dev/loop1"])
+    );
+    assert_eq!(
+        cmd::vgcreate("test-vg", &s(&["/dev/loop0"])),
+        s(&["vgcreate", "test-vg", "/dev/loop0"])
+    );
+    assert_eq!(
+        cmd::fallocate(Path::new("/local-storage/pv01"), 1_048_576_000),
+        s(&["fallocate", "-l", "1048576000", "/local-storage/pv01"])
+    );
+}
+
+#[test]
+fn parses_recorded_vgs() {
+    let vgs = report::parse_vgs(&fixture("vgs-test-vg.json")).unwrap();
+    assert_eq!(vgs.len(), 2);
+    let vg = &vgs[0];
+    assert_eq!(vg.name, "test-vg");
+    assert_eq!(vg.uuid, "Xq3fLd-8bQm-2XvA-c1Uy-P0oz-jJ4f-Hk7tRe");
+    assert_eq!(vg.size, 1_044_381_696);
+    assert_eq!(vg.free, 910_163_968);
+    assert_eq!(vg.extent_size, 4 * MIB);
+    assert_eq!(vg.extent_count, 249);
+    assert_eq!(vg.pv_count, 1);
+    assert_eq!(vgs[1].size, 8_001_566_015_488);
+    assert!(
+        report::parse_vgs(&fixture("vgs-none.json"))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn parses_recorded_lvs() {
+    let lvs = report::parse_lvs(&fixture("lvs-test-vg.json")).unwrap();
+    // The second segment row of pvc-a is folded.
+    assert_eq!(
+        lvs.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        ["pvc-a", "pvc-a_snap", "reserved-meta"]
+    );
+    let a = &lvs[0];
+    assert_eq!(a.size, 100 * MIB);
+    assert!(a.open);
+    assert!(!a.is_snapshot());
+    assert_eq!(a.path, "/dev/test-vg/pvc-a");
+    let snap = &lvs[1];
+    assert_eq!(snap.origin.as_deref(), Some("pvc-a"));
+    assert_eq!(snap.origin_size, Some(100 * MIB));
+    assert_eq!(snap.size, 20 * MIB);
+    assert!(!snap.is_merging());
+    assert!(
+        report::parse_lvs(&fixture("lvs-empty.json"))
+            .unwrap()
+            .is_empty()
+    );
+    let bad = lvs_json(&[("x", 1, "", 0, "linear", 1, "")]).replace("\"1B\"", "\"lots\"");
+    assert!(report::parse_lvs(&bad).unwrap_err().contains("lv_size"));
+}
+
+#[test]
+fn ensure_pool_reuses_vg_and_reports_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let pv_file = dir.path().join("pv01");
+    std::fs::write(&pv_file, b"").unwrap();
+    let pv = pv_file.to_string_lossy().into_owned();
+    let script = Script::new(vec![
+        (
+            s(&["losetup", "-j", &pv]),
+            ok(&format!("/dev/loop5: [2049]:1234 ({pv})\n")),
+        ),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-test-vg.json"))),
+    ]);
+    let pvs = vec![LvmPv {
+        file_path: pv.clone(),
+        size: 1_048_576_000,
+        ..LvmPv::default()
+    }];
+    let e = LvmEngine::with_runner("test-vg", pvs, script.clone());
+    let info = e.ensure_pool().unwrap();
+    script.assert_done();
+    assert_eq!(info.name, "test-vg");
+    assert_eq!(info.total_bytes, 1_044_381_696);
+    assert_eq!(info.free_bytes, 910_163_968);
+    assert_eq!(info.allocation_unit, 4 * MIB);
+    assert_eq!(info.pv_count, 1);
+    assert_eq!(info.reserved.len(), 1);
+    assert_eq!(info.reserved[0].name, "reserved-meta");
+    assert_eq!(info.reserved[0].size_bytes, 8 * MIB);
+}
+
+#[test]
+fn ensure_pool_builds_vg_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pv_file = dir.path().join("sub/pv01");
+    let pv = pv_file.to_string_lossy().into_owned();
+    let script = Script::new(vec![
+        (s(&["fallocate", "-l", "1048576000", &pv]), ok("")),
+        (s(&["losetup", "-j", &pv]), ok("")),
+        (s(&["losetup", "--find", "--show", &pv]), ok("/dev/loop0\n")),
+        (cmd::vgs(), ok(&fixture("vgs-none.json"))),
+        (
+            s(&["pvcreate", "/dev/loop0"]),
+            ok("  Physical volume \"/dev/loop0\" successfully created.\n"),
+        ),
+        (
+            s(&["vgcreate", "test-vg", "/dev/loop0"]),
+            ok("  Volume group \"test-vg\" successfully created\n"),
+        ),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+    ]);
+    let pvs = vec![LvmPv {
+        file_path: pv,
+        size: 1_048_576_000,
+        ..LvmPv::default()
+    }];
+    let e = LvmEngine::with_runner("test-vg", pvs, script.clone());
+    let info = e.ensure_pool().unwrap();
+    script.assert_done();
+    assert_eq!(info.uuid, "Xq3fLd-8bQm-2XvA-c1Uy-P0oz-jJ4f-Hk7tRe");
+    assert!(info.reserved.is_empty());
+    // The parent directory of the PV file was made for fallocate.
+    assert!(pv_file.parent().unwrap().is_dir());
+}
+
+#[test]
+fn ensure_pool_without_vg_or_pvs_is_not_found() {
+    let script = Script::new(vec![(cmd::vgs(), ok(&fixture("vgs-none.json")))]);
+    let err = engine(&script).ensure_pool().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert_eq!(err.to_string(), "volume group test-vg not found");
+}
+
+#[test]
+fn lost_pv_is_pool_unavailable() {
+    let out = CmdOutput {
+        code: Some(0),
+        stdout: fixture("vgs-test-vg.json"),
+        stderr: fixture("vgs-pv-lost.stderr"),
+    };
+    let script = Script::new(vec![(cmd::vgs(), out)]);
+    let err = engine(&script).info().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PoolUnavailable);
+    assert!(
+        err.to_string()
+            .contains("Couldn't find device with uuid 3tLXeC"),
+        "{err}"
+    );
+}
+
+#[test]
+fn create_linear_rounds_up_to_the_extent() {
+    let after = lvs_json(&[("pvc-new", 8 * MIB, "", 0, "linear", 1, "")]);
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (
+            s(&[
+                "lvcreate", "-y", "-L", "8388608B", "-n", "pvc-new", "test-vg",
+            ]),
+            ok(""),
+        ),
+        (cmd::lvs("test-vg"), ok(&after)),
+    ]);
+    let v = engine(&script)
+        .create_volume("pvc-new", 5 * MIB, &VolumeOptions::default())
+        .unwrap();
+    script.assert_done();
+    assert_eq!(v.size_bytes, 8 * MIB);
+    assert_eq!(v.uuid.as_deref(), Some("uuid-pvc-new"));
+    assert_eq!(v.path, PathBuf::from("/dev/test-vg/pvc-new"));
+    assert_eq!(v.layout, Some(LvLayout::Linear));
+    assert!(!v.thin);
+}
+
+#[test]
+fn create_striped_uses_every_pv() {
+    let after = lvs_json(&[("pvc-s", 16 * MIB, "", 0, "striped", 2, "")]);
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (
+            s(&[
+                "lvcreate",
+                "-y",
+                "-L",
+                "16777216B",
+                "-i",
+                "2",
+                "-I",
+                "128k",
+                "-n",
+                "pvc-s",
+                "test-vg",
+            ]),
+            ok(""),
+        ),
+        (cmd::lvs("test-vg"), ok(&after)),
+    ]);
+    let v = engine(&script)
+        .create_volume("pvc-s", 10 * MIB, &VolumeOptions::default())
+        .unwrap();
+    script.assert_done();
+    assert_eq!(v.size_bytes, 16 * MIB);
+    assert_eq!(v.layout, Some(LvLayout::Striped));
+}
+
+#[test]
+fn default_layout_is_linear_once_a_linear_lv_exists() {
+    let before = lvs_json(&[("old", 8 * MIB, "", 0, "linear", 1, "")]);
+    let after = lvs_json(&[
+        ("old", 8 * MIB, "", 0, "linear", 1, ""),
+        ("pvc-l", 12 * MIB, "", 0, "linear", 1, ""),
+    ]);
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&before)),
+        (
+            s(&[
+                "lvcreate",
+                "-y",
+                "-L",
+                "12582912B",
+                "-n",
+                "pvc-l",
+                "test-vg",
+            ]),
+            ok(""),
+        ),
+        (cmd::lvs("test-vg"), ok(&after)),
+    ]);
+    let v = engine(&script)
+        .create_volume("pvc-l", 10 * MIB, &VolumeOptions::default())
+        .unwrap();
+    script.assert_done();
+    assert_eq!(v.size_bytes, 12 * MIB);
+}
+
+#[test]
+fn create_existing_is_idempotent_or_a_clear_error() {
+    let lvs = fixture("lvs-test-vg.json");
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+    ]);
+    let e = engine(&script);
+    let v = e
+        .create_volume("pvc-a", 100 * MIB - 1, &VolumeOptions::default())
+        .unwrap();
+    assert_eq!(v.size_bytes, 100 * MIB);
+    let err = e
+        .create_volume("pvc-a", 200 * MIB, &VolumeOptions::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExistsDifferent);
+    assert_eq!(
+        err.to_string(),
+        "volume pvc-a exists with 100.0 MiB, asked 200.0 MiB"
+    );
+    let err = e
+        .create_volume("pvc-a_snap", 100 * MIB, &VolumeOptions::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExistsDifferent);
+    script.assert_done();
+}
+
+#[test]
+fn create_race_with_already_exists_rechecks_the_size() {
+    let mut fail = CmdOutput::failed(5, fixture("lvcreate-already-exists.stderr"));
+    fail.stdout.clear();
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (
+            s(&[
+                "lvcreate",
+                "-y",
+                "-L",
+                "209715200B",
+                "-n",
+                "pvc-a",
+                "test-vg",
+            ]),
+            fail,
+        ),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-test-vg.json"))),
+    ]);
+    let err = engine(&script)
+        .create_volume("pvc-a", 200 * MIB, &VolumeOptions::default())
+        .unwrap_err();
+    script.assert_done();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExistsDifferent);
+}
+
+#[test]
+fn no_space_is_refused_before_and_by_lvcreate() {
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-test-vg.json"))),
+    ]);
+    let err = engine(&script)
+        .create_volume("pvc-big", 1 << 30, &VolumeOptions::default())
+        .unwrap_err();
+    script.assert_done();
+    assert_eq!(err.kind(), ErrorKind::NoSpace);
+    assert_eq!(
+        err.to_string(),
+        "pool test-vg has 868.0 MiB free, pvc-big needs 1.0 GiB"
+    );
+
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (
+            s(&[
+                "lvcreate",
+                "-y",
+                "-L",
+                "838860800B",
+                "-n",
+                "pvc-c",
+                "test-vg",
+            ]),
+            CmdOutput::failed(5, fixture("lvcreate-no-space.stderr")),
+        ),
+    ]);
+    let err = engine(&script)
+        .create_volume("pvc-c", 800 * MIB, &VolumeOptions::default())
+        .unwrap_err();
+    script.assert_done();
+    assert_eq!(err.kind(), ErrorKind::NoSpace);
+}
+
+#[test]
+fn other_lvcreate_failures_carry_argv_and_stderr() {
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (
+            s(&["lvcreate", "-y", "-L", "4194304B", "-n", "pvc-x", "test-vg"]),
+            CmdOutput::failed(
+                3,
+                "  device-mapper: reload ioctl on (253:3) failed: Invalid argument\n",
+            ),
+        ),
+    ]);
+    let err = engine(&script)
+        .create_volume("pvc-x", 1, &VolumeOptions::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CommandFailed);
+    assert_eq!(
+        err.to_string(),
+        "`lvcreate -y -L 4194304B -n pvc-x test-vg` exited with 3: device-mapper: reload ioctl on (253:3) failed: Invalid argument"
+    );
+}
+
+#[test]
+fn delete_volume_and_snapshot() {
+    let lvs = fixture("lvs-test-vg.json");
+    let script = Script::new(vec![
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (
+            s(&["lvremove", "-y", "test-vg/pvc-a"]),
+            ok("  Logical volume \"pvc-a\" successfully removed.\n"),
+        ),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (s(&["lvremove", "-y", "test-vg/pvc-a_snap"]), ok("")),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+    ]);
+    let e = engine(&script);
+    e.delete_volume("pvc-a").unwrap();
+    // Missing is success.
+    e.delete_volume("pvc-gone").unwrap();
+    e.delete_snapshot("pvc-a_snap").unwrap();
+    e.delete_snapshot("gone_snap").unwrap();
+    // Names of the wrong kind are refused, nothing is removed.
+    assert_eq!(
+        e.delete_snapshot("pvc-a").unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        e.delete_volume("pvc-a_snap").unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    script.assert_done();
+}
+
+#[test]
+fn resize_grows_only() {
+    let lvs = fixture("lvs-test-vg.json");
+    let grown = lvs.replace("\"lv_size\":\"104857600B\"", "\"lv_size\":\"209715200B\"");
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (
+            s(&["lvextend", "-L", "209715200B", "test-vg/pvc-a"]),
+            ok(""),
+        ),
+        (cmd::lvs("test-vg"), ok(&grown)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&grown)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&grown)),
+    ]);
+    let e = engine(&script);
+    assert_eq!(
+        e.resize_volume("pvc-a", 197 * MIB).unwrap().size_bytes,
+        200 * MIB
+    );
+    // Same size: nothing runs.
+    assert_eq!(
+        e.resize_volume("pvc-a", 200 * MIB).unwrap().size_bytes,
+        200 * MIB
+    );
+    let err = e.resize_volume("pvc-a", 100 * MIB).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        err.to_string(),
+        "volume pvc-a has 200.0 MiB, cannot shrink to 100.0 MiB"
+    );
+    script.assert_done();
+}
+
+#[test]
+fn snapshot_create_is_idempotent_per_origin() {
+    let before = lvs_json(&[("pvc-b", 64 * MIB, "", 0, "linear", 1, "")]);
+    let after = lvs_json(&[
+        ("pvc-b", 64 * MIB, "", 0, "linear", 1, ""),
+        ("pvc-b_snap", 8 * MIB, "pvc-b", 64 * MIB, "linear", 1, ""),
+    ]);
+    let script = Script::new(vec![
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&before)),
+        (
+            s(&[
+                "lvcreate",
+                "-s",
+                "-L",
+                "8388608B",
+                "-n",
+                "pvc-b_snap",
+                "test-vg/pvc-b",
+            ]),
+            ok(""),
+        ),
+        (cmd::lvs("test-vg"), ok(&after)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&after)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&after)),
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&after)),
+    ]);
+    let e = engine(&script);
+    let snap = e.create_snapshot("pvc-b", "pvc-b_snap", 5 * MIB).unwrap();
+    assert_eq!(snap.snapshot_of.as_deref(), Some("pvc-b"));
+    assert_eq!(snap.size_bytes, 64 * MIB);
+    assert_eq!(snap.allocated_bytes, 8 * MIB);
+    e.create_snapshot("pvc-b", "pvc-b_snap", 5 * MIB).unwrap();
+    let err = e
+        .create_snapshot("other", "pvc-b_snap", 5 * MIB)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExistsDifferent);
+    assert_eq!(
+        err.to_string(),
+        "snapshot pvc-b_snap already exists of pvc-b, asked of other"
+    );
+    let err = e.create_snapshot("missing", "m_snap", 5 * MIB).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    script.assert_done();
+}
+
+#[test]
+fn restore_merges_and_tolerates_a_running_merge() {
+    let lvs = fixture("lvs-test-vg.json");
+    let merging = lvs.replace("swi-a-s---", "Swi-a-s---");
+    let script = Script::new(vec![
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (
+            s(&["lvconvert", "--merge", "test-vg/pvc-a_snap"]),
+            ok(
+                "  Delaying merge since origin is open.\n  Merging of snapshot test-vg/pvc-a_snap will occur on next activation of test-vg/pvc-a.\n",
+            ),
+        ),
+        (cmd::lvs("test-vg"), ok(&merging)),
+        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+    ]);
+    let e = engine(&script);
+    e.restore_snapshot("pvc-a_snap").unwrap();
+    e.restore_snapshot("pvc-a_snap").unwrap();
+    assert_eq!(
+        e.restore_snapshot("pvc-a_snap").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    script.assert_done();
+}
+
+#[test]
+fn clone_copies_under_a_tag_and_redoes_an_interrupted_copy() {
+    let base = [
+        ("pvc-b", 64 * MIB, "", 0, "linear", 1, ""),
+        ("pvc-b_snap", 8 * MIB, "pvc-b", 64 * MIB, "linear", 1, ""),
+    ];
+    let before = lvs_json(&base);
+    let mut rows = base.to_vec();
+    rows.push((
+        "pvc-c",
+        64 * MIB,
+        "",
+        0,
+        "linear",
+        1,
+        cmd::CLONE_INCOMPLETE_TAG,
+    ));
+    let incomplete = lvs_json(&rows);
+    rows.pop();
+    rows.push(("pvc-c", 64 * MIB, "", 0, "linear", 1, ""));
+    let done = lvs_json(&rows);
+    let dd = s(&[
+        "dd",
+        "if=/dev/test-vg/pvc-b_snap",
+        "of=/dev/test-vg/pvc-c",
+        "bs=4M",
+        "oflag=direct",
+        "conv=fsync",
+        "status=none",
+    ]);
+    let deltag = s(&[
+        "lvchange",
+        "--deltag",
+        "liteio.clone-incomplete",
+        "test-vg/pvc-c",
+    ]);
+    let script = Script::new(vec![
+        // First attempt: create, copy, untag.
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&before)),
+        (
+            s(&[
+                "lvcreate",
+                "-y",
+                "-L",
+                "67108864B",
+                "--addtag",
+                "liteio.clone-incomplete",
+                "-n",
+                "pvc-c",
+                "test-vg",
+            ]),
+            ok(""),
+        ),
+        (cmd::lvs("test-vg"), ok(&incomplete)),
+        (dd.clone(), ok("")),
+        (deltag.clone(), ok("")),
+        (cmd::lvs("test-vg"), ok(&done)),
+        // Retry after a crash during dd: copy again, no lvcreate.
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&incomplete)),
+        (cmd::lvs("test-vg"), ok(&incomplete)),
+        (dd, ok("")),
+        (deltag, ok("")),
+        (cmd::lvs("test-vg"), ok(&done)),
+        // Done: idempotent.
+        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+        (cmd::lvs("test-vg"), ok(&done)),
+    ]);
+    let e = engine(&script);
+    let v = e.clone_from_snapshot("pvc-b_snap", "pvc-c").unwrap();
+    assert_eq!(v.size_bytes, 64 * MIB);
+    assert!(!v.is_snapshot());
+    e.clone_from_snapshot("pvc-b_snap", "pvc-c").unwrap();
+    e.clone_from_snapshot("pvc-b_snap", "pvc-c").unwrap();
+    script.assert_done();
+}
+
+#[test]
+fn list_excludes_reserved_and_device_path_uses_lv_path() {
+    let lvs = fixture("lvs-test-vg.json");
+    let script = Script::new(vec![
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+        (cmd::lvs("test-vg"), ok(&lvs)),
+    ]);
+    let e = engine(&script);
+    let names: Vec<String> = e
+        .list_volumes()
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["pvc-a", "pvc-a_snap"]);
+    assert_eq!(
+        e.device_path("pvc-a").unwrap(),
+        PathBuf::from("/dev/test-vg/pvc-a")
+    );
+    assert_eq!(
+        e.device_path("nope").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    script.assert_done();
+}
+
+#[test]
+fn bad_names_never_reach_a_command() {
+    let script = Script::new(Vec::new());
+    let e = engine(&script);
+    for name in ["", "-rf", "a/b", "x y", "../etc"] {
+        let err = e
+            .create_volume(name, MIB, &VolumeOptions::default())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{name:?}");
+    }
+    assert!(script.ran.lock().unwrap().is_empty());
+}
+
+#[test]
+fn real_lvm_when_device_mapper_exists() {
+    let dm = Path::new("/dev/mapper/control").exists()
+        && std::process::Command::new("dmsetup")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !dm {
+        println!(
+            "SKIP real LVM: no device-mapper (/dev/mapper/control or `dmsetup version` missing)"
+        );
+        return;
+    }
+    let has_lvm = std::process::Command::new("lvm")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_lvm {
+        println!("SKIP real LVM: the lvm2 tools are not installed");
+        return;
+    }
+    // Not exercised on the development machine (no device-mapper); a VG on a loop file,
+    // one volume, one snapshot, and cleanup.
+    let dir = tempfile::tempdir().unwrap();
+    let vg = format!("liteio-t0-{}", std::process::id());
+    let pv = dir.path().join("pv0");
+    let e = LvmEngine::new(
+        vg.clone(),
+        vec![LvmPv {
+            file_path: pv.to_string_lossy().into_owned(),
+            size: 64 * MIB,
+            ..LvmPv::default()
+        }],
+    );
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let info = e.ensure_pool().unwrap();
+        assert!(info.total_bytes > 0);
+        let v = e
+            .create_volume("v1", 5 * MIB, &VolumeOptions::default())
+            .unwrap();
+        assert_eq!(v.size_bytes, 8 * MIB);
+        e.create_snapshot("v1", "v1_snap", 4 * MIB).unwrap();
+        e.delete_snapshot("v1_snap").unwrap();
+        e.delete_volume("v1").unwrap();
+    }));
+    let _ = std::process::Command::new("vgremove")
+        .args(["-y", &vg])
+        .status();
+    let pv_s = pv.to_string_lossy().into_owned();
+    if let Ok(out) = std::process::Command::new("losetup")
+        .args(["-j", &pv_s])
+        .output()
+    {
+        for dev in liteio_agent::engine::parse_losetup_j(&String::from_utf8_lossy(&out.stdout)) {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(dev)
+                .status();
+        }
+    }
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
