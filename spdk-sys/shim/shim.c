@@ -81,6 +81,7 @@ liteio_lvol_get_info(struct spdk_lvol *lvol, struct liteio_lvol_info *out)
 	}
 	out->size_bytes = spdk_blob_get_num_clusters(lvol->blob) * cluster;
 	out->allocated_bytes = spdk_blob_get_num_allocated_clusters(lvol->blob) * cluster;
+	out->blob_id = lvol->blob_id;
 	out->thin = spdk_blob_is_thin_provisioned(lvol->blob);
 	out->snapshot = spdk_blob_is_snapshot(lvol->blob);
 	out->clone = spdk_blob_is_clone(lvol->blob);

@@ -36,6 +36,8 @@ struct liteio_lvol_info {
 	char parent[LITEIO_NAME_MAX];
 	uint64_t size_bytes;
 	uint64_t allocated_bytes;
+	/* Blobstore id: increases with creation order (a snapshot's origin keeps its older id). */
+	uint64_t blob_id;
 	bool thin;
 	bool snapshot;
 	bool clone;

@@ -15,6 +15,8 @@
 
 pub mod file;
 pub mod lvm;
+#[cfg(feature = "spdk")]
+pub mod spdk;
 
 use std::fmt;
 use std::io;
@@ -248,6 +250,10 @@ pub enum EngineError {
     /// A bad argument.
     #[error("{0}")]
     InvalidArgument(String),
+    /// The embedded SPDK engine failed.
+    #[cfg(feature = "spdk")]
+    #[error(transparent)]
+    Spdk(#[from] crate::spdk::SpdkError),
     /// In use.
     #[error("{what} {name} is busy: {reason}")]
     Busy {
@@ -318,6 +324,15 @@ impl EngineError {
             Self::Busy { .. } => ErrorKind::Busy,
             Self::PvLost { .. } => ErrorKind::PoolUnavailable,
             Self::Io { .. } => ErrorKind::Io,
+            #[cfg(feature = "spdk")]
+            Self::Spdk(e) => match e.kind() {
+                crate::spdk::ErrorKind::NotFound => ErrorKind::NotFound,
+                crate::spdk::ErrorKind::AlreadyExists => ErrorKind::AlreadyExistsDifferent,
+                crate::spdk::ErrorKind::NoSpace => ErrorKind::NoSpace,
+                crate::spdk::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+                crate::spdk::ErrorKind::NotRunning => ErrorKind::PoolUnavailable,
+                _ => ErrorKind::CommandFailed,
+            },
             Self::Spawn { .. } | Self::CommandFailed { .. } | Self::BadOutput { .. } => {
                 ErrorKind::CommandFailed
             }

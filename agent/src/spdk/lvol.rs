@@ -54,6 +54,9 @@ pub struct LvolInfo {
     pub size_bytes: u64,
     /// Allocated bytes.
     pub allocated_bytes: u64,
+    /// Blobstore id; grows with creation order (a snapshot's origin keeps its older id, so
+    /// among the clones of a snapshot the origin is the one with a smaller id).
+    pub blob_id: u64,
     /// Thin provisioned.
     pub thin: bool,
     /// Is a snapshot.
@@ -98,6 +101,7 @@ fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
         parent: from_c_array(&i.parent),
         size_bytes: i.size_bytes,
         allocated_bytes: i.allocated_bytes,
+        blob_id: i.blob_id,
         thin: i.thin,
         snapshot: i.snapshot,
         clone: i.clone,

@@ -12,7 +12,6 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
@@ -242,7 +241,7 @@ struct StartCtx {
 }
 
 extern "C" fn on_started(arg: *mut c_void) {
-    // SAFETY: `arg` is the `StartCtx` leaked by `Spdk::start`; SPDK calls the start function
+    // SAFETY: `arg` is the `StartCtx` leaked by `run_framework`; SPDK calls the start function
     // once, on the application thread.
     let ctx = unsafe { Box::from_raw(arg.cast::<StartCtx>()) };
     // SAFETY: called on an SPDK thread; returns that thread.
@@ -251,9 +250,83 @@ extern "C" fn on_started(arg: *mut c_void) {
     let _ = ctx.ready.send(());
 }
 
+/// One run of SPDK's framework, executed by the SPDK main thread.
+struct Job {
+    opts: SpdkOptions,
+    ready: std::sync::mpsc::Sender<()>,
+    done: std::sync::mpsc::Sender<i32>,
+}
+
+/// The process's SPDK main thread. DPDK binds its main lcore to the thread that first
+/// initialised the environment, so every run of the framework (a restart included) must
+/// happen on that same thread: it lives for the whole process and takes jobs.
+fn main_thread() -> Result<&'static Mutex<std::sync::mpsc::Sender<Job>>> {
+    static MAIN: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    if let Some(m) = MAIN.get() {
+        return Ok(m);
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("spdk-main".into())
+        .spawn(move || {
+            for job in rx {
+                let rc = run_framework(&job.opts, job.ready);
+                let _ = job.done.send(rc);
+            }
+        })
+        .map_err(|e| SpdkError::Start(format!("cannot spawn the SPDK thread: {e}")))?;
+    Ok(MAIN.get_or_init(|| Mutex::new(tx)))
+}
+
+/// Run SPDK's framework on this thread until `spdk_app_stop`; returns its exit code.
+fn run_framework(opts: &SpdkOptions, ready: std::sync::mpsc::Sender<()>) -> i32 {
+    let strings = (|| -> Result<_> {
+        let rpc = opts
+            .rpc_socket
+            .as_ref()
+            .map(|p| cstr("rpc_socket", &p.to_string_lossy()))
+            .transpose()?;
+        Ok((
+            cstr("name", &opts.name)?,
+            cstr("core_mask", opts.core_mask.trim())?,
+            rpc,
+        ))
+    })();
+    let Ok((name, mask, rpc)) = strings else {
+        return -22;
+    };
+    // SAFETY: spdk_app_opts is a plain C struct; zeroed is a valid starting state that
+    // spdk_app_opts_init overwrites with defaults.
+    let mut o: spdk_sys::spdk_app_opts = unsafe { std::mem::zeroed() };
+    // SAFETY: `o` is a valid, writable spdk_app_opts of the size we pass.
+    unsafe { spdk_sys::spdk_app_opts_init(&mut o, std::mem::size_of::<spdk_sys::spdk_app_opts>()) };
+    o.name = name.as_ptr();
+    o.reactor_mask = mask.as_ptr();
+    o.rpc_addr = rpc.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
+    o.interrupt_mode = opts.interrupt_mode;
+    o.no_huge = opts.no_huge;
+    if opts.mem_size_mb > 0 {
+        o.mem_size = i32::try_from(opts.mem_size_mb).unwrap_or(i32::MAX);
+    }
+    o.no_pci = opts.no_pci;
+    o.disable_signal_handlers = true;
+    o.print_level = spdk_sys::SPDK_LOG_WARN;
+    let ctx = Box::into_raw(Box::new(StartCtx { ready })).cast::<c_void>();
+    // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs the
+    // framework on this thread until spdk_app_stop; `ctx` is reclaimed by `on_started` (or
+    // leaked once if SPDK fails before calling it).
+    let rc = unsafe { spdk_sys::spdk_app_start(&mut o, Some(on_started), ctx) };
+    APP_THREAD.store(0, Ordering::Release);
+    // SAFETY: spdk_app_start returned; spdk_app_fini releases the framework on the thread
+    // that ran it.
+    unsafe { spdk_sys::spdk_app_fini() };
+    rc
+}
+
 /// A running SPDK runtime. Dropping it stops SPDK (see [`Spdk::stop`]).
 pub struct Spdk {
-    main: Mutex<Option<JoinHandle<i32>>>,
+    done: Mutex<Option<std::sync::mpsc::Receiver<i32>>>,
 }
 
 impl std::fmt::Debug for Spdk {
@@ -266,6 +339,9 @@ impl Spdk {
     /// Start SPDK's framework (environment, reactors, bdev and NVMe-oF subsystems). Blocks
     /// until SPDK is ready; call it from a blocking context (`spawn_blocking`) in async code.
     /// SPDK's own signal handlers are disabled: the agent owns SIGTERM and calls `stop`.
+    ///
+    /// A process may start SPDK again after [`Spdk::stop`]; the environment options (core
+    /// mask, memory) of the first start stay in force, as DPDK cannot be initialised twice.
     pub fn start(opts: &SpdkOptions) -> Result<Self> {
         opts.validate()?;
         if RUNNING.swap(true, Ordering::AcqRel) {
@@ -273,70 +349,32 @@ impl Spdk {
                 "an SPDK runtime is already running in this process".into(),
             ));
         }
-        let name = cstr("name", &opts.name)?;
-        let mask = cstr("core_mask", opts.core_mask.trim())?;
-        let rpc = opts
-            .rpc_socket
-            .as_ref()
-            .map(|p| cstr("rpc_socket", &p.to_string_lossy()))
-            .transpose()?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (opts_c, interrupt, no_huge, mem, no_pci) = (
-            opts.clone(),
-            opts.interrupt_mode,
-            opts.no_huge,
-            opts.mem_size_mb,
-            opts.no_pci,
-        );
-        let main = std::thread::Builder::new()
-            .name("spdk-main".into())
-            .spawn(move || {
-                let _keep = &opts_c;
-                // SAFETY: spdk_app_opts is a plain C struct; zeroed is a valid starting state
-                // that spdk_app_opts_init overwrites with defaults.
-                let mut o: spdk_sys::spdk_app_opts = unsafe { std::mem::zeroed() };
-                // SAFETY: `o` is a valid, writable spdk_app_opts of the size we pass.
-                unsafe {
-                    spdk_sys::spdk_app_opts_init(
-                        &mut o,
-                        std::mem::size_of::<spdk_sys::spdk_app_opts>(),
-                    )
-                };
-                o.name = name.as_ptr();
-                o.reactor_mask = mask.as_ptr();
-                o.rpc_addr = rpc.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
-                o.interrupt_mode = interrupt;
-                o.no_huge = no_huge;
-                if mem > 0 {
-                    o.mem_size = i32::try_from(mem).unwrap_or(i32::MAX);
-                }
-                o.no_pci = no_pci;
-                o.disable_signal_handlers = true;
-                o.print_level = spdk_sys::SPDK_LOG_WARN;
-                let ctx = Box::into_raw(Box::new(StartCtx { ready: ready_tx })).cast::<c_void>();
-                // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs
-                // the framework on this thread until spdk_app_stop; `ctx` is reclaimed by
-                // `on_started` (or leaked if SPDK fails before calling it, which is bounded).
-                let rc = unsafe { spdk_sys::spdk_app_start(&mut o, Some(on_started), ctx) };
-                APP_THREAD.store(0, Ordering::Release);
-                // SAFETY: spdk_app_start returned; spdk_app_fini releases the framework on the
-                // thread that ran it.
-                unsafe { spdk_sys::spdk_app_fini() };
-                rc
-            })
-            .map_err(|e| {
-                RUNNING.store(false, Ordering::Release);
-                SpdkError::Start(format!("cannot spawn the SPDK thread: {e}"))
-            })?;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let job = Job {
+            opts: opts.clone(),
+            ready: ready_tx,
+            done: done_tx,
+        };
+        let sent = main_thread().and_then(|m| {
+            m.lock()
+                .map_err(|_| SpdkError::Start("the SPDK thread is poisoned".into()))?
+                .send(job)
+                .map_err(|_| SpdkError::Start("the SPDK thread is gone".into()))
+        });
+        if let Err(e) = sent {
+            RUNNING.store(false, Ordering::Release);
+            return Err(e);
+        }
         if ready_rx.recv().is_err() {
-            let rc = main.join().unwrap_or(-1);
+            let rc = done_rx.recv().unwrap_or(-1);
             RUNNING.store(false, Ordering::Release);
             return Err(SpdkError::Start(format!(
                 "spdk_app_start returned {rc} before the framework was ready (see SPDK's log above: core mask, memory, sockets)"
             )));
         }
         Ok(Self {
-            main: Mutex::new(Some(main)),
+            done: Mutex::new(Some(done_rx)),
         })
     }
 
@@ -344,7 +382,7 @@ impl Spdk {
     /// removed, lvstores unloaded cleanly, bdevs closed) and the reactors stop. Blocks until
     /// done. Idempotent.
     pub fn stop(&self) {
-        let Some(main) = self.main.lock().ok().and_then(|mut m| m.take()) else {
+        let Some(done) = self.done.lock().ok().and_then(|mut m| m.take()) else {
             return;
         };
         // The framework stops through a message to its own thread.
@@ -352,7 +390,7 @@ impl Spdk {
             // SAFETY: called on SPDK's application thread while the framework runs.
             unsafe { spdk_sys::spdk_app_stop(0) };
         }));
-        let _ = main.join();
+        let _ = done.recv();
         RUNNING.store(false, Ordering::Release);
     }
 

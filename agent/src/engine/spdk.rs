@@ -1,0 +1,311 @@
+//! The SPDK lvstore engine: a pool is an lvstore on a base bdev (aio over a file or block
+//! device, RAM for tests, NVMe controllers over VFIO striped as raid0), a volume is an lvol.
+//!
+//! The [`PoolEngine`] trait is synchronous; this engine blocks on the embedded runtime's
+//! async calls (`futures::executor::block_on`: the futures only wait on SPDK's reply
+//! channels, so they need no particular executor). Call it from a blocking context.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use futures::executor::block_on;
+
+use super::{EngineError, EngineKind, PoolEngine, PoolInfo, VolumeInfo, VolumeOptions, check_name};
+use crate::spdk::{ErrorKind as SpdkKind, SpdkError, bdev, lvol};
+
+/// What the lvstore sits on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BaseBdev {
+    /// Linux AIO over a file (created with `size` bytes when missing and `create` is set) or a
+    /// block device.
+    Aio {
+        /// Bdev name.
+        name: String,
+        /// File or device.
+        path: PathBuf,
+        /// Size of a file to create.
+        size: u64,
+        /// Create the file when missing.
+        create: bool,
+    },
+    /// RAM (tests): `size` bytes.
+    Malloc {
+        /// Bdev name.
+        name: String,
+        /// Size in bytes.
+        size: u64,
+    },
+}
+
+impl BaseBdev {
+    fn name(&self) -> &str {
+        match self {
+            Self::Aio { name, .. } | Self::Malloc { name, .. } => name,
+        }
+    }
+}
+
+/// An SPDK lvstore pool.
+#[derive(Debug)]
+pub struct SpdkLvsEngine {
+    lvs: String,
+    base: BaseBdev,
+    cluster_size: u32,
+    lock: Mutex<()>,
+}
+
+fn map(e: SpdkError) -> EngineError {
+    match (e.kind(), &e) {
+        (SpdkKind::NotFound, SpdkError::NotFound { kind, name }) => EngineError::NotFound {
+            what: kind,
+            name: name.clone(),
+        },
+        (SpdkKind::AlreadyExists, SpdkError::AlreadyExists { kind, name, detail }) => {
+            EngineError::Conflict {
+                what: kind,
+                name: name.clone(),
+                detail: detail.clone(),
+            }
+        }
+        _ => EngineError::Spdk(e),
+    }
+}
+
+impl SpdkLvsEngine {
+    /// An engine for lvstore `lvs` on `base`, with a cluster size in bytes (0 = SPDK's 4 MiB).
+    /// Needs a running [`crate::spdk::Spdk`] runtime.
+    pub fn new(lvs: impl Into<String>, base: BaseBdev, cluster_size: u32) -> Self {
+        Self {
+            lvs: lvs.into(),
+            base,
+            cluster_size,
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// The lvstore name.
+    pub fn lvs_name(&self) -> &str {
+        &self.lvs
+    }
+
+    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn volume(&self, l: &lvol::LvolInfo) -> VolumeInfo {
+        VolumeInfo {
+            name: l.name.clone(),
+            uuid: Some(l.uuid.clone()),
+            size_bytes: l.size_bytes,
+            allocated_bytes: if l.thin {
+                l.allocated_bytes
+            } else {
+                l.size_bytes
+            },
+            path: PathBuf::from(l.alias()),
+            snapshot_of: None,
+            layout: None,
+            thin: l.thin,
+        }
+    }
+
+    fn ensure_base(&self) -> Result<(), EngineError> {
+        match &self.base {
+            BaseBdev::Aio {
+                name,
+                path,
+                size,
+                create,
+            } => {
+                if !path.exists() && *create {
+                    let f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(path)
+                        .map_err(|e| EngineError::io("create", path, e))?;
+                    f.set_len(*size)
+                        .map_err(|e| EngineError::io("size", path, e))?;
+                }
+                block_on(bdev::create_aio(name, path, 512)).map_err(map)?;
+            }
+            BaseBdev::Malloc { name, size } => {
+                block_on(bdev::create_malloc(name, *size, 512)).map_err(map)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PoolEngine for SpdkLvsEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::SpdkLvs
+    }
+
+    /// Create the base bdev if needed, let SPDK examine it (an existing lvstore loads), and
+    /// create the lvstore when there is none. Idempotent.
+    fn ensure_pool(&self) -> Result<PoolInfo, EngineError> {
+        let _g = self.guard();
+        self.ensure_base()?;
+        block_on(bdev::wait_for_examine()).map_err(map)?;
+        match block_on(lvol::lvstore(&self.lvs)).map_err(map)? {
+            Some(l) if l.base_bdev != self.base.name() => {
+                return Err(EngineError::Conflict {
+                    what: "lvstore",
+                    name: self.lvs.clone(),
+                    detail: format!(
+                        "on bdev {}, configured on {}",
+                        l.base_bdev,
+                        self.base.name()
+                    ),
+                });
+            }
+            Some(_) => {}
+            None => {
+                block_on(lvol::create_lvstore(
+                    self.base.name(),
+                    &self.lvs,
+                    self.cluster_size,
+                ))
+                .map_err(map)?;
+            }
+        }
+        drop(_g);
+        self.info()
+    }
+
+    fn info(&self) -> Result<PoolInfo, EngineError> {
+        let l = block_on(lvol::lvstore(&self.lvs))
+            .map_err(map)?
+            .ok_or_else(|| EngineError::NotFound {
+                what: "lvstore",
+                name: self.lvs.clone(),
+            })?;
+        Ok(PoolInfo {
+            name: l.name.clone(),
+            uuid: l.uuid.clone(),
+            total_bytes: l.total_bytes(),
+            free_bytes: l.free_bytes(),
+            allocation_unit: l.cluster_size,
+            pv_count: 0,
+            reserved: Vec::new(),
+        })
+    }
+
+    fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        opts: &VolumeOptions,
+    ) -> Result<VolumeInfo, EngineError> {
+        check_name(name)?;
+        let _g = self.guard();
+        let l =
+            block_on(lvol::create_lvol(&self.lvs, name, size, opts.thin)).map_err(|e| {
+                match e.kind() {
+                    SpdkKind::NoSpace => {
+                        let free = self.info().map(|i| i.free_bytes).unwrap_or(0);
+                        EngineError::NoSpace {
+                            pool: self.lvs.clone(),
+                            name: name.into(),
+                            free,
+                            needed: size,
+                        }
+                    }
+                    _ => map(e),
+                }
+            })?;
+        Ok(self.volume(&l))
+    }
+
+    fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
+        let _g = self.guard();
+        block_on(lvol::delete_lvol(&self.lvs, name)).map_err(map)
+    }
+
+    fn resize_volume(&self, name: &str, new_size: u64) -> Result<VolumeInfo, EngineError> {
+        let _g = self.guard();
+        let cur = block_on(lvol::lvol(&self.lvs, name))
+            .map_err(map)?
+            .ok_or_else(|| EngineError::NotFound {
+                what: "volume",
+                name: name.into(),
+            })?;
+        if new_size < cur.size_bytes {
+            return Err(EngineError::Shrink {
+                name: name.into(),
+                current: cur.size_bytes,
+                requested: new_size,
+            });
+        }
+        let l = block_on(lvol::resize_lvol(&self.lvs, name, new_size)).map_err(map)?;
+        Ok(self.volume(&l))
+    }
+
+    fn create_snapshot(
+        &self,
+        origin: &str,
+        snap: &str,
+        _reserve_size: u64,
+    ) -> Result<VolumeInfo, EngineError> {
+        check_name(snap)?;
+        let _g = self.guard();
+        let l = block_on(lvol::snapshot(&self.lvs, origin, snap)).map_err(map)?;
+        Ok(VolumeInfo {
+            snapshot_of: Some(origin.to_string()),
+            ..self.volume(&l)
+        })
+    }
+
+    fn delete_snapshot(&self, snap: &str) -> Result<(), EngineError> {
+        let _g = self.guard();
+        block_on(lvol::delete_lvol(&self.lvs, snap)).map_err(map)
+    }
+
+    fn clone_from_snapshot(&self, snap: &str, new_name: &str) -> Result<VolumeInfo, EngineError> {
+        check_name(new_name)?;
+        let _g = self.guard();
+        let l = block_on(lvol::clone(&self.lvs, snap, new_name)).map_err(map)?;
+        Ok(self.volume(&l))
+    }
+
+    fn restore_snapshot(&self, snap: &str) -> Result<(), EngineError> {
+        Err(EngineError::Unsupported {
+            op: "restore snapshot",
+            pool: self.lvs.clone(),
+            reason: format!(
+                "SPDK lvstores cannot merge {snap} back into its origin; clone it instead"
+            ),
+        })
+    }
+
+    fn list_volumes(&self) -> Result<Vec<VolumeInfo>, EngineError> {
+        let all = block_on(lvol::lvols()).map_err(map)?;
+        let in_pool: Vec<_> = all.into_iter().filter(|l| l.lvs_name == self.lvs).collect();
+        Ok(in_pool
+            .iter()
+            .map(|l| {
+                let mut v = self.volume(l);
+                if l.snapshot {
+                    // The origin is the clone of this snapshot that is older than it.
+                    v.snapshot_of = in_pool
+                        .iter()
+                        .find(|o| o.parent == l.name && o.blob_id < l.blob_id)
+                        .map(|o| o.name.clone())
+                        .or(Some(String::new()));
+                }
+                v
+            })
+            .collect())
+    }
+
+    fn device_path(&self, name: &str) -> Result<PathBuf, EngineError> {
+        Err(EngineError::Unsupported {
+            op: "local device",
+            pool: self.lvs.clone(),
+            reason: format!("SPDK volume {name} has no kernel device; it is reached over NVMe/TCP"),
+        })
+    }
+}
