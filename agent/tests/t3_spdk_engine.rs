@@ -235,3 +235,39 @@ fn aio_file_lvstore_and_rescan() {
         let _ = std::fs::remove_dir_all(dir);
     });
 }
+
+#[test]
+fn raid0_over_two_bdevs_and_pci_address_checks() {
+    run(async {
+        bdev::create_malloc("r0a", 32 * MIB, 512).await.unwrap();
+        bdev::create_malloc("r0b", 32 * MIB, 512).await.unwrap();
+        let raid = bdev::create_raid0("r0", &["r0a".to_string(), "r0b".to_string()], 128)
+            .await
+            .unwrap();
+        assert_eq!(raid.size_bytes(), 64 * MIB);
+        assert_eq!(
+            bdev::create_raid0("r0", &["r0a".to_string(), "r0b".to_string()], 128)
+                .await
+                .unwrap()
+                .name,
+            "r0",
+            "idempotent"
+        );
+        let e = bdev::create_raid0("r1", &["r0a".to_string()], 128)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        lvol::create_lvstore("r0", "raidlvs", 1 << 20)
+            .await
+            .unwrap();
+        lvol::destroy_lvstore("raidlvs").await.unwrap();
+        bdev::delete_raid("r0").await.unwrap();
+        bdev::delete_raid("r0").await.unwrap();
+        bdev::delete_malloc("r0a").await.unwrap();
+        bdev::delete_malloc("r0b").await.unwrap();
+        let e = liteio_agent::spdk::initiator::attach_pcie("nv", "01:00.0")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("pci_address"), "{e}");
+    });
+}

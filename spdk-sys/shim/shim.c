@@ -162,8 +162,12 @@ int
 liteio_raid0_create(const char *name, uint32_t strip_size_kb, uint8_t num_base,
 		    const char *const *base_names, void (*cb_fn)(void *, int), void *cb_arg)
 {
-	return raid_bdev_create(name, strip_size_kb, num_base, (char **)base_names, SPDK_BDEV_RAID_LEVEL_RAID0, false,
-				NULL, cb_fn, cb_arg);
+	/* A zero UUID lets the raid module generate one (it does not accept NULL). */
+	struct spdk_uuid uuid;
+
+	memset(&uuid, 0, sizeof(uuid));
+	return raid_bdev_create(name, strip_size_kb, num_base, (char **)base_names,
+				SPDK_BDEV_RAID_LEVEL_RAID0, false, &uuid, cb_fn, cb_arg);
 }
 
 int

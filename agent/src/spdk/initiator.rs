@@ -41,18 +41,40 @@ pub async fn attach_tcp(
     subnqn: &str,
     hostnqn: &str,
 ) -> Result<Vec<String>> {
-    let (ctrlr, address, subnqn, hostnqn) = (
-        ctrlr.to_string(),
-        address.to_string(),
-        subnqn.to_string(),
-        hostnqn.to_string(),
-    );
+    if address.parse::<std::net::IpAddr>().is_err() {
+        return Err(SpdkError::InvalidArgument {
+            field: "address",
+            reason: format!("{address:?} is not an IP address"),
+        });
+    }
+    let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
+    attach(ctrlr, trid, hostnqn).await
+}
+
+/// Take over the local NVMe controller at PCI address `bdf` (`0000:01:00.0`, bound to
+/// vfio-pci), creating bdevs `<ctrlr>n<nsid>`. Needs the runtime started with PCI enabled.
+pub async fn attach_pcie(ctrlr: &str, bdf: &str) -> Result<Vec<String>> {
+    let valid = bdf.len() == 12
+        && bdf.char_indices().all(|(i, c)| match i {
+            4 | 7 => c == ':',
+            10 => c == '.',
+            _ => c.is_ascii_hexdigit(),
+        });
+    if !valid {
+        return Err(SpdkError::InvalidArgument {
+            field: "pci_address",
+            reason: format!("{bdf:?} is not a PCI address like 0000:01:00.0"),
+        });
+    }
+    attach(ctrlr, format!("trtype:PCIe traddr:{bdf}"), "").await
+}
+
+async fn attach(ctrlr: &str, trid: String, hostnqn: &str) -> Result<Vec<String>> {
+    let (ctrlr, hostnqn) = (ctrlr.to_string(), hostnqn.to_string());
+    let address = trid.clone();
     exec(move |reply| {
         let prepared = (|| -> Result<_> {
-            let spec = cstr(
-                "address",
-                &format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}"),
-            )?;
+            let spec = cstr("address", &trid)?;
             let base = cstr("ctrlr", &ctrlr)?;
             let host = cstr("hostnqn", &hostnqn)?;
             if hostnqn.len() > 223 {
@@ -83,8 +105,10 @@ pub async fn attach_tcp(
                 std::mem::size_of::<spdk_sys::spdk_nvme_ctrlr_opts>(),
             )
         };
-        for (dst, src) in drv.hostnqn.iter_mut().zip(host.as_bytes_with_nul()) {
-            *dst = *src as c_char;
+        if !host.as_bytes().is_empty() {
+            for (dst, src) in drv.hostnqn.iter_mut().zip(host.as_bytes_with_nul()) {
+                *dst = *src as c_char;
+            }
         }
         // SAFETY: as above.
         let mut bopts: spdk_sys::spdk_bdev_nvme_ctrlr_opts = unsafe { std::mem::zeroed() };

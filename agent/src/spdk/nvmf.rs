@@ -427,6 +427,42 @@ pub async fn set_hosts(nqn: &str, hosts: &[String]) -> Result<SubsystemInfo> {
     .await
 }
 
+extern "C" fn settled(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
+    errno_cb(arg, status);
+}
+
+/// Wait until every state change SPDK queued on a subsystem (a namespace resize pauses and
+/// resumes it) has finished. SPDK 26.05 frees a destroyed subsystem even while such a change
+/// is still queued, so the exporter settles before deleting and after resizing. Missing =
+/// success.
+pub async fn settle(nqn: &str) -> Result<()> {
+    // Messages to a thread run in order: this one runs after a pending resize notice.
+    on_reactor(|| Ok(())).await?;
+    let nqn = nqn.to_string();
+    exec(move |reply| {
+        let ss = match subsystem(&nqn) {
+            Ok(s) => s,
+            Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
+            Err(e) => return reply.send(Err(e)),
+        };
+        let n = nqn.clone();
+        let ctx = errno_ctx(move |rc| {
+            reply.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("settle subsystem", n, rc))
+            })
+        });
+        // Resuming an active subsystem is a no-op state change queued behind the others.
+        // SAFETY: on the reactor; `ctx` owned by SPDK when rc == 0.
+        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_resume(ss, Some(settled), ctx) };
+        if rc != 0 {
+            errno_cb(ctx, rc);
+        }
+    })
+    .await
+}
+
 extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
     if status != 0 {
         return errno_cb(arg, status);
@@ -445,6 +481,7 @@ extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, sta
 /// Stop and remove a subsystem; missing = success. Its listener stays on the target while
 /// other subsystems may use the port.
 pub async fn delete_subsystem(nqn: &str) -> Result<()> {
+    settle(nqn).await?;
     let nqn = nqn.to_string();
     exec(move |reply| {
         let ss = match subsystem(&nqn) {

@@ -1,0 +1,570 @@
+//! The controller's configuration file (LiteIO's controller config YAML, extended).
+//!
+//! ```yaml
+//! scheduler:
+//!   filters: [Basic, Affinity, MinLocalStorage]
+//!   priorities: [LeastResource, PositionAdvice]
+//!   maxRemoteVolumeCount: 3
+//!   remoteIgnoreAnnoSelector: {obnvmf/regard-as-remote: "true"}
+//!   lockSchedConfig:
+//!     nodeSelector: [{key: maintenance, operator: Exists}]
+//!     taints: [{key: node.kubernetes.io/unschedulable, operator: Exists}]
+//!   minLocalStoragePct: 20
+//!   nodeReservations: [{id: sys, size: 10Gi}]
+//!   seed: 0
+//!   thinOvercommitRatio: 1.0
+//!   poolOvercommitRatios: {node-1: 2.0}
+//! liveness: {unknownAfter: 3m, offlineAfter: 24h, tick: 15s}
+//! leaderElection: {leaseName: node-disk-controller, leaseDuration: 15s, renewDeadline: 10s, retryPeriod: 2s}
+//! metaSync: {sqlitePath: /var/lib/liteio/meta.db, cluster: prod}
+//! pluginConfigs: {}
+//! ```
+//!
+//! Every section and field is optional; an absent `pluginConfigs` is never fatal (LiteIO's
+//! ant plug-in factory exited on it). Errors name the field.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
+use serde::{Deserialize, Deserializer};
+
+use crate::error::{Error, Result};
+
+/// Names of the scheduler's filters.
+pub const FILTERS: [&str; 3] = ["Basic", "Affinity", "MinLocalStorage"];
+/// Names of the scheduler's priorities.
+pub const PRIORITIES: [&str; 2] = ["LeastResource", "PositionAdvice"];
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, rename_all = "camelCase")]
+pub struct Config {
+    /// Scheduler settings.
+    pub scheduler: SchedulerConfig,
+    /// Pool liveness timings.
+    pub liveness: LivenessConfig,
+    /// Leader election timings.
+    pub leader_election: LeaderElectionConfig,
+    /// The SQL metadata mirror; disabled when absent.
+    pub meta_sync: Option<MetaSyncConfig>,
+    /// Free-form settings of registered plug-ins (accepted and kept; unused by the built-ins).
+    pub plugin_configs: Option<serde_json::Value>,
+}
+
+/// Scheduler settings (`scheduler:`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, rename_all = "camelCase")]
+pub struct SchedulerConfig {
+    /// Filters, in order; a pool must pass all.
+    pub filters: Vec<String>,
+    /// Priorities; the pool with the highest sum wins.
+    pub priorities: Vec<String>,
+    /// Most remote volumes one pool serves.
+    pub max_remote_volume_count: u32,
+    /// Volumes carrying any of these annotation=value pairs do not count as remote.
+    pub remote_ignore_anno_selector: BTreeMap<String, String>,
+    /// Pools whose node matches are locked.
+    pub lock_sched_config: LockSchedConfig,
+    /// Floor of local storage a remote volume must leave free, in percent of the pool.
+    pub min_local_storage_pct: u32,
+    /// Reservations added to every pool.
+    pub node_reservations: Vec<NodeReservation>,
+    /// Label filter of the Node watch (LiteIO's `nodeCacheSelector`).
+    pub node_cache_selector: BTreeMap<String, String>,
+    /// Seed of the deterministic tie break.
+    pub seed: u64,
+    /// Bound of Σ virtual sizes of thin volumes, as a multiple of the pool's available bytes.
+    pub thin_overcommit_ratio: f64,
+    /// Per-pool overrides of [`SchedulerConfig::thin_overcommit_ratio`].
+    pub pool_overcommit_ratios: BTreeMap<String, f64>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            filters: vec!["Basic".into(), "Affinity".into()],
+            priorities: vec!["LeastResource".into(), "PositionAdvice".into()],
+            max_remote_volume_count: 3,
+            remote_ignore_anno_selector: BTreeMap::new(),
+            lock_sched_config: LockSchedConfig::default(),
+            min_local_storage_pct: 0,
+            node_reservations: Vec::new(),
+            node_cache_selector: BTreeMap::new(),
+            seed: 0,
+            thin_overcommit_ratio: 1.0,
+            pool_overcommit_ratios: BTreeMap::new(),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// The thin overcommit ratio of `pool`.
+    pub fn overcommit_ratio(&self, pool: &str) -> f64 {
+        self.pool_overcommit_ratios
+            .get(pool)
+            .copied()
+            .unwrap_or(self.thin_overcommit_ratio)
+    }
+}
+
+/// Which nodes lock their pool (`scheduler.lockSchedConfig`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LockSchedConfig {
+    /// A node matching any requirement is locked.
+    pub node_selector: Vec<NodeSelectorRequirement>,
+    /// A node with a taint that any of these tolerates is locked.
+    #[serde(alias = "nodeTaints")]
+    pub taints: Vec<Toleration>,
+}
+
+/// A capacity reservation held on every pool until a volume with its id is bound there.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct NodeReservation {
+    /// Reservation id (matches `obnvmf/reservation-id` or `pvcNamespace/pvcName`).
+    pub id: String,
+    /// Bytes (an integer or a quantity such as `10Gi`).
+    #[serde(deserialize_with = "de_bytes")]
+    pub size: u64,
+}
+
+/// Pool liveness timings (`liveness:`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LivenessConfig {
+    /// A pool whose Lease was not renewed for this long becomes `unknown` (LiteIO: 3 min).
+    #[serde(deserialize_with = "de_duration")]
+    pub unknown_after: Duration,
+    /// … and `offline` after this long (LiteIO: 24 h).
+    #[serde(deserialize_with = "de_duration")]
+    pub offline_after: Duration,
+    /// Period of the liveness clock.
+    #[serde(deserialize_with = "de_duration")]
+    pub tick: Duration,
+    /// A deleted volume on a pool that is not ready loses its agent finalizers after this.
+    #[serde(deserialize_with = "de_duration")]
+    pub dead_pool_deletion_grace: Duration,
+    /// The pool of a vanished node is deleted after it is this old (and empty, not ready).
+    #[serde(deserialize_with = "de_duration")]
+    pub vanished_pool_grace: Duration,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        Self {
+            unknown_after: Duration::from_secs(180),
+            offline_after: Duration::from_secs(24 * 3600),
+            tick: Duration::from_secs(15),
+            dead_pool_deletion_grace: Duration::from_secs(20 * 60),
+            vanished_pool_grace: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// Leader election timings (`leaderElection:`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LeaderElectionConfig {
+    /// Name of the Lease in the controller's namespace.
+    pub lease_name: String,
+    /// How long a holder's claim lasts without renewal.
+    #[serde(deserialize_with = "de_duration")]
+    pub lease_duration: Duration,
+    /// The leader steps down when it could not renew for this long.
+    #[serde(deserialize_with = "de_duration")]
+    pub renew_deadline: Duration,
+    /// Period of acquire / renew attempts.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            lease_name: "node-disk-controller".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The SQL metadata mirror (`metaSync:`).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaSyncConfig {
+    /// SQLite database file (created with its schema when missing).
+    pub sqlite_path: PathBuf,
+    /// Cluster name written into every row.
+    #[serde(default)]
+    pub cluster: String,
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            Error::ConfigParse { field, message, .. } => Error::ConfigParse {
+                path: path.to_path_buf(),
+                field,
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates YAML text. An empty text is the default config.
+    pub fn parse(text: &str) -> Result<Self> {
+        let config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            let de = serde_yaml::Deserializer::from_str(text);
+            serde_path_to_error::deserialize::<_, Config>(de).map_err(|e| {
+                let field = e.path().to_string();
+                Error::ConfigParse {
+                    path: PathBuf::from("<text>"),
+                    field: if field == "." { "(root)".into() } else { field },
+                    message: e.into_inner().to_string(),
+                }
+            })?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and consistency; the error names the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        let s = &self.scheduler;
+        for (i, f) in s.filters.iter().enumerate() {
+            if !FILTERS.contains(&f.as_str()) {
+                return Err(Error::config(
+                    format!("scheduler.filters[{i}]"),
+                    format!("{f:?} is not one of {}", FILTERS.join(", ")),
+                ));
+            }
+        }
+        for (i, p) in s.priorities.iter().enumerate() {
+            if !PRIORITIES.contains(&p.as_str()) {
+                return Err(Error::config(
+                    format!("scheduler.priorities[{i}]"),
+                    format!("{p:?} is not one of {}", PRIORITIES.join(", ")),
+                ));
+            }
+        }
+        if s.min_local_storage_pct > 100 {
+            return Err(Error::config(
+                "scheduler.minLocalStoragePct",
+                format!("{} is above 100", s.min_local_storage_pct),
+            ));
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, r) in s.node_reservations.iter().enumerate() {
+            if r.id.trim().is_empty() {
+                return Err(Error::config(
+                    format!("scheduler.nodeReservations[{i}].id"),
+                    "must not be empty",
+                ));
+            }
+            if r.size == 0 {
+                return Err(Error::config(
+                    format!("scheduler.nodeReservations[{i}].size"),
+                    "must be positive",
+                ));
+            }
+            if !ids.insert(r.id.as_str()) {
+                return Err(Error::config(
+                    format!("scheduler.nodeReservations[{i}].id"),
+                    format!("{:?} appears twice", r.id),
+                ));
+            }
+        }
+        for (i, req) in s.lock_sched_config.node_selector.iter().enumerate() {
+            if let Err(e) = crate::selector::Requirement::from_node_selector(req) {
+                return Err(Error::config(
+                    format!("scheduler.lockSchedConfig.nodeSelector[{i}]"),
+                    e.to_string(),
+                ));
+            }
+        }
+        for (i, t) in s.lock_sched_config.taints.iter().enumerate() {
+            match t.operator.as_deref() {
+                None | Some("Equal") | Some("Exists") => {}
+                Some(op) => {
+                    return Err(Error::config(
+                        format!("scheduler.lockSchedConfig.taints[{i}].operator"),
+                        format!("{op:?} is not one of \"Equal\", \"Exists\""),
+                    ));
+                }
+            }
+        }
+        check_ratio("scheduler.thinOvercommitRatio", s.thin_overcommit_ratio)?;
+        for (pool, r) in &s.pool_overcommit_ratios {
+            check_ratio(&format!("scheduler.poolOvercommitRatios[{pool}]"), *r)?;
+        }
+        let l = &self.liveness;
+        for (field, d) in [
+            ("liveness.unknownAfter", l.unknown_after),
+            ("liveness.offlineAfter", l.offline_after),
+            ("liveness.tick", l.tick),
+        ] {
+            if d.is_zero() {
+                return Err(Error::config(field, "must be positive"));
+            }
+        }
+        if l.offline_after <= l.unknown_after {
+            return Err(Error::config(
+                "liveness.offlineAfter",
+                format!(
+                    "{:?} must be longer than liveness.unknownAfter ({:?})",
+                    l.offline_after, l.unknown_after
+                ),
+            ));
+        }
+        let e = &self.leader_election;
+        if e.lease_name.is_empty() {
+            return Err(Error::config(
+                "leaderElection.leaseName",
+                "must not be empty",
+            ));
+        }
+        if e.retry_period.is_zero() {
+            return Err(Error::config(
+                "leaderElection.retryPeriod",
+                "must be positive",
+            ));
+        }
+        if e.renew_deadline >= e.lease_duration {
+            return Err(Error::config(
+                "leaderElection.renewDeadline",
+                format!(
+                    "{:?} must be shorter than leaderElection.leaseDuration ({:?})",
+                    e.renew_deadline, e.lease_duration
+                ),
+            ));
+        }
+        if e.retry_period >= e.renew_deadline {
+            return Err(Error::config(
+                "leaderElection.retryPeriod",
+                format!(
+                    "{:?} must be shorter than leaderElection.renewDeadline ({:?})",
+                    e.retry_period, e.renew_deadline
+                ),
+            ));
+        }
+        if let Some(m) = &self.meta_sync
+            && m.sqlite_path.as_os_str().is_empty()
+        {
+            return Err(Error::config("metaSync.sqlitePath", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+fn check_ratio(field: &str, r: f64) -> Result<()> {
+    if !r.is_finite() || r < 1.0 {
+        return Err(Error::config(
+            field,
+            format!("{r} must be a finite number of at least 1.0"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `500ms`, `90s`, `3m`, `24h`, `1h30m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("{s:?} lacks a unit (ms, s, m, h)"))?;
+        if digits == 0 {
+            return Err(format!("{s:?} is not a duration such as 90s, 3m or 24h"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{s:?} has a number out of range"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            _ => return Err(format!("{s:?} has unknown unit {unit:?} (ms, s, m, h)")),
+        };
+        total = total.saturating_add(d);
+    }
+    Ok(total)
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrString {
+    Num(u64),
+    Str(String),
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Duration, D::Error> {
+    match NumOrString::deserialize(d)? {
+        NumOrString::Num(n) => Ok(Duration::from_secs(n)),
+        NumOrString::Str(s) => parse_duration(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    match NumOrString::deserialize(d)? {
+        NumOrString::Num(n) => Ok(n),
+        NumOrString::Str(s) => {
+            liteio_api::size::parse_quantity_str(&s).map_err(serde::de::Error::custom)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn defaults_match_liteio() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.scheduler.filters, ["Basic", "Affinity"]);
+        assert_eq!(c.scheduler.priorities, ["LeastResource", "PositionAdvice"]);
+        assert_eq!(c.scheduler.max_remote_volume_count, 3);
+        assert_eq!(c.liveness.unknown_after, Duration::from_secs(180));
+        assert_eq!(c.liveness.offline_after, Duration::from_secs(86_400));
+        assert!(c.plugin_configs.is_none());
+        assert!(c.meta_sync.is_none());
+    }
+
+    #[test]
+    fn full_liteio_file_parses() {
+        let c = Config::parse(
+            r#"
+scheduler:
+  maxRemoteVolumeCount: 5
+  remoteIgnoreAnnoSelector:
+    obnvmf/regard-as-remote: "true"
+  filters: [Basic, Affinity, MinLocalStorage]
+  priorities: [LeastResource]
+  lockSchedConfig:
+    nodeSelector:
+    - key: maintenance
+      operator: In
+      values: ["yes"]
+    nodeTaints:
+    - key: node.kubernetes.io/unschedulable
+      operator: Exists
+  minLocalStoragePct: 20
+  nodeReservations:
+  - id: sys
+    size: 10Gi
+  - id: other
+    size: 4096
+  poolOvercommitRatios:
+    node-1: 2.5
+liveness:
+  unknownAfter: 90s
+  offlineAfter: 1h30m
+pluginConfigs:
+  defaultLocalSpaceRules: []
+  autoAdjustLocal: true
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.scheduler.max_remote_volume_count, 5);
+        assert_eq!(c.scheduler.lock_sched_config.taints.len(), 1);
+        assert_eq!(c.scheduler.node_reservations[0].size, 10 << 30);
+        assert_eq!(c.scheduler.node_reservations[1].size, 4096);
+        assert_eq!(c.scheduler.overcommit_ratio("node-1"), 2.5);
+        assert_eq!(c.scheduler.overcommit_ratio("node-2"), 1.0);
+        assert_eq!(c.liveness.unknown_after, Duration::from_secs(90));
+        assert_eq!(c.liveness.offline_after, Duration::from_secs(5400));
+        assert!(c.plugin_configs.is_some());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "scheduler:\n  filters: [Basic, Nope]\n",
+                "scheduler.filters[1]",
+            ),
+            (
+                "scheduler:\n  priorities: [Most]\n",
+                "scheduler.priorities[0]",
+            ),
+            (
+                "scheduler:\n  minLocalStoragePct: 101\n",
+                "scheduler.minLocalStoragePct",
+            ),
+            (
+                "scheduler:\n  maxRemoteVolumeCount: many\n",
+                "scheduler.maxRemoteVolumeCount",
+            ),
+            (
+                "scheduler:\n  nodeReservations: [{id: a, size: 0}]\n",
+                "scheduler.nodeReservations[0].size",
+            ),
+            (
+                "scheduler:\n  nodeReservations: [{id: a, size: 1}, {id: a, size: 2}]\n",
+                "scheduler.nodeReservations[1].id",
+            ),
+            (
+                "scheduler:\n  nodeReservations: [{id: a, size: 1Zi}]\n",
+                "scheduler.nodeReservations[0].size",
+            ),
+            (
+                "scheduler:\n  lockSchedConfig:\n    nodeSelector: [{key: a, operator: Near}]\n",
+                "scheduler.lockSchedConfig.nodeSelector[0]",
+            ),
+            (
+                "scheduler:\n  thinOvercommitRatio: 0.5\n",
+                "scheduler.thinOvercommitRatio",
+            ),
+            (
+                "liveness:\n  unknownAfter: 2h\n  offlineAfter: 1h\n",
+                "liveness.offlineAfter",
+            ),
+            ("liveness:\n  tick: 5 parsecs\n", "liveness.tick"),
+            (
+                "leaderElection:\n  leaseDuration: 5s\n  renewDeadline: 10s\n",
+                "leaderElection.renewDeadline",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = Config::parse(text).expect_err(text).to_string();
+            assert!(err.contains(field), "{text:?} gave {err:?}, wanted {field}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("42"), Ok(Duration::from_secs(42)));
+        assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("10").is_ok());
+        assert!(parse_duration("10x").is_err());
+    }
+}

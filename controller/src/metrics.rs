@@ -1,0 +1,78 @@
+//! Prometheus metrics of the controller, in a private registry. Labels are bounded: kinds,
+//! results, reasons and pool states, never an error's text.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// The controller's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciles by kind and result (`ok` or an error kind).
+    pub reconciles: IntCounterVec,
+    /// Duration of scheduling decisions, by outcome (`placed`, `unplaceable`, `invalid`).
+    pub schedule_seconds: HistogramVec,
+    /// Pools rejected per reason in failed decisions.
+    pub schedule_failures: IntCounterVec,
+    /// Pools by state.
+    pub pools: IntGaugeVec,
+    /// 1 while this instance leads.
+    pub leader: IntGauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("liteio_controller".into()), None)?;
+        let reconciles = IntCounterVec::new(
+            Opts::new("reconciles_total", "Reconciles by kind and result"),
+            &["kind", "result"],
+        )?;
+        let schedule_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "schedule_duration_seconds",
+                "Duration of one scheduling decision",
+            )
+            .buckets(vec![
+                0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
+            ]),
+            &["outcome"],
+        )?;
+        let schedule_failures = IntCounterVec::new(
+            Opts::new(
+                "schedule_rejections_total",
+                "Pools rejected per reason in decisions that placed nothing",
+            ),
+            &["reason"],
+        )?;
+        let pools = IntGaugeVec::new(Opts::new("pools", "Pools by state"), &["state"])?;
+        let leader = IntGauge::new("leader", "1 while this instance is the leader")?;
+        registry.register(Box::new(reconciles.clone()))?;
+        registry.register(Box::new(schedule_seconds.clone()))?;
+        registry.register(Box::new(schedule_failures.clone()))?;
+        registry.register(Box::new(pools.clone()))?;
+        registry.register(Box::new(leader.clone()))?;
+        Ok(Self {
+            registry,
+            reconciles,
+            schedule_seconds,
+            schedule_failures,
+            pools,
+            leader,
+        })
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,794 @@
+//! The reconcile runtime: watches feed the [`State`] and per-kind work queues; one worker per
+//! kind drains its queue; the liveness clock re-queues pools (and volumes being deleted on
+//! pools that are not ready) every `liveness.tick`. Nothing else runs on a timer: a volume
+//! that did not fit is retried when a pool changes or space is freed, a snapshot waiting
+//! for its origin when the origin changes.
+//!
+//! Workers start only after the first full list of pools, volumes, snapshots and Leases, so
+//! the scheduler never decides on a partial view (a restarted controller places nothing
+//! twice). Failed reconciles are retried with per-key exponential back-off.
+
+pub mod pool;
+pub mod snapshot;
+pub mod volume;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use liteio_api::keys::managers;
+use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+use tracing::{debug, warn};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::metrics::Metrics;
+use crate::plugin::{Kind, Plugin, PluginObject};
+use crate::scheduler::Scheduler;
+use crate::state::{NodeFacts, ObjectKey, State};
+
+/// What a reconcile asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing until the next watch event.
+    Done,
+    /// Run again after this long (grace periods of the liveness clock).
+    RequeueAfter(Duration),
+}
+
+#[derive(Debug, Default)]
+struct QueueInner {
+    queue: VecDeque<ObjectKey>,
+    queued: HashSet<ObjectKey>,
+    running: HashSet<ObjectKey>,
+    dirty: HashSet<ObjectKey>,
+    failures: HashMap<ObjectKey, u32>,
+}
+
+/// A de-duplicating work queue: a key is queued at most once and never processed by two
+/// workers at the same time; a key added while running is processed again afterwards.
+#[derive(Debug, Default)]
+pub struct WorkQueue {
+    inner: Mutex<QueueInner>,
+    notify: Notify,
+}
+
+impl WorkQueue {
+    fn lock(&self) -> MutexGuard<'_, QueueInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `key`.
+    pub fn add(&self, key: ObjectKey) {
+        let mut g = self.lock();
+        if g.running.contains(&key) {
+            g.dirty.insert(key);
+            return;
+        }
+        if g.queued.insert(key.clone()) {
+            g.queue.push_back(key);
+            drop(g);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Queues `key` after `delay`.
+    pub fn add_after(self: &Arc<Self>, key: ObjectKey, delay: Duration) {
+        let q = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            q.add(key);
+        });
+    }
+
+    async fn pop(&self) -> ObjectKey {
+        loop {
+            let notified = self.notify.notified();
+            {
+                let mut g = self.lock();
+                if let Some(k) = g.queue.pop_front() {
+                    g.queued.remove(&k);
+                    g.running.insert(k.clone());
+                    return k;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn done(&self, key: &ObjectKey) {
+        let mut g = self.lock();
+        g.running.remove(key);
+        if g.dirty.remove(key) && g.queued.insert(key.clone()) {
+            g.queue.push_back(key.clone());
+            drop(g);
+            self.notify.notify_one();
+        }
+    }
+
+    fn failed(&self, key: &ObjectKey) -> u32 {
+        let mut g = self.lock();
+        let n = g.failures.entry(key.clone()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn succeeded(&self, key: &ObjectKey) {
+        self.lock().failures.remove(key);
+    }
+
+    /// Keys waiting (not running).
+    pub fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Back-off before retrying a failed reconcile: 10 ms doubling to 1 s for conflicts,
+/// 50 ms doubling to 30 s otherwise.
+pub fn backoff(failures: u32, kind: ErrorKind) -> Duration {
+    let (base, cap) = match kind {
+        ErrorKind::Conflict => (10u64, 1_000u64),
+        _ => (50, 30_000),
+    };
+    let exp = failures.saturating_sub(1).min(16);
+    Duration::from_millis(base.saturating_mul(1 << exp).min(cap))
+}
+
+#[derive(Debug, Default)]
+struct Synced {
+    pools: AtomicBool,
+    volumes: AtomicBool,
+    snapshots: AtomicBool,
+    leases: AtomicBool,
+    nodes: AtomicBool,
+}
+
+/// Everything a reconciler needs.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Namespace of LiteIO's objects and the pools' Leases.
+    pub namespace: String,
+    /// The validated configuration.
+    pub config: Config,
+    /// The scheduler.
+    pub scheduler: Scheduler,
+    /// Source of "now" for liveness.
+    pub clock: Arc<dyn Clock>,
+    /// Plug-in steps.
+    pub plugins: Vec<Arc<dyn Plugin>>,
+    /// Metrics.
+    pub metrics: Metrics,
+    state: Mutex<State>,
+    volumes: Arc<WorkQueue>,
+    pools: Arc<WorkQueue>,
+    snapshots: Arc<WorkQueue>,
+    synced: Synced,
+    synced_tx: watch::Sender<bool>,
+    recorder: Recorder,
+    warned: Mutex<HashMap<ObjectKey, String>>,
+}
+
+impl Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context; `clock` defaults to the system clock, `metrics` to a fresh registry.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        config: Config,
+        clock: Option<Arc<dyn Clock>>,
+        plugins: Vec<Arc<dyn Plugin>>,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: managers::CONTROLLER.into(),
+                instance: None,
+            },
+        );
+        Arc::new(Self {
+            scheduler: Scheduler::new(&config.scheduler),
+            state: Mutex::new(State::new(&config.scheduler)),
+            client,
+            namespace: namespace.to_string(),
+            config,
+            clock: clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            plugins,
+            metrics,
+            volumes: Arc::default(),
+            pools: Arc::default(),
+            snapshots: Arc::default(),
+            synced: Synced::default(),
+            synced_tx: watch::channel(false).0,
+            recorder,
+            warned: Mutex::default(),
+        })
+    }
+
+    /// The state, locked. Never hold the guard across an `.await`.
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// True once pools, volumes, snapshots and Leases were listed.
+    pub fn is_synced(&self) -> bool {
+        *self.synced_tx.borrow()
+    }
+
+    /// A receiver that turns true once pools, volumes, snapshots and Leases were listed.
+    pub fn synced_receiver(&self) -> watch::Receiver<bool> {
+        self.synced_tx.subscribe()
+    }
+
+    /// True once Kubernetes Nodes were listed (vanished-node cleanup needs it).
+    pub fn nodes_synced(&self) -> bool {
+        self.synced.nodes.load(Ordering::SeqCst)
+    }
+
+    fn mark_synced(&self, kind: &AtomicBool) {
+        kind.store(true, Ordering::SeqCst);
+        let all = [
+            &self.synced.pools,
+            &self.synced.volumes,
+            &self.synced.snapshots,
+            &self.synced.leases,
+        ]
+        .iter()
+        .all(|f| f.load(Ordering::SeqCst));
+        if all {
+            self.synced_tx.send_replace(true);
+        }
+    }
+
+    fn enqueue_volumes(&self, keys: impl IntoIterator<Item = ObjectKey>) {
+        for k in keys {
+            self.volumes.add(k);
+        }
+    }
+
+    fn enqueue_pool(&self, name: &str) {
+        self.pools.add(ObjectKey::new(self.namespace.clone(), name));
+    }
+
+    fn enqueue_snapshots(&self, keys: impl IntoIterator<Item = ObjectKey>) {
+        for k in keys {
+            self.snapshots.add(k);
+        }
+    }
+
+    /// Merge-patches an object (or its status) under the controller's field manager and
+    /// returns the result.
+    pub async fn patch<K>(
+        &self,
+        ns: &str,
+        name: &str,
+        body: &serde_json::Value,
+        status: bool,
+    ) -> Result<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        let pp = PatchParams {
+            field_manager: Some(managers::CONTROLLER.into()),
+            ..PatchParams::default()
+        };
+        let patch = Patch::Merge(body);
+        let r = if status {
+            api.patch_status(name, &pp, &patch).await
+        } else {
+            api.patch(name, &pp, &patch).await
+        };
+        r.map_err(|e| {
+            Error::kube(
+                format!(
+                    "patch {}{} {ns}/{name}",
+                    K::kind(&()),
+                    if status { " status" } else { "" }
+                ),
+                e,
+            )
+        })
+    }
+
+    /// Publishes a Warning event about `obj` once per distinct message.
+    pub async fn warn_once<K>(&self, obj: &K, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let key = ObjectKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+        {
+            let mut w = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
+            if w.get(&key) == Some(&note) {
+                return;
+            }
+            w.insert(key, note.clone());
+        }
+        let ev = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            warn!(error = %e, reason, "cannot publish event");
+        }
+    }
+
+    /// Forgets the last warning about `key`.
+    pub fn clear_warning(&self, key: &ObjectKey) {
+        self.warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    /// Runs every plug-in's step for a live object.
+    pub async fn run_plugins(&self, obj: PluginObject<'_>) -> Result<()> {
+        for p in &self.plugins {
+            p.reconcile(obj).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs every plug-in's deletion step.
+    pub async fn run_plugin_deletions(&self, obj: PluginObject<'_>) -> Result<()> {
+        for p in &self.plugins {
+            p.handle_deletion(obj).await?;
+        }
+        Ok(())
+    }
+
+    /// Tells every plug-in an object is gone.
+    pub async fn run_plugin_forget(&self, kind: Kind, key: &ObjectKey) -> Result<()> {
+        for p in &self.plugins {
+            p.forget(kind, key).await?;
+        }
+        Ok(())
+    }
+
+    fn sweep(self: &Arc<Self>, kind: Kind, live: Vec<ObjectKey>) {
+        if self.plugins.is_empty() {
+            return;
+        }
+        let ctx = Arc::clone(self);
+        tokio::spawn(async move {
+            for p in &ctx.plugins {
+                if let Err(e) = p.sweep(kind, live.clone()).await {
+                    warn!(plugin = p.name(), kind = kind.as_str(), error = %e, "sweep failed");
+                }
+            }
+        });
+    }
+}
+
+// ---- watch handlers -------------------------------------------------------------------
+
+fn on_pool(ctx: &Arc<Context>, ev: Event<StoragePool>, buf: &mut Vec<Arc<StoragePool>>) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(p) => buf.push(Arc::new(p)),
+        Event::InitDone => {
+            let pools = std::mem::take(buf);
+            let names: Vec<ObjectKey> = pools.iter().map(|p| ObjectKey::of(p.as_ref())).collect();
+            let unscheduled = {
+                let mut s = ctx.state();
+                s.replace_pools(pools);
+                s.unscheduled_volumes()
+            };
+            for k in &names {
+                ctx.pools.add(k.clone());
+            }
+            ctx.enqueue_volumes(unscheduled);
+            ctx.sweep(Kind::Pool, names);
+            ctx.mark_synced(&ctx.synced.pools);
+        }
+        Event::Apply(p) => {
+            let name = p.name_any();
+            let (unscheduled, deleting) = {
+                let mut s = ctx.state();
+                let changed = s.upsert_pool(Arc::new(p));
+                let unscheduled = if changed {
+                    s.unscheduled_volumes()
+                } else {
+                    Vec::new()
+                };
+                let deleting: Vec<ObjectKey> = s
+                    .volumes_on(&name)
+                    .into_iter()
+                    .filter(|k| {
+                        s.volume(k)
+                            .is_some_and(|v| v.metadata.deletion_timestamp.is_some())
+                    })
+                    .collect();
+                (unscheduled, deleting)
+            };
+            ctx.enqueue_pool(&name);
+            ctx.enqueue_volumes(unscheduled);
+            ctx.enqueue_volumes(deleting);
+        }
+        Event::Delete(p) => {
+            let name = p.name_any();
+            let vols = {
+                let mut s = ctx.state();
+                s.remove_pool(&name);
+                s.volumes_on(&name)
+            };
+            ctx.enqueue_pool(&name);
+            ctx.enqueue_volumes(vols);
+        }
+    }
+}
+
+fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<AntstorVolume>>) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(v) => buf.push(Arc::new(v)),
+        Event::InitDone => {
+            let vols = std::mem::take(buf);
+            let keys: Vec<ObjectKey> = vols.iter().map(|v| ObjectKey::of(v.as_ref())).collect();
+            ctx.state().replace_volumes(vols);
+            ctx.enqueue_volumes(keys.clone());
+            ctx.sweep(Kind::Volume, keys);
+            ctx.mark_synced(&ctx.synced.volumes);
+        }
+        Event::Apply(v) => {
+            let key = ObjectKey::of(&v);
+            let deleting = v.metadata.deletion_timestamp.is_some();
+            let (snaps, unscheduled) = {
+                let mut s = ctx.state();
+                s.upsert_volume(Arc::new(v));
+                let unscheduled = if deleting {
+                    s.unscheduled_volumes()
+                } else {
+                    Vec::new()
+                };
+                (s.snapshots_of(&key), unscheduled)
+            };
+            ctx.volumes.add(key);
+            ctx.enqueue_snapshots(snaps);
+            ctx.enqueue_volumes(unscheduled);
+        }
+        Event::Delete(v) => {
+            let key = ObjectKey::of(&v);
+            let (snaps, unscheduled) = {
+                let mut s = ctx.state();
+                s.remove_volume(&key);
+                (s.snapshots_of(&key), s.unscheduled_volumes())
+            };
+            if let Some(n) = v.target_node() {
+                ctx.enqueue_pool(n);
+            }
+            ctx.volumes.add(key);
+            ctx.enqueue_snapshots(snaps);
+            ctx.enqueue_volumes(unscheduled);
+        }
+    }
+}
+
+fn on_snapshot(
+    ctx: &Arc<Context>,
+    ev: Event<AntstorSnapshot>,
+    buf: &mut Vec<Arc<AntstorSnapshot>>,
+) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(s) => buf.push(Arc::new(s)),
+        Event::InitDone => {
+            let snaps = std::mem::take(buf);
+            let keys: Vec<ObjectKey> = snaps.iter().map(|s| ObjectKey::of(s.as_ref())).collect();
+            ctx.state().replace_snapshots(snaps);
+            ctx.enqueue_snapshots(keys.clone());
+            ctx.sweep(Kind::Snapshot, keys);
+            ctx.mark_synced(&ctx.synced.snapshots);
+        }
+        Event::Apply(snap) => {
+            let origin = State::origin_of(&snap);
+            let siblings = {
+                let mut s = ctx.state();
+                s.upsert_snapshot(Arc::new(snap));
+                s.snapshots_of(&origin)
+            };
+            ctx.enqueue_snapshots(siblings);
+        }
+        Event::Delete(snap) => {
+            let origin = State::origin_of(&snap);
+            let key = ObjectKey::of(&snap);
+            let (siblings, unscheduled) = {
+                let mut s = ctx.state();
+                s.remove_snapshot(&key);
+                (s.snapshots_of(&origin), s.unscheduled_volumes())
+            };
+            ctx.snapshots.add(key);
+            ctx.enqueue_snapshots(siblings);
+            ctx.enqueue_volumes(unscheduled);
+        }
+    }
+}
+
+fn lease_time(l: &Lease) -> Option<k8s_openapi::jiff::Timestamp> {
+    let spec = l.spec.as_ref()?;
+    spec.renew_time
+        .as_ref()
+        .or(spec.acquire_time.as_ref())
+        .map(|t| t.0)
+}
+
+fn on_lease(ctx: &Arc<Context>, ev: Event<Lease>, buf: &mut Vec<Lease>) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(l) => buf.push(l),
+        Event::InitDone => {
+            let beats: Vec<(String, k8s_openapi::jiff::Timestamp)> = std::mem::take(buf)
+                .iter()
+                .filter_map(|l| Some((l.name_any(), lease_time(l)?)))
+                .collect();
+            let names: Vec<String> = ctx.state().pools().map(|p| p.name.to_string()).collect();
+            ctx.state().replace_heartbeats(beats);
+            for n in names {
+                ctx.enqueue_pool(&n);
+            }
+            ctx.mark_synced(&ctx.synced.leases);
+        }
+        Event::Apply(l) => {
+            let name = l.name_any();
+            ctx.state().set_heartbeat(&name, lease_time(&l));
+            ctx.enqueue_pool(&name);
+        }
+        Event::Delete(l) => {
+            let name = l.name_any();
+            ctx.state().set_heartbeat(&name, None);
+            ctx.enqueue_pool(&name);
+        }
+    }
+}
+
+fn node_facts(n: &Node) -> NodeFacts {
+    NodeFacts {
+        labels: n.metadata.labels.clone().unwrap_or_default(),
+        taints: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default(),
+    }
+}
+
+fn on_node(ctx: &Arc<Context>, ev: Event<Node>, buf: &mut Vec<(String, NodeFacts)>) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(n) => buf.push((n.name_any(), node_facts(&n))),
+        Event::InitDone => {
+            ctx.state().replace_nodes(std::mem::take(buf));
+            ctx.synced.nodes.store(true, Ordering::SeqCst);
+            let names: Vec<String> = ctx.state().pools().map(|p| p.name.to_string()).collect();
+            for n in names {
+                ctx.enqueue_pool(&n);
+            }
+        }
+        Event::Apply(n) => {
+            let name = n.name_any();
+            ctx.state().upsert_node(&name, node_facts(&n));
+            ctx.enqueue_pool(&name);
+        }
+        Event::Delete(n) => {
+            let name = n.name_any();
+            ctx.state().remove_node(&name);
+            ctx.enqueue_pool(&name);
+        }
+    }
+}
+
+async fn watch_loop<K, B>(
+    ctx: Arc<Context>,
+    api: Api<K>,
+    cfg: watcher::Config,
+    mut handler: impl FnMut(&Arc<Context>, Event<K>, &mut B),
+    mut buf: B,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let mut stream = watcher(api, cfg).default_backoff().boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            item = stream.next() => match item {
+                None => return,
+                Some(Ok(ev)) => handler(&ctx, ev, &mut buf),
+                Some(Err(e)) => warn!(kind, error = %e, "watch failed; retrying"),
+            }
+        }
+    }
+}
+
+use kube::runtime::watcher::watcher;
+
+async fn worker(ctx: Arc<Context>, kind: Kind, mut shutdown: watch::Receiver<bool>) {
+    let mut synced = ctx.synced_tx.subscribe();
+    loop {
+        if *synced.borrow() {
+            break;
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            r = synced.changed() => if r.is_err() { return },
+        }
+    }
+    let queue = match kind {
+        Kind::Volume => Arc::clone(&ctx.volumes),
+        Kind::Pool => Arc::clone(&ctx.pools),
+        Kind::Snapshot => Arc::clone(&ctx.snapshots),
+    };
+    loop {
+        let key = tokio::select! {
+            _ = shutdown.changed() => return,
+            k = queue.pop() => k,
+        };
+        let res = match kind {
+            Kind::Volume => volume::reconcile(&ctx, &key).await,
+            Kind::Pool => pool::reconcile(&ctx, &key).await,
+            Kind::Snapshot => snapshot::reconcile(&ctx, &key).await,
+        };
+        match res {
+            Ok(action) => {
+                ctx.metrics
+                    .reconciles
+                    .with_label_values(&[kind.as_str(), "ok"])
+                    .inc();
+                queue.succeeded(&key);
+                if let Action::RequeueAfter(d) = action {
+                    queue.add_after(key.clone(), d);
+                }
+            }
+            Err(e) => {
+                let ek = e.kind();
+                ctx.metrics
+                    .reconciles
+                    .with_label_values(&[kind.as_str(), ek.as_str()])
+                    .inc();
+                let n = queue.failed(&key);
+                let delay = backoff(n, ek);
+                if ek == ErrorKind::Conflict {
+                    debug!(kind = kind.as_str(), object = %key, error = %e, "conflict; retrying");
+                } else {
+                    warn!(kind = kind.as_str(), object = %key, error = %e, attempt = n, ?delay, "reconcile failed; retrying");
+                }
+                queue.add_after(key.clone(), delay);
+            }
+        }
+        queue.done(&key);
+    }
+}
+
+/// The liveness clock: re-queues every pool and every volume being deleted, and refreshes
+/// the pools-by-state gauge.
+async fn liveness_clock(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(ctx.config.liveness.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let (pools, deleting, counts) = {
+            let s = ctx.state();
+            let mut counts: HashMap<&'static str, i64> = HashMap::new();
+            let pools: Vec<String> = s
+                .pools()
+                .map(|p| {
+                    let st = p
+                        .pool
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.status)
+                        .unwrap_or_default();
+                    *counts.entry(pool::status_name(st)).or_default() += 1;
+                    p.name.to_string()
+                })
+                .collect();
+            (pools, s.deleting_volumes(), counts)
+        };
+        for st in ["ready", "unknown", "offline", "locked"] {
+            ctx.metrics
+                .pools
+                .with_label_values(&[st])
+                .set(counts.get(st).copied().unwrap_or(0));
+        }
+        for p in pools {
+            ctx.enqueue_pool(&p);
+        }
+        ctx.enqueue_volumes(deleting);
+    }
+}
+
+/// Runs the watches, the workers and the liveness clock until `shutdown` turns true.
+pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
+    let ns = ctx.namespace.clone();
+    let client = ctx.client.clone();
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
+        Api::<StoragePool>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_pool,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
+        Api::<AntstorVolume>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_volume,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
+        Api::<AntstorSnapshot>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_snapshot,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
+        Api::<Lease>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_lease,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    let sel = &ctx.config.scheduler.node_cache_selector;
+    let mut node_cfg = watcher::Config::default();
+    if !sel.is_empty() {
+        let s: Vec<String> = sel.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        node_cfg = node_cfg.labels(&s.join(","));
+    }
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
+        Api::<Node>::all(client),
+        node_cfg,
+        on_node,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    for kind in [Kind::Volume, Kind::Pool, Kind::Snapshot] {
+        tasks.spawn(worker(Arc::clone(&ctx), kind, shutdown.clone()));
+    }
+    tasks.spawn(liveness_clock(Arc::clone(&ctx), shutdown.clone()));
+    while tasks.join_next().await.is_some() {}
+}
