@@ -20,6 +20,7 @@
 //!   portRange: {start: 4510, end: 4610}
 //! metrics: {listenAddress: "0.0.0.0:9100"}   # absent = no metrics server
 //! heartbeat: {interval: 20s, duration: 40s}
+//! recovery: {collectOrphans: false, orphanGracePeriod: 1h}   # orphans are only reported by default
 //! ```
 //!
 //! Sizes are bytes (LiteIO's integers) or Kubernetes quantities (`"10Gi"`); durations are
@@ -248,6 +249,9 @@ pub struct Config {
     /// Lease heartbeat timings.
     #[serde(default)]
     pub heartbeat: HeartbeatConfig,
+    /// Restart recovery: what to do with engine objects no API object owns.
+    #[serde(default)]
+    pub recovery: RecoveryConfig,
 }
 
 /// `storage`: pool mode and what it is built from.
@@ -529,6 +533,41 @@ impl Default for HeartbeatConfig {
     }
 }
 
+/// Default grace period before an orphan may be collected.
+pub const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(3600);
+
+/// `recovery`: engine objects (volumes, snapshots) that no AntstorVolume / AntstorSnapshot
+/// owns are always reported; they are deleted only when `collectOrphans` is true and they
+/// stayed orphaned for `orphanGracePeriod`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryConfig {
+    /// Delete orphans after the grace period (default false: never delete data).
+    #[serde(rename = "collectOrphans", default)]
+    pub collect_orphans: bool,
+    /// How long an object must stay orphaned before it is collected.
+    #[serde(
+        rename = "orphanGracePeriod",
+        default = "default_orphan_grace",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub orphan_grace_period: Duration,
+}
+
+fn default_orphan_grace() -> Duration {
+    DEFAULT_ORPHAN_GRACE
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        Self {
+            collect_orphans: false,
+            orphan_grace_period: DEFAULT_ORPHAN_GRACE,
+        }
+    }
+}
+
 /// Accepts an unsigned integer or a string, handing the string to `parse`.
 struct IntOrText<F> {
     expecting: &'static str,
@@ -687,6 +726,7 @@ impl Config {
             nvmf: NvmfConfig::default(),
             metrics: MetricsConfig::default(),
             heartbeat: HeartbeatConfig::default(),
+            recovery: RecoveryConfig::default(),
         }
     }
 

@@ -1,8 +1,22 @@
 //! LiteIO disk-agent.
+//!
+//! The control loop: [`pool`] (the StoragePool object), [`heartbeat`] (the Lease),
+//! [`sync`] (volumes and snapshots), [`recovery`] (orphans after a restart), [`metrics`],
+//! wired together by [`agent::Agent`]. The data side is a [`engine::PoolEngine`]; remote
+//! access goes through an [`exporter::Exporter`].
 #![cfg_attr(not(feature = "spdk"), forbid(unsafe_code))]
 #![cfg_attr(feature = "spdk", deny(unsafe_code))]
 
+pub mod agent;
 pub mod config;
+pub mod context;
 pub mod engine;
+pub mod error;
+pub mod exporter;
+pub mod heartbeat;
+pub mod metrics;
+pub mod pool;
+pub mod recovery;
 #[cfg(feature = "spdk")]
 pub mod spdk;
+pub mod sync;

@@ -1,22 +1,191 @@
 //! `disk-agent`: the LiteIO storage-node agent.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use liteio_agent::agent::{Agent, AgentOptions, engine_from_config};
+use liteio_agent::config::Config;
+#[cfg(not(feature = "spdk"))]
+use liteio_agent::exporter::NoExporter;
+
+/// Exit code for a bad command line or config file.
+const EXIT_CONFIG: u8 = 2;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
 
 /// LiteIO disk-agent: pools this node's disks and serves volumes over NVMe/TCP.
 #[derive(Parser, Debug)]
 #[command(name = "disk-agent", version)]
 struct Args {
-    /// Name of this node (the StoragePool name).
+    /// Agent config file (LiteIO's agent-config.yaml schema). Absent: LiteIO's default, an
+    /// existing LVM volume group `antstore-vg`.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Name of this node (the StoragePool and Lease name).
     #[arg(long, env = "NODE_ID")]
-    node_id: Option<String>,
+    node_id: String,
+    /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG / ~/.kube/config.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Where the node's NVMe host NQN is read (generated there when missing).
+    #[arg(long, default_value = liteio_agent::pool::DEFAULT_HOST_NQN_PATH)]
+    host_nqn_file: PathBuf,
 }
 
-fn main() {
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None => Ok(Config::from_yaml(
+            "storage: {pooling: {name: antstore-vg, mode: KernelLVM}}",
+        )?),
+    }
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("cannot use kubeconfig {}", p.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("cannot find a Kubernetes configuration")?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+async fn wait_for_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// The embedded SPDK target, its engine (SpdkLVStore pools) and exporter.
+#[cfg(feature = "spdk")]
+async fn start_spdk(
+    config: &Config,
+) -> anyhow::Result<(
+    liteio_agent::spdk::Spdk,
+    Option<Arc<dyn liteio_agent::engine::PoolEngine>>,
+    Arc<dyn liteio_agent::exporter::Exporter>,
+)> {
+    use liteio_agent::spdk::setup;
+    let cfg = config.clone();
+    tracing::info!(core_mask = %cfg.spdk.core_mask, interrupt = cfg.spdk.interrupt_mode, "starting SPDK");
+    let spdk = tokio::task::spawn_blocking(move || setup::start(&cfg))
+        .await
+        .context("the SPDK start task failed")?
+        .context("cannot start SPDK")?;
+    let engine = setup::engine(config).context("bad SPDK pool configuration")?;
+    let address = config
+        .nvmf
+        .listen_address
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let exporter = setup::exporter(config, address).context("bad nvmf configuration")?;
+    Ok((spdk, engine, Arc::new(exporter)))
+}
+
+async fn run(args: Args, config: Config) -> anyhow::Result<()> {
+    #[cfg(feature = "spdk")]
+    let (spdk, engine, exporter) = {
+        let (spdk, engine, exporter) = start_spdk(&config).await?;
+        let engine = match engine {
+            Some(e) => e,
+            None => engine_from_config(&config)?,
+        };
+        (spdk, engine, exporter)
+    };
+    #[cfg(not(feature = "spdk"))]
+    let (engine, exporter): (_, Arc<dyn liteio_agent::exporter::Exporter>) =
+        (engine_from_config(&config)?, Arc::new(NoExporter));
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let mut opts = AgentOptions::from_config(args.node_id.clone(), config);
+    opts.host_nqn_path = args.host_nqn_file.clone();
+    let agent = Agent::start(client, engine, exporter, opts)
+        .await
+        .context("cannot start the agent")?;
+    let sig = wait_for_signal().await?;
+    tracing::info!(signal = sig, "shutting down");
+    agent.shutdown(Duration::from_secs(15)).await;
+    // Last: SPDK removes listeners and subsystems, unloads lvstores cleanly and stops its
+    // reactors.
+    #[cfg(feature = "spdk")]
+    tokio::task::spawn_blocking(move || spdk.stop())
+        .await
+        .context("the SPDK stop task failed")?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
     let args = Args::parse();
-    eprintln!(
-        "disk-agent: node {:?}: the agent's control loop is not built yet",
-        args.node_id
-    );
-    std::process::exit(1);
+    init_logging(args.log_format);
+    let config = match load_config(args.config.as_ref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("disk-agent: bad configuration: {e:#}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if args.node_id.trim().is_empty() {
+        eprintln!("disk-agent: --node-id (or NODE_ID) must not be empty");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let spdk_pool = config.storage.pooling.mode == liteio_agent::config::PoolingMode::SpdkLvStore;
+    if let Err(e) = engine_from_config(&config).map(|_| ()).or_else(|e| {
+        if cfg!(feature = "spdk") && spdk_pool {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }) {
+        eprintln!("disk-agent: bad configuration: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("disk-agent: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "disk-agent failed");
+            eprintln!("disk-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

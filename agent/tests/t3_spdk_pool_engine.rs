@@ -78,8 +78,12 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
         ErrorKind::Unsupported
     );
     assert_eq!(
-        engine.device_path("pvc-a").unwrap_err().kind(),
-        ErrorKind::Unsupported
+        engine.device_path("pvc-a").unwrap(),
+        std::path::PathBuf::from("pe-lvs/pvc-a")
+    );
+    assert_eq!(
+        engine.device_path("nope").unwrap_err().kind(),
+        ErrorKind::NotFound
     );
 
     let mut names: Vec<String> = engine

@@ -301,11 +301,16 @@ impl PoolEngine for SpdkLvsEngine {
             .collect())
     }
 
+    /// SPDK volumes have no kernel device (they are reached over NVMe/TCP): the "path" is the
+    /// lvol's alias `lvs/name`, which is also how the exporter names the bdev. NotFound when
+    /// the lvol does not exist.
     fn device_path(&self, name: &str) -> Result<PathBuf, EngineError> {
-        Err(EngineError::Unsupported {
-            op: "local device",
-            pool: self.lvs.clone(),
-            reason: format!("SPDK volume {name} has no kernel device; it is reached over NVMe/TCP"),
-        })
+        match block_on(lvol::lvol(&self.lvs, name)).map_err(map)? {
+            Some(l) => Ok(PathBuf::from(l.alias())),
+            None => Err(EngineError::NotFound {
+                what: "volume",
+                name: name.into(),
+            }),
+        }
     }
 }

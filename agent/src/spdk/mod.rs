@@ -4,11 +4,13 @@
 
 pub mod bdev;
 pub mod error;
+pub mod exporter;
 pub mod initiator;
 pub mod io;
 pub mod lvol;
 pub mod nvmf;
 pub mod runtime;
+pub mod setup;
 
 pub use error::{ErrorKind, Result, SpdkError};
 pub use runtime::{Spdk, SpdkOptions};

@@ -173,8 +173,13 @@ pub async fn real_env(path: &str, case: &str) -> Result<Env, Failure> {
     })
 }
 
-/// Deletes the case's namespace (best effort).
+/// Deletes the case's objects and namespace (best effort). The objects go first: without
+/// kube-controller-manager a real server never empties a deleted namespace.
 pub async fn cleanup(env: &Env) {
+    let dp = DeleteParams::default();
+    let lp = ListParams::default();
+    let _ = volumes(env).delete_collection(&dp, &lp).await;
+    let _ = leases(env).delete_collection(&dp, &lp).await;
     let api: Api<Namespace> = Api::all(env.client.clone());
     let _ = api.delete(&env.namespace, &DeleteParams::default()).await;
 }
@@ -244,6 +249,18 @@ async fn raw(
     content_type: &str,
     body: &[u8],
 ) -> Result<(u16, Value), Failure> {
+    let (code, _, bytes) = raw_bytes(env, method, path, content_type, body).await?;
+    Ok((code, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+}
+
+/// A raw request: the HTTP code, the response's content type and its body.
+async fn raw_bytes(
+    env: &Env,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, String, Vec<u8>), Failure> {
     let req = http::Request::builder()
         .method(method)
         .uri(path)
@@ -253,14 +270,19 @@ async fn raw(
         .map_err(|e| Failure(format!("building request: {e}")))?;
     let resp = env.client.send(req).await?;
     let code = resp.status().as_u16();
+    let response_type = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     let bytes = resp
         .into_body()
         .collect()
         .await
         .map_err(|e| Failure(format!("reading response: {e}")))?
         .to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok((code, v))
+    Ok((code, response_type, bytes.to_vec()))
 }
 
 fn volumes_path(env: &Env) -> String {
@@ -404,17 +426,49 @@ pub async fn crud_lease(env: Env) -> CaseResult {
             == Some("b"),
         "replace did not change holderIdentity"
     );
+    // Leases do not allow unconditional updates (the Lease strategy's
+    // `AllowUnconditionalUpdate()` is false), so leader election cannot lose a race silently.
     let mut unconditional = replaced.clone();
     unconditional.metadata.resource_version = None;
     if let Some(spec) = unconditional.spec.as_mut() {
         spec.holder_identity = Some("c".into());
     }
-    let u = api
-        .replace(&name, &PostParams::default(), &unconditional)
-        .await?;
+    let s = api_error(
+        api.replace(&name, &PostParams::default(), &unconditional)
+            .await,
+        422,
+        "Lease PUT without resourceVersion",
+    )?;
+    let want = format!(
+        "leases.coordination.k8s.io \"{name}\" is invalid: metadata.resourceVersion: \
+         Invalid value: 0x0: must be specified for an update"
+    );
     ensure!(
-        u.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some("c"),
-        "unconditional PUT of a Lease was not applied"
+        s.reason == "Invalid" && s.message == want,
+        "{} {:?}, want Invalid {want:?}",
+        s.reason,
+        s.message
+    );
+    let cause = s
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.first())
+        .map(|c| (c.field.clone(), c.message.clone()));
+    ensure!(
+        cause
+            == Some((
+                "metadata.resourceVersion".to_string(),
+                "Invalid value: 0x0: must be specified for an update".to_string()
+            )),
+        "cause {cause:?}"
+    );
+    let kept = api.get(&name).await?;
+    ensure!(
+        kept.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some("b"),
+        "a rejected unconditional PUT changed the Lease"
     );
     api.delete(&name, &DeleteParams::default()).await?;
     api_error(api.get(&name).await, 404, "get after delete")?;
@@ -650,39 +704,29 @@ pub async fn watch_expired_gone(env: Env) -> CaseResult {
         }
         None => "1".to_string(),
     };
-    match api.watch(&WatchParams::default().timeout(60), &from).await {
-        Err(kube::Error::Api(s)) => {
+    // kube-apiserver (watch cache on, the default) accepts the watch and sends one ERROR
+    // event: `410 Expired "too old resource version: <asked> (<oldest>)"`.
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(60), &from)
+        .await
+        .map_err(|e| Failure(format!("watch from {from}: {e}, want an ERROR event")))?
+        .boxed();
+    match next_event(&mut stream, "410 ERROR event").await? {
+        WatchEvent::Error(s) => {
+            ensure!(s.code == 410, "ERROR event code {}, want 410", s.code);
+            ensure!(s.reason == "Expired", "reason {}, want Expired", s.reason);
             ensure!(
-                s.code == 410,
-                "watch from {from}: HTTP {} {}",
-                s.code,
+                s.message
+                    .starts_with(&format!("too old resource version: {from} (")),
+                "message {:?}",
                 s.message
             );
         }
-        Err(e) => return Err(Failure(format!("watch from {from}: {e}"))),
-        Ok(stream) => {
-            let mut stream = stream.boxed();
-            match next_event(&mut stream, "410 ERROR event").await? {
-                WatchEvent::Error(s) => {
-                    ensure!(s.code == 410, "ERROR event code {}, want 410", s.code);
-                    ensure!(
-                        s.reason == "Expired" || s.reason == "Gone",
-                        "reason {}",
-                        s.reason
-                    );
-                    ensure!(
-                        s.message.contains("too old resource version"),
-                        "message {:?}",
-                        s.message
-                    );
-                }
-                other => {
-                    return Err(Failure(format!(
-                        "watch from {from}: {}, want ERROR 410",
-                        describe(&other)
-                    )));
-                }
-            }
+        other => {
+            return Err(Failure(format!(
+                "watch from {from}: {}, want ERROR 410",
+                describe(&other)
+            )));
         }
     }
     Ok(Outcome::Passed)
@@ -806,11 +850,11 @@ pub async fn stale_update_conflict(env: Env) -> CaseResult {
         422,
         "custom resource PUT without resourceVersion",
     )?;
-    ensure!(
-        s.message.contains("metadata.resourceVersion"),
-        "message {:?}",
-        s.message
+    let want = format!(
+        "antstorvolumes.volume.antstor.alipay.com \"{name}\" is invalid: \
+         metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
     );
+    ensure!(s.message == want, "message {:?}, want {want:?}", s.message);
     Ok(Outcome::Passed)
 }
 
@@ -872,7 +916,15 @@ pub async fn finalizer_deletion(env: Env) -> CaseResult {
         .watch(&WatchParams::default().timeout(60), &rv_of(&created))
         .await?
         .boxed();
-    api.delete(&name, &DeleteParams::default()).await?;
+    let answer = api.delete(&name, &DeleteParams::default()).await?;
+    ensure!(
+        answer
+            .clone()
+            .left()
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some()),
+        "delete of an object with finalizers answered {:?}, want the marked object",
+        answer.right()
+    );
     let marked = api.get(&name).await?;
     ensure!(
         marked.metadata.deletion_timestamp.is_some(),
@@ -1138,33 +1190,68 @@ pub async fn server_side_apply(env: Env) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// Invalid objects are 422 Invalid naming the field.
+/// Invalid objects are 422 Invalid naming the field, worded exactly as kube-apiserver 1.26
+/// words them (message, and each cause's field and body).
 pub async fn invalid_objects(env: Env) -> CaseResult {
     let api = volumes(&env);
     let p = &env.prefix;
+    let qualified = |name: &str| format!("AntstorVolume.volume.antstor.alipay.com \"{name}\"");
     let cases = [
         (
-            volume_json(&format!("{p}-empty"), "", 1),
-            "spec.uuid must not be empty",
+            format!("{p}-empty"),
+            "",
+            1,
+            None,
+            (
+                "spec",
+                "Invalid value: \"object\": spec.uuid must not be empty",
+            ),
         ),
         (
-            {
-                let mut v = volume_json(&format!("{p}-enum"), "u", 1);
-                v["spec"]["positionAdvice"] = json!("Nowhere");
-                v
-            },
-            "spec.positionAdvice: Unsupported value: \"Nowhere\"",
+            format!("{p}-enum"),
+            "u",
+            1,
+            Some("Nowhere"),
+            (
+                "spec.positionAdvice",
+                "Unsupported value: \"Nowhere\": supported values: \"MustLocal\", \
+                 \"PreferLocal\", \"PreferRemote\", \"MustRemote\", \"\"",
+            ),
         ),
-        (volume_json(&format!("{p}-neg"), "u", -1), "spec.sizeByte"),
+        (
+            format!("{p}-neg"),
+            "u",
+            -1,
+            None,
+            (
+                "spec.sizeByte",
+                "Invalid value: -1: spec.sizeByte in body should be greater than or equal to 0",
+            ),
+        ),
     ];
-    for (body, want) in cases {
-        let obj: DynamicObject = serde_json::from_value(body)?;
-        let s = api_error(api.create(&PostParams::default(), &obj).await, 422, want)?;
-        ensure!(s.reason == "Invalid", "{want}: reason {}", s.reason);
+    for (name, uuid, size, advice, (field, body)) in cases {
+        let mut v = volume_json(&name, uuid, size);
+        if let Some(a) = advice {
+            v["spec"]["positionAdvice"] = json!(a);
+        }
+        let obj: DynamicObject = serde_json::from_value(v)?;
+        let s = api_error(api.create(&PostParams::default(), &obj).await, 422, &name)?;
+        ensure!(s.reason == "Invalid", "{name}: reason {}", s.reason);
+        let want = format!("{} is invalid: {field}: {body}", qualified(&name));
+        ensure!(s.message == want, "message {:?}, want {want:?}", s.message);
+        let causes: Vec<(String, String)> = s
+            .details
+            .as_ref()
+            .map(|d| {
+                d.causes
+                    .iter()
+                    .map(|c| (c.field.clone(), c.message.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         ensure!(
-            s.message.contains(want),
-            "message {:?} does not contain {want:?}",
-            s.message
+            causes == vec![(field.to_string(), body.to_string())],
+            "{name}: causes {causes:?}"
         );
     }
     let name = format!("{p}-imm");
@@ -1179,8 +1266,187 @@ pub async fn invalid_objects(env: Env) -> CaseResult {
         422,
         "changing spec.uuid",
     )?;
+    let want = format!(
+        "{} is invalid: spec: Invalid value: \"object\": spec.uuid is immutable",
+        qualified(&name)
+    );
+    ensure!(s.message == want, "message {:?}, want {want:?}", s.message);
+    Ok(Outcome::Passed)
+}
+
+/// Request details kube-apiserver 1.26 gets right and components may meet: the
+/// `kind`/`apiVersion` checks of a custom resource, validation rules skipped after a
+/// blocking schema error, name validation, delete preconditions, what DELETE answers (the
+/// object while finalizers hold it, else a success `Status`) and the wording of an
+/// unsupported field selector on a built-in without field-label conversion.
+pub async fn request_details(env: Env) -> CaseResult {
+    let path = volumes_path(&env);
+    let av = "volume.antstor.alipay.com/v1";
+    let post = |body: Value| {
+        let env = env.clone();
+        let path = path.clone();
+        async move {
+            raw(
+                &env,
+                "POST",
+                &path,
+                "application/json",
+                body.to_string().as_bytes(),
+            )
+            .await
+        }
+    };
+    let spec = json!({"uuid": "u", "sizeByte": 1});
+
+    let (code, body) =
+        post(json!({"apiVersion": av, "metadata": {"name": "nokind"}, "spec": spec})).await?;
     ensure!(
-        s.message.contains("spec.uuid is immutable"),
+        code == 400
+            && body["reason"] == json!("BadRequest")
+            && body["message"].as_str().is_some_and(|m| m.starts_with(
+                "the object provided is unrecognized (must be of type AntstorVolume): \
+                 Object 'Kind' is missing in "
+            )),
+        "no kind: HTTP {code} {body}"
+    );
+    let (code, body) =
+        post(json!({"kind": "AntstorVolume", "metadata": {"name": "noav"}, "spec": spec})).await?;
+    ensure!(
+        code == 400
+            && body["message"]
+                == json!(format!(
+                    "the API version in the data () does not match the expected API version ({av})"
+                )),
+        "no apiVersion: HTTP {code} {body}"
+    );
+    let (code, body) = post(
+        json!({"apiVersion": av, "kind": "StoragePool", "metadata": {"name": "k"}, "spec": spec}),
+    )
+    .await?;
+    ensure!(
+        code == 422
+            && body["message"]
+                == json!(
+                    "StoragePool.volume.antstor.alipay.com \"k\" is invalid: kind: Invalid \
+                     value: \"StoragePool\": must be AntstorVolume"
+                ),
+        "other kind: HTTP {code} {body}"
+    );
+    let (code, body) = post(
+        json!({"apiVersion": av, "kind": "AntstorVolume", "metadata": {"name": "t"},
+        "spec": {"uuid": "", "sizeByte": "big"}}),
+    )
+    .await?;
+    ensure!(
+        code == 422
+            && body["message"]
+                == json!(
+                    "AntstorVolume.volume.antstor.alipay.com \"t\" is invalid: [spec.sizeByte: \
+                     Invalid value: \"string\": spec.sizeByte in body must be of type integer: \
+                     \"string\", <nil>: Invalid value: \"null\": some validation rules were not \
+                     checked because the object was invalid; correct the existing errors to \
+                     complete validation]"
+                ),
+        "type error: HTTP {code} {body}"
+    );
+    let (code, body) = post(json!({"apiVersion": av, "kind": "AntstorVolume", "metadata": {"name": "Bad_Name"}, "spec": spec})).await?;
+    ensure!(
+        code == 422
+            && body["message"]
+                == json!(
+                    "AntstorVolume.volume.antstor.alipay.com \"Bad_Name\" is invalid: \
+                     metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain \
+                     must consist of lower case alphanumeric characters, '-' or '.', and must \
+                     start and end with an alphanumeric character (e.g. 'example.com', regex \
+                     used for validation is \
+                     '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+                ),
+        "bad name: HTTP {code} {body}"
+    );
+
+    let api = volumes(&env);
+    let name = format!("{}-del", env.prefix);
+    let created = api.create(&PostParams::default(), &volume(&name)?).await?;
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    let wrong_uid = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some("wrong".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let s = api_error(
+        api.delete(&name, &wrong_uid).await,
+        409,
+        "delete with another uid",
+    )?;
+    let want = format!(
+        "Operation cannot be fulfilled on AntstorVolume.volume.antstor.alipay.com \"{name}\": \
+         the UID in the precondition (wrong) does not match the UID in record ({uid}). The \
+         object might have been deleted and then recreated"
+    );
+    ensure!(s.message == want, "message {:?}, want {want:?}", s.message);
+    let stale_rv = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: None,
+            resource_version: Some("1".into()),
+        }),
+        ..DeleteParams::default()
+    };
+    let s = api_error(
+        api.delete(&name, &stale_rv).await,
+        409,
+        "delete with an old resourceVersion",
+    )?;
+    let want = format!(
+        "Operation cannot be fulfilled on AntstorVolume.volume.antstor.alipay.com \"{name}\": \
+         the ResourceVersion in the precondition (1) does not match the ResourceVersion in \
+         record ({}). The object might have been modified",
+        rv_of(&created)
+    );
+    ensure!(s.message == want, "message {:?}, want {want:?}", s.message);
+    let answer = api.delete(&name, &DeleteParams::default()).await?;
+    ensure!(
+        answer.clone().right().is_some_and(|s| s.status
+            == Some(kube::core::response::StatusSummary::Success)
+            && s.details.as_ref().is_some_and(|d| d.name == name
+                && d.group == "volume.antstor.alipay.com"
+                && d.kind == "antstorvolumes"
+                && d.uid == uid)),
+        "deleting a custom resource answered {:?}, want a success Status",
+        answer
+    );
+
+    let leases = leases(&env);
+    let lname = format!("{}-l", env.prefix);
+    let lease: Lease = serde_json::from_value(json!({"metadata": {"name": lname}}))?;
+    let l = leases.create(&PostParams::default(), &lease).await?;
+    let answer = leases.delete(&lname, &DeleteParams::default()).await?;
+    let Some(s) = answer.clone().right() else {
+        return Err(Failure(format!(
+            "deleting a Lease answered the object {:?}, want a success Status",
+            answer.left().and_then(|o| o.metadata.name)
+        )));
+    };
+    ensure!(
+        s.status == Some(kube::core::response::StatusSummary::Success)
+            && s.details.as_ref().is_some_and(|d| d.name == lname
+                && d.group == "coordination.k8s.io"
+                && d.kind == "leases"
+                && l.metadata.uid.as_deref() == Some(d.uid.as_str())),
+        "Lease delete answered {s:?}"
+    );
+    let s = api_error(
+        leases
+            .list(&ListParams::default().fields("spec.holderIdentity=x"))
+            .await,
+        400,
+        "unsupported field selector on leases",
+    )?;
+    ensure!(
+        s.message
+            == "\"spec.holderIdentity\" is not a known field selector: only \"metadata.name\", \
+                \"metadata.namespace\"",
         "message {:?}",
         s.message
     );
@@ -1205,27 +1471,58 @@ pub async fn malformed_json(env: Env) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// Unknown resources are 404 with a Status body.
+/// Unknown resources are 404. kube-apiserver answers an unknown path under `/api` or a
+/// built-in group with a `Status` (NotFound); an unknown path under a CRD's group or an
+/// unknown group falls through to the end of its delegation chain: plain-text
+/// `404 page not found`. An unknown subresource of a custom resource is NotFound for the
+/// object.
 pub async fn unknown_resource(env: Env) -> CaseResult {
-    let path = format!(
-        "/apis/volume.antstor.alipay.com/v1/namespaces/{}/nosuchthings",
-        env.namespace
-    );
+    let ns = &env.namespace;
+    for path in [
+        format!("/api/v1/namespaces/{ns}/nosuchthings"),
+        "/apis/coordination.k8s.io/v1/nosuchthings".to_string(),
+        "/apis/coordination.k8s.io/v9/leases".to_string(),
+    ] {
+        let (code, _, body) = raw_bytes(&env, "GET", &path, "application/json", b"").await?;
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        ensure!(code == 404, "HTTP {code} for {path}, want 404");
+        ensure!(
+            body["kind"] == json!("Status")
+                && body["reason"] == json!("NotFound")
+                && body["message"] == json!("the server could not find the requested resource"),
+            "{path}: body {body}"
+        );
+    }
+    for path in [
+        format!("/apis/volume.antstor.alipay.com/v1/namespaces/{ns}/nosuchthings"),
+        "/apis/volume.antstor.alipay.com/v9/antstorvolumes".to_string(),
+        "/apis/volume.antstor.alipay.com/v1/antstorvolumes/x".to_string(),
+        "/apis/no.such.group/v1/things".to_string(),
+        "/apis/no.such.group".to_string(),
+    ] {
+        let (code, content_type, body) =
+            raw_bytes(&env, "GET", &path, "application/json", b"").await?;
+        ensure!(code == 404, "HTTP {code} for {path}, want 404");
+        ensure!(
+            content_type.starts_with("text/plain") && body == b"404 page not found\n",
+            "{path}: {content_type} {:?}, want text/plain \"404 page not found\"",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let api = volumes(&env);
+    let name = format!("{}-sub", env.prefix);
+    api.create(&PostParams::default(), &volume(&name)?).await?;
+    let path = format!("{}/{name}/scale", volumes_path(&env));
     let (code, body) = raw(&env, "GET", &path, "application/json", b"").await?;
-    ensure!(code == 404, "HTTP {code} for {path}, want 404");
     ensure!(
-        body["kind"] == json!("Status") && body["reason"] == json!("NotFound"),
-        "body {body}"
+        code == 404
+            && body["reason"] == json!("NotFound")
+            && body["message"]
+                == json!(format!(
+                    "antstorvolumes.volume.antstor.alipay.com \"{name}\" not found"
+                )),
+        "{path}: HTTP {code} {body}"
     );
-    let (code, _) = raw(
-        &env,
-        "GET",
-        "/apis/no.such.group/v1/things",
-        "application/json",
-        b"",
-    )
-    .await?;
-    ensure!(code == 404, "HTTP {code} for an unknown group, want 404");
     Ok(Outcome::Passed)
 }
 
@@ -1444,6 +1741,7 @@ pub const CASES: &[&str] = &[
     "json_patch",
     "server_side_apply",
     "invalid_objects",
+    "request_details",
     "malformed_json",
     "unknown_resource",
     "patch_media_and_names",

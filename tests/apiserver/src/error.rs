@@ -91,6 +91,8 @@ pub struct Cause {
     pub message: String,
 }
 
+const NO_ROUTE: &str = "the server could not find the requested resource";
+
 /// A failed request: becomes a `Status` body with the matching HTTP code.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{code} {}: {message}", reason.as_str())]
@@ -155,13 +157,14 @@ impl ApiError {
 
     /// 404 for a path the server does not serve.
     pub fn no_route() -> Self {
-        let mut e = Self::new(
-            404,
-            Reason::NotFound,
-            "the server could not find the requested resource",
-        );
+        let mut e = Self::new(404, Reason::NotFound, NO_ROUTE);
         e.details = Some(Box::new((String::new(), String::new(), String::new())));
         e
+    }
+
+    /// Whether this is the 404 of [`ApiError::no_route`].
+    pub fn is_no_route(&self) -> bool {
+        self.code == 404 && self.reason == Reason::NotFound && self.message == NO_ROUTE
     }
 
     /// 404 for a missing object.
@@ -206,6 +209,26 @@ impl ApiError {
             ),
         );
         e.details = s.details();
+        e
+    }
+
+    /// 409 Conflict on a failed delete precondition; kube-apiserver names the kind here.
+    pub fn precondition_failed(kind: &str, group: &str, name: &str, why: &str) -> Self {
+        let qualified = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
+        let mut e = Self::new(
+            409,
+            Reason::Conflict,
+            format!("Operation cannot be fulfilled on {qualified} \"{name}\": {why}"),
+        );
+        e.details = Some(Box::new((
+            name.to_string(),
+            group.to_string(),
+            kind.to_string(),
+        )));
         e
     }
 
@@ -288,7 +311,16 @@ impl ApiError {
                 let causes: Vec<Value> = self
                     .causes
                     .iter()
-                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .map(|c| {
+                        // kube-apiserver's cause message is the error body without the field
+                        // path (`field.Error.ErrorBody()`); the field path is in `field`.
+                        let body = c
+                            .message
+                            .strip_prefix(c.field.as_str())
+                            .and_then(|m| m.strip_prefix(": "))
+                            .unwrap_or(&c.message);
+                        json!({"reason": c.reason, "message": body, "field": c.field})
+                    })
                     .collect();
                 d.insert("causes".into(), Value::Array(causes));
             }

@@ -81,9 +81,44 @@ pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Respo
         }
         Err(e) => {
             tracing::debug!(%method, %path, status = e.code, message = %e.message, "request failed");
+            if e.is_no_route() && !served_by_kube_apiserver(&path) {
+                return full(
+                    StatusCode::NOT_FOUND,
+                    "text/plain; charset=utf-8",
+                    b"404 page not found\n".to_vec(),
+                );
+            }
             error_response(&e)
         }
     }
+}
+
+/// Whether kube-apiserver itself (not the CRD handler or the end of its delegation chain)
+/// answers unknown paths under `path`: `/api/...` and the built-in groups.
+fn served_by_kube_apiserver(path: &str) -> bool {
+    let mut segs = path.split('/').filter(|s| !s.is_empty());
+    match (segs.next(), segs.next()) {
+        (Some("api"), _) => true,
+        (Some("apis"), Some(g)) => crate::resources::KUBE_APISERVER_GROUPS.contains(&g),
+        _ => false,
+    }
+}
+
+/// Parses a field selector for `res`, worded as kube-apiserver words an unsupported field:
+/// kinds with a field-label conversion (and custom resources) say "field label not
+/// supported"; the other built-ins fall back to the default conversion's message.
+fn field_selector(res: &ResourceInfo, s: &str) -> Result<FieldSelector, ApiError> {
+    FieldSelector::parse(s, &res.selectable_fields).map_err(|mut e| {
+        if !res.custom
+            && res.selectable_fields.is_empty()
+            && let Some(field) = e.message.strip_prefix("field label not supported: ")
+        {
+            e.message = format!(
+                "\"{field}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+            );
+        }
+        e
+    })
 }
 
 struct Query(HashMap<String, String>);
@@ -238,6 +273,14 @@ async fn resource(
     let status_only = match p.sub.as_deref() {
         None => false,
         Some("status") if res.has_status => true,
+        // The CRD handler answers an unknown subresource with NotFound for the object.
+        Some(_) if res.custom => {
+            return Err(ApiError::not_found(crate::error::Subject {
+                group: &res.group,
+                plural: &res.plural,
+                name: p.name.as_deref().unwrap_or_default(),
+            }));
+        }
         Some(_) => return Err(ApiError::no_route()),
     };
     let query = Query::parse(req.uri().query());
@@ -394,14 +437,30 @@ async fn resource(
                 parse_json(&body)?
             };
             let out = shared.write(|s| s.delete(&res, &ns, &name, &options, opts.dry_run))?;
+            let removed = out
+                .pointer("/metadata/deletionTimestamp")
+                .is_none_or(Value::is_null);
+            if removed && !res.delete_returns_object {
+                // Registries without `ReturnDeletedObject` answer with a success Status.
+                let uid = out.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+                let mut details = serde_json::Map::new();
+                details.insert("name".into(), json!(name));
+                if !res.group.is_empty() {
+                    details.insert("group".into(), json!(res.group));
+                }
+                details.insert("kind".into(), json!(res.plural));
+                details.insert("uid".into(), uid);
+                return Ok(json_response(
+                    200,
+                    &json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Success", "details": details}),
+                ));
+            }
             Ok(json_response(200, &out))
         }
         Verb::DeleteCollection => {
             let label = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())?;
-            let field = FieldSelector::parse(
-                query.get("fieldSelector").unwrap_or_default(),
-                &res.selectable_fields,
-            )?;
+            let field = field_selector(&res, query.get("fieldSelector").unwrap_or_default())?;
             let scope = p.namespace.clone();
             let items = shared.write(|s| {
                 s.delete_collection(&res, scope.as_deref(), &|o| {
@@ -426,10 +485,7 @@ fn list(
     table: bool,
 ) -> Result<Response<Body>, ApiError> {
     let label = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())?;
-    let field = FieldSelector::parse(
-        query.get("fieldSelector").unwrap_or_default(),
-        &res.selectable_fields,
-    )?;
+    let field = field_selector(res, query.get("fieldSelector").unwrap_or_default())?;
     let limit: Option<usize> = match query.get("limit") {
         None | Some("") | Some("0") => None,
         Some(l) => Some(
@@ -517,10 +573,7 @@ fn watch_stream(
     mut drops: tokio::sync::broadcast::Receiver<Option<String>>,
 ) -> Result<Response<Body>, ApiError> {
     let label = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())?;
-    let field = FieldSelector::parse(
-        query.get("fieldSelector").unwrap_or_default(),
-        &res.selectable_fields,
-    )?;
+    let field = field_selector(res, query.get("fieldSelector").unwrap_or_default())?;
     let start: Option<u64> = match query.get("resourceVersion") {
         None | Some("") | Some("0") => None,
         Some(rv) => Some(rv.parse().map_err(|_| {

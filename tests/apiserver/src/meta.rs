@@ -29,9 +29,9 @@ pub fn name_suffix() -> String {
         .collect()
 }
 
-fn dns_label(s: &str) -> bool {
+/// The DNS-1123 label pattern, without the length limit.
+fn dns_label_chars(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 63
         && s.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
@@ -40,23 +40,43 @@ fn dns_label(s: &str) -> bool {
 
 /// Validates `metadata.name` as a DNS-1123 subdomain (or label for namespaces).
 pub fn check_name(name: &str, label_only: bool) -> Option<Cause> {
-    let ok = if label_only {
-        dns_label(name)
+    // apimachinery's IsDNS1123Label / IsDNS1123Subdomain: the length error, then the
+    // pattern error with its examples and regex; several are joined by ", ".
+    let (max, ok, what) = if label_only {
+        (
+            63,
+            dns_label_chars(name),
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or \
+             '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or \
+             '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+        )
     } else {
-        name.len() <= 253 && name.split('.').all(dns_label)
+        (
+            253,
+            name.split('.').all(|l| !l.is_empty() && dns_label_chars(l)),
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, \
+             '-' or '.', and must start and end with an alphanumeric character (e.g. \
+             'example.com', regex used for validation is \
+             '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+        )
     };
-    if ok {
+    let mut errs = Vec::new();
+    if name.len() > max {
+        errs.push(format!("must be no more than {max} characters"));
+    }
+    if !ok {
+        errs.push(what.to_string());
+    }
+    if errs.is_empty() {
         return None;
     }
-    let what = if label_only {
-        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
-    } else {
-        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
-    };
     Some(Cause {
         reason: "FieldValueInvalid",
         field: "metadata.name".into(),
-        message: format!("metadata.name: Invalid value: \"{name}\": {what}"),
+        message: format!(
+            "metadata.name: Invalid value: \"{name}\": {}",
+            errs.join(", ")
+        ),
     })
 }
 

@@ -34,6 +34,9 @@ pub struct ResourceInfo {
     pub create_on_update: bool,
     /// `status` given on create is kept (Node).
     pub keep_status_on_create: bool,
+    /// DELETE answers with the deleted object (`ReturnDeletedObject` in kube-apiserver's
+    /// registry); otherwise with a success `Status`.
+    pub delete_returns_object: bool,
     /// Field paths besides `metadata.name`/`metadata.namespace` usable in field selectors.
     pub selectable_fields: Vec<String>,
     /// The `openAPIV3Schema` of a custom resource.
@@ -228,6 +231,32 @@ const BUILTINS: &[Builtin] = &[
     },
 ];
 
+/// The API groups kube-apiserver 1.26 serves itself (through go-restful). An unknown path
+/// under `/api` or under one of these groups is a `Status` 404; any other unknown path,
+/// including one under a CRD's group, is the plain-text `404 page not found` of the end of
+/// kube-apiserver's delegation chain.
+pub const KUBE_APISERVER_GROUPS: &[&str] = &[
+    "admissionregistration.k8s.io",
+    "apiextensions.k8s.io",
+    "apiregistration.k8s.io",
+    "apps",
+    "authentication.k8s.io",
+    "authorization.k8s.io",
+    "autoscaling",
+    "batch",
+    "certificates.k8s.io",
+    "coordination.k8s.io",
+    "discovery.k8s.io",
+    "events.k8s.io",
+    "flowcontrol.apiserver.k8s.io",
+    "networking.k8s.io",
+    "node.k8s.io",
+    "policy",
+    "rbac.authorization.k8s.io",
+    "scheduling.k8s.io",
+    "storage.k8s.io",
+];
+
 /// The built-in resources.
 pub fn builtins() -> Vec<ResourceInfo> {
     BUILTINS
@@ -248,9 +277,28 @@ pub fn builtins() -> Vec<ResourceInfo> {
             },
             custom: false,
             tracks_generation: b.plural == "customresourcedefinitions",
-            unconditional_update: b.plural != "customresourcedefinitions",
+            // `AllowUnconditionalUpdate()` of each registry strategy in Kubernetes 1.26.
+            unconditional_update: !matches!(
+                b.plural,
+                "customresourcedefinitions"
+                    | "leases"
+                    | "csidrivers"
+                    | "csinodes"
+                    | "volumeattachments"
+            ),
             create_on_update: matches!(b.plural, "events" | "leases"),
             keep_status_on_create: b.plural == "nodes",
+            delete_returns_object: matches!(
+                b.plural,
+                "namespaces"
+                    | "persistentvolumes"
+                    | "persistentvolumeclaims"
+                    | "pods"
+                    | "storageclasses"
+                    | "csidrivers"
+                    | "csinodes"
+                    | "volumeattachments"
+            ),
             selectable_fields: b.fields.iter().map(|s| s.to_string()).collect(),
             schema: None,
             printer_columns: Vec::new(),
@@ -306,6 +354,8 @@ pub fn from_crd(crd: &Value) -> Vec<ResourceInfo> {
                 unconditional_update: false,
                 create_on_update: false,
                 keep_status_on_create: false,
+                // The CRD handler's store does not set `ReturnDeletedObject`.
+                delete_returns_object: false,
                 selectable_fields: v["selectableFields"]
                     .as_array()
                     .map(|a| {

@@ -15,6 +15,41 @@ pub struct Checked {
     pub causes: Vec<Cause>,
     /// Paths of unknown fields that were pruned.
     pub pruned: Vec<String>,
+    /// Failed `x-kubernetes-validations` rules, kept apart: kube-apiserver evaluates them
+    /// after the schema and only when no blocking error (Required, TooLong, TooMany,
+    /// TypeInvalid) was found.
+    rule_causes: Vec<Cause>,
+}
+
+/// Whether a schema has any `x-kubernetes-validations` (kube-apiserver then has a CEL
+/// validator for the version).
+pub fn has_rules(schema: &Value) -> bool {
+    match schema {
+        Value::Object(m) => m
+            .iter()
+            .any(|(k, v)| k == "x-kubernetes-validations" || has_rules(v)),
+        Value::Array(a) => a.iter().any(has_rules),
+        _ => false,
+    }
+}
+
+/// The error kube-apiserver adds instead of evaluating the validation rules when the object
+/// already has a blocking error.
+pub fn rules_not_checked() -> Cause {
+    Cause {
+        reason: "FieldValueInvalid",
+        field: "<nil>".to_string(),
+        message: "<nil>: Invalid value: \"null\": some validation rules were not checked because \
+                  the object was invalid; correct the existing errors to complete validation"
+            .to_string(),
+    }
+}
+
+fn blocking(c: &Cause) -> bool {
+    matches!(
+        c.reason,
+        "FieldValueRequired" | "FieldValueTooLong" | "FieldValueTooMany" | "FieldValueTypeInvalid"
+    )
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -55,6 +90,14 @@ fn invalid(path: &str, shown: &str, detail: &str) -> Cause {
 pub fn check(schema: &Value, value: &mut Value, old: Option<&Value>) -> Checked {
     let mut out = Checked::default();
     walk(schema, value, old, "", &mut out);
+    let rules = std::mem::take(&mut out.rule_causes);
+    if has_rules(schema) {
+        if out.causes.iter().any(blocking) {
+            out.causes.push(rules_not_checked());
+        } else {
+            out.causes.extend(rules);
+        }
+    }
     out
 }
 
@@ -199,7 +242,7 @@ fn walk(schema: &Value, value: &mut Value, old: Option<&Value>, path: &str, out:
                     .map(str::to_string)
                     .unwrap_or_else(|| format!("failed rule: {src}"));
                 let shown = format!("\"{}\"", type_name(value));
-                out.causes.push(invalid(path, &shown, &message));
+                out.rule_causes.push(invalid(path, &shown, &message));
             }
         }
     }

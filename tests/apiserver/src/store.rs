@@ -376,17 +376,17 @@ impl State {
         if name.is_empty() {
             let prefix = meta_str(&obj, "generateName").to_string();
             if prefix.is_empty() {
-                return Err(ApiError::invalid(
-                    &res.kind,
-                    &res.group,
-                    "",
-                    vec![Cause {
-                        reason: "FieldValueRequired",
-                        field: "metadata.name".into(),
-                        message: "metadata.name: Required value: name or generateName is required"
-                            .into(),
-                    }],
-                ));
+                let mut causes = vec![Cause {
+                    reason: "FieldValueRequired",
+                    field: "metadata.name".into(),
+                    message: "metadata.name: Required value: name or generateName is required"
+                        .into(),
+                }];
+                // A Required error blocks the CRD's validation rules, which says so.
+                if res.schema.as_ref().is_some_and(schema::has_rules) {
+                    causes.push(schema::rules_not_checked());
+                }
+                return Err(ApiError::invalid(&res.kind, &res.group, "", causes));
             }
             name = format!("{prefix}{}", meta::name_suffix());
             set_meta(&mut obj, "name", json!(name));
@@ -495,8 +495,10 @@ impl State {
         let body_rv = meta_str(&body, "resourceVersion");
         if body_rv.is_empty() {
             if !res.unconditional_update {
+                // kube-apiserver's generic store names the resource here, not the kind:
+                // `leases.coordination.k8s.io "x" is invalid: ...`.
                 return Err(ApiError::invalid(
-                    &res.kind,
+                    &res.plural,
                     &res.group,
                     name,
                     vec![Cause {
@@ -748,10 +750,13 @@ impl State {
         {
             let have = meta_str(&old, "uid");
             if uid != have {
-                return Err(ApiError::conflict_with(
-                    subject(res, name),
+                return Err(ApiError::precondition_failed(
+                    &res.kind,
+                    &res.group,
+                    name,
                     &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                        "the UID in the precondition ({uid}) does not match the UID in record \
+                         ({have}). The object might have been deleted and then recreated"
                     ),
                 ));
             }
@@ -762,10 +767,13 @@ impl State {
         {
             let have = meta_str(&old, "resourceVersion");
             if rv != have {
-                return Err(ApiError::conflict_with(
-                    subject(res, name),
+                return Err(ApiError::precondition_failed(
+                    &res.kind,
+                    &res.group,
+                    name,
                     &format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {have}"
+                        "the ResourceVersion in the precondition ({rv}) does not match the \
+                         ResourceVersion in record ({have}). The object might have been modified"
                     ),
                 ));
             }
@@ -908,23 +916,44 @@ pub enum PatchKind {
     Apply,
 }
 
+/// The `apiVersion`/`kind` checks of a body. Built-ins default missing ones (typed
+/// decoding); custom resources need both: a missing kind fails decoding (400), a missing or
+/// other apiVersion is 400, another kind is 422 on `kind`.
 fn check_type(res: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
-    if let Some(kind) = obj.get("kind").and_then(Value::as_str)
-        && !kind.is_empty()
-        && kind != res.kind
-    {
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let av = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if res.custom && kind.is_empty() {
         return Err(ApiError::bad_request(format!(
-            "the kind in the data ({kind}) does not match the expected kind ({})",
+            "the object provided is unrecognized (must be of type {}): Object 'Kind' is missing in '{obj}'",
             res.kind
         )));
     }
-    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
-        && !av.is_empty()
-        && av != res.api_version()
-    {
+    if (res.custom || !av.is_empty()) && av != res.api_version() {
         return Err(ApiError::bad_request(format!(
             "the API version in the data ({av}) does not match the expected API version ({})",
             res.api_version()
+        )));
+    }
+    if !kind.is_empty() && kind != res.kind {
+        if res.custom {
+            let name = meta_str(obj, "name");
+            return Err(ApiError::invalid(
+                kind,
+                &res.group,
+                name,
+                vec![Cause {
+                    reason: "FieldValueInvalid",
+                    field: "kind".into(),
+                    message: format!("kind: Invalid value: \"{kind}\": must be {}", res.kind),
+                }],
+            ));
+        }
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({kind}) does not match the expected kind ({})",
+            res.kind
         )));
     }
     Ok(())

@@ -65,6 +65,7 @@ cases!(
     json_patch,
     server_side_apply,
     invalid_objects,
+    request_details,
     malformed_json,
     unknown_resource,
     patch_media_and_names,

@@ -1,0 +1,303 @@
+//! Wiring: start every task of the agent, stop them in order.
+//!
+//! [`Agent::start`] prepares the pool (`ensure_pool`), loads the host NQN, starts the metrics
+//! server, and spawns a supervisor that registers the StoragePool (retrying until it
+//! succeeds), runs one recovery scan, then runs the heartbeat, the pool reporter, the volume
+//! and snapshot syncs and the periodic orphan scan. [`Agent::shutdown`] stops the watches,
+//! lets the pool reporter write a final status, and stops the heartbeat; nothing that holds
+//! data is released (volumes, exports of the engine and the Lease stay as they are).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+use crate::config::{Config, PoolingMode};
+use crate::context::Ctx;
+use crate::engine::{EngineError, FileEngine, LvmEngine, PoolEngine, PoolInfo};
+use crate::exporter::Exporter;
+use crate::heartbeat::{Heartbeat, HeartbeatOptions, HeartbeatState};
+use crate::metrics::{self, Metrics, MetricsError};
+use crate::pool::{self, PoolOptions, PoolReporter};
+use crate::recovery::Recovery;
+use crate::sync;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The pool engine configured cannot be built into this binary.
+    #[error("storage.pooling.mode {mode} needs {needs}")]
+    EngineUnavailable {
+        /// Configured mode.
+        mode: PoolingMode,
+        /// What is missing.
+        needs: &'static str,
+    },
+    /// The pool could not be created or loaded.
+    #[error("cannot prepare pool {pool}")]
+    Pool {
+        /// Pool name.
+        pool: String,
+        /// The engine error.
+        #[source]
+        source: EngineError,
+    },
+    /// The pool preparation task did not complete.
+    #[error("pool preparation of {pool} did not complete")]
+    Join {
+        /// Pool name.
+        pool: String,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Metrics could not be set up.
+    #[error("metrics")]
+    Metrics(#[source] MetricsError),
+}
+
+impl StartError {
+    /// Bounded classification.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::EngineUnavailable { .. } => "engine_unavailable",
+            Self::Pool { .. } | Self::Join { .. } => "pool",
+            Self::Metrics(_) => "metrics",
+        }
+    }
+}
+
+/// Builds the configured engine (without SPDK: File and KernelLVM).
+pub fn engine_from_config(cfg: &Config) -> Result<Arc<dyn PoolEngine>, StartError> {
+    let st = &cfg.storage;
+    match st.pooling.mode {
+        PoolingMode::File => {
+            let Some(f) = &st.file else {
+                // Config::validate refuses this; keep the message useful anyway.
+                return Err(StartError::EngineUnavailable {
+                    mode: PoolingMode::File,
+                    needs: "storage.file.path",
+                });
+            };
+            Ok(Arc::new(FileEngine::new(&st.pooling.name, &f.path, f.size)))
+        }
+        PoolingMode::KernelLvm => Ok(Arc::new(LvmEngine::new(&st.pooling.name, st.pvs.clone()))),
+        PoolingMode::SpdkLvStore => Err(StartError::EngineUnavailable {
+            mode: PoolingMode::SpdkLvStore,
+            needs: "the SPDK engine (build with --features spdk once it implements PoolEngine)",
+        }),
+    }
+}
+
+/// Everything the agent needs besides the client, engine and exporter.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    /// Node name.
+    pub node: String,
+    /// The config file's content.
+    pub config: Config,
+    /// Where the host NQN is read (and written when generated).
+    pub host_nqn_path: PathBuf,
+    /// Heartbeat timings.
+    pub heartbeat: HeartbeatOptions,
+    /// Safety-net resync of the pool status, settled objects and the orphan scan.
+    pub resync: Duration,
+    /// Requeue delay after a failed reconcile or write.
+    pub retry: Duration,
+    /// Limit of one API request.
+    pub request_timeout: Duration,
+    /// Metrics address (`None` = no server); port 0 picks one.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl AgentOptions {
+    /// Production defaults from the config: resync 5 min, retry 1 s, requests 10 s.
+    pub fn from_config(node: impl Into<String>, config: Config) -> Self {
+        Self {
+            node: node.into(),
+            heartbeat: HeartbeatOptions::from_config(&config.heartbeat),
+            metrics_addr: config.metrics.listen_address,
+            config,
+            host_nqn_path: pool::default_host_nqn_path(),
+            resync: Duration::from_secs(300),
+            retry: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Agent {
+    ctx: Arc<Ctx>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    metrics_addr: Option<SocketAddr>,
+    heartbeat: watch::Receiver<HeartbeatState>,
+    pool: PoolInfo,
+}
+
+impl Agent {
+    /// Prepares the pool and starts every task. Errors: the pool cannot be prepared or the
+    /// metrics address cannot be bound. API failures do not fail the start: the supervisor
+    /// retries them.
+    pub async fn start(
+        client: Client,
+        engine: Arc<dyn PoolEngine>,
+        exporter: Arc<dyn Exporter>,
+        opts: AgentOptions,
+    ) -> Result<Self, StartError> {
+        let pool_name = opts.config.storage.pooling.name.clone();
+        let e = Arc::clone(&engine);
+        let pool = tokio::task::spawn_blocking(move || e.ensure_pool())
+            .await
+            .map_err(|source| StartError::Join {
+                pool: pool_name.clone(),
+                source,
+            })?
+            .map_err(|source| StartError::Pool {
+                pool: pool_name.clone(),
+                source,
+            })?;
+        info!(node = %opts.node, pool = %pool.name, kind = %engine.kind(), total = pool.total_bytes, free = pool.free_bytes, "pool ready");
+        let metrics = Arc::new(Metrics::new(&opts.node).map_err(StartError::Metrics)?);
+        let ctx = Arc::new(Ctx {
+            client,
+            node: opts.node.clone(),
+            engine,
+            exporter,
+            metrics: Arc::clone(&metrics),
+            pool_changed: Arc::new(Notify::new()),
+            request_timeout: opts.request_timeout,
+            resync: opts.resync,
+            retry: opts.retry,
+            pool_name,
+        });
+        let (shutdown, _) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let mut metrics_addr = None;
+        if let Some(addr) = opts.metrics_addr {
+            let (listener, local) = metrics::bind(addr).await.map_err(StartError::Metrics)?;
+            info!(addr = %local, "serving /metrics, /healthz, /readyz");
+            metrics_addr = Some(local);
+            tasks.spawn(metrics::serve(listener, metrics, shutdown.subscribe()));
+        }
+        let host_nqn = pool::load_host_nqn(&opts.host_nqn_path, &opts.node);
+        let reporter = Arc::new(PoolReporter::new(
+            Arc::clone(&ctx),
+            PoolOptions {
+                config: opts.config.clone(),
+                host_nqn,
+                resync: opts.resync,
+                retry: opts.retry,
+            },
+        ));
+        let heartbeat = Arc::new(Heartbeat::new(Arc::clone(&ctx), opts.heartbeat));
+        let hb_state = heartbeat.subscribe();
+        let recovery = Arc::new(Recovery::new(Arc::clone(&ctx), opts.config.recovery));
+        let sup_ctx = Arc::clone(&ctx);
+        let sup_shutdown = shutdown.clone();
+        tasks.spawn(supervise(
+            sup_ctx,
+            reporter,
+            heartbeat,
+            recovery,
+            sup_shutdown,
+        ));
+        Ok(Self {
+            ctx,
+            shutdown,
+            tasks,
+            metrics_addr,
+            heartbeat: hb_state,
+            pool,
+        })
+    }
+
+    /// The shared context (engine, metrics, node).
+    pub fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    /// The bound metrics address, if serving.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The heartbeat's state.
+    pub fn heartbeat(&self) -> watch::Receiver<HeartbeatState> {
+        self.heartbeat.clone()
+    }
+
+    /// The pool as prepared at start.
+    pub fn pool(&self) -> &PoolInfo {
+        &self.pool
+    }
+
+    /// Orderly shutdown: stop watches and timers, write the final pool status, wait for
+    /// every task (at most `grace`; stragglers are aborted).
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.shutdown.send_replace(true);
+        let drained = tokio::time::timeout(grace, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(node = %self.ctx.node, "tasks did not stop in time; aborting them");
+            self.tasks.abort_all();
+        }
+        info!(node = %self.ctx.node, "agent stopped");
+    }
+}
+
+async fn supervise(
+    ctx: Arc<Ctx>,
+    reporter: Arc<PoolReporter>,
+    heartbeat: Arc<Heartbeat>,
+    recovery: Arc<Recovery>,
+    shutdown: watch::Sender<bool>,
+) {
+    let mut stop = shutdown.subscribe();
+    let mut delay = ctx.retry.min(Duration::from_millis(200));
+    loop {
+        match reporter.register().await {
+            Ok(_) => break,
+            Err(e) => {
+                warn!(node = %ctx.node, kind = %e.kind(), error = %e.chain(), "cannot register the StoragePool; retrying");
+                ctx.metrics
+                    .reconcile_error("storagepool", e.kind().as_str());
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        delay = (delay * 2).min(ctx.retry.max(Duration::from_millis(10)) * 10);
+    }
+    if *stop.borrow() {
+        return;
+    }
+    let mut set = JoinSet::new();
+    set.spawn(Arc::clone(&heartbeat).run(shutdown.subscribe()));
+    set.spawn(Arc::clone(&reporter).run(Arc::clone(&ctx.pool_changed), shutdown.subscribe()));
+    set.spawn(sync::run_controller(
+        Arc::clone(&ctx),
+        "antstorvolume",
+        sync::volume::reconcile,
+        shutdown.subscribe(),
+    ));
+    set.spawn(sync::run_controller(
+        Arc::clone(&ctx),
+        "antstorsnapshot",
+        sync::snapshot::reconcile,
+        shutdown.subscribe(),
+    ));
+    set.spawn(Arc::clone(&recovery).run(shutdown.subscribe()));
+    while set.join_next().await.is_some() {}
+}

@@ -1,0 +1,98 @@
+//! What every control-loop task shares: the client, the node, the engine, the exporter,
+//! metrics, and the pool-change notification.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::Notify;
+
+use crate::engine::{EngineError, PoolEngine, PoolInfo};
+use crate::error::{AgentError, Result};
+use crate::exporter::Exporter;
+use crate::metrics::Metrics;
+
+/// Shared state of one agent.
+pub struct Ctx {
+    /// Kubernetes client.
+    pub client: Client,
+    /// This node's name (= StoragePool name = Lease name).
+    pub node: String,
+    /// The pool engine.
+    pub engine: Arc<dyn PoolEngine>,
+    /// The NVMe-oF exporter.
+    pub exporter: Arc<dyn Exporter>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Notified after every engine change so the pool status is pushed promptly.
+    pub pool_changed: Arc<Notify>,
+    /// Limit of one API request.
+    pub request_timeout: Duration,
+    /// Safety-net requeue of settled objects.
+    pub resync: Duration,
+    /// Requeue delay after a failed reconcile.
+    pub retry: Duration,
+    /// Pool name (VG, lvstore or file pool name).
+    pub pool_name: String,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("node", &self.node)
+            .field("pool_name", &self.pool_name)
+            .field("engine", &self.engine)
+            .field("exporter", &self.exporter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ctx {
+    /// Runs an API request with the request timeout.
+    pub async fn timed<T>(
+        &self,
+        op: &'static str,
+        what: impl Into<String>,
+        fut: impl Future<Output = std::result::Result<T, kube::Error>>,
+    ) -> Result<T> {
+        let what = what.into();
+        match tokio::time::timeout(self.request_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(AgentError::kube(op, what, e)),
+            Err(_) => Err(AgentError::Timeout {
+                op,
+                what,
+                after: self.request_timeout,
+            }),
+        }
+    }
+
+    /// Runs a blocking engine operation on the blocking pool.
+    pub async fn engine_call<T, F>(&self, op: &'static str, name: &str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn PoolEngine) -> std::result::Result<T, EngineError> + Send + 'static,
+    {
+        let engine = Arc::clone(&self.engine);
+        let res = tokio::task::spawn_blocking(move || f(engine.as_ref()))
+            .await
+            .map_err(|source| AgentError::Join {
+                op,
+                name: name.to_string(),
+                source,
+            })?;
+        res.map_err(|source| AgentError::engine(op, name, source))
+    }
+
+    /// The pool's capacity and free space.
+    pub async fn engine_info(&self) -> Result<PoolInfo> {
+        let pool = self.node.clone();
+        self.engine_call("read", &pool, |e| e.info()).await
+    }
+
+    /// Tells the pool reporter that the engine changed.
+    pub fn pool_changed(&self) {
+        self.pool_changed.notify_one();
+    }
+}

@@ -1,0 +1,205 @@
+//! Errors of the agent's control loop (pool reporting, heartbeat, sync, recovery).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::engine::{self, EngineError};
+use crate::exporter::ExportError;
+
+/// Small, stable classification of [`AgentError`]s: metric labels, log fields, requeue policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The API server refused or failed a request (5xx, transport).
+    Api,
+    /// Optimistic concurrency: the object changed under us; retry with a fresh copy.
+    Conflict,
+    /// An object the agent needs does not exist (yet).
+    NotFound,
+    /// A request did not finish in time.
+    Timeout,
+    /// The pool engine failed.
+    Engine(engine::ErrorKind),
+    /// The NVMe-oF exporter failed or is absent.
+    Export,
+    /// The object's content cannot be served (bad size, wrong type for this pool).
+    InvalidObject,
+    /// A blocking engine task was cancelled or panicked.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Bounded label for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Conflict => "conflict",
+            Self::NotFound => "not_found",
+            Self::Timeout => "timeout",
+            Self::Engine(k) => match k {
+                engine::ErrorKind::NotFound => "engine_not_found",
+                engine::ErrorKind::AlreadyExistsDifferent => "engine_already_exists_different",
+                engine::ErrorKind::NoSpace => "engine_no_space",
+                engine::ErrorKind::Unsupported => "engine_unsupported",
+                engine::ErrorKind::InvalidArgument => "engine_invalid_argument",
+                engine::ErrorKind::Busy => "engine_busy",
+                engine::ErrorKind::PoolUnavailable => "engine_pool_unavailable",
+                engine::ErrorKind::Io => "engine_io",
+                _ => "engine_command_failed",
+            },
+            Self::Export => "export",
+            Self::InvalidObject => "invalid_object",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a control-loop step failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A Kubernetes API request failed.
+    #[error("cannot {op} {what}")]
+    Kube {
+        /// `get`, `patch`, `create`, …
+        op: &'static str,
+        /// `StoragePool node-1`, `Lease obnvmf/node-1`, …
+        what: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A Kubernetes API request did not answer in time.
+    #[error("{op} {what} timed out after {}ms", after.as_millis())]
+    Timeout {
+        /// Operation.
+        op: &'static str,
+        /// Object.
+        what: String,
+        /// Limit.
+        after: Duration,
+    },
+    /// A pool engine operation failed.
+    #[error("cannot {op} {name} in the pool")]
+    Engine {
+        /// Operation.
+        op: &'static str,
+        /// Volume or snapshot.
+        name: String,
+        /// The engine error.
+        #[source]
+        source: EngineError,
+    },
+    /// The exporter failed.
+    #[error("cannot {op} the NVMe-oF export of volume {volume}")]
+    Export {
+        /// `create` or `remove`.
+        op: &'static str,
+        /// Volume name.
+        volume: String,
+        /// The exporter's error.
+        #[source]
+        source: ExportError,
+    },
+    /// The object cannot be served as it is.
+    #[error("{what}: {reason}")]
+    InvalidObject {
+        /// `AntstorVolume obnvmf/pvc-1`.
+        what: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A required object is missing.
+    #[error("{what} not found")]
+    NotFound {
+        /// The object.
+        what: String,
+    },
+    /// A blocking engine task did not complete.
+    #[error("engine task for {op} {name} did not complete")]
+    Join {
+        /// Operation.
+        op: &'static str,
+        /// Object.
+        name: String,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl AgentError {
+    /// The classification.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Kube { source, .. } => match source {
+                kube::Error::Api(s) if s.code == 409 => ErrorKind::Conflict,
+                kube::Error::Api(s) if s.code == 404 => ErrorKind::NotFound,
+                _ => ErrorKind::Api,
+            },
+            Self::Timeout { .. } => ErrorKind::Timeout,
+            Self::Engine { source, .. } => ErrorKind::Engine(source.kind()),
+            Self::Export { .. } => ErrorKind::Export,
+            Self::InvalidObject { .. } => ErrorKind::InvalidObject,
+            Self::NotFound { .. } => ErrorKind::NotFound,
+            Self::Join { .. } => ErrorKind::Internal,
+        }
+    }
+
+    /// A Kubernetes request error.
+    pub fn kube(op: &'static str, what: impl Into<String>, source: kube::Error) -> Self {
+        Self::Kube {
+            op,
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// An engine error.
+    pub fn engine(op: &'static str, name: impl Into<String>, source: EngineError) -> Self {
+        Self::Engine {
+            op,
+            name: name.into(),
+            source,
+        }
+    }
+
+    /// The error and its sources on one line, for status messages and logs.
+    pub fn chain(&self) -> String {
+        error_chain(self)
+    }
+}
+
+/// `outer: inner: innermost`.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
+/// True when a kube error is a 404.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// True when a kube error is a 409.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Result alias of the control loop.
+pub type Result<T, E = AgentError> = std::result::Result<T, E>;

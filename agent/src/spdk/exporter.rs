@@ -1,0 +1,220 @@
+//! The NVMe-oF exporter of the embedded SPDK target: one subsystem per volume with LiteIO's
+//! NQN and serial scheme, a listener on the node address with a port from a configured range,
+//! and an explicit host allow-list. SPDK volumes are exported straight from their lvol; LVM
+//! and file volumes through an aio bdev named after the volume's serial number.
+
+use std::sync::Mutex;
+
+use liteio_api::{SpdkTarget, naming};
+
+use super::error::SpdkError;
+use super::nvmf::{self, SubsystemSpec, TcpTransportOptions};
+use super::{Spdk, bdev};
+use crate::exporter::{
+    ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
+};
+
+/// Exports volumes through the embedded SPDK NVMe-oF/TCP target.
+#[derive(Debug)]
+pub struct SpdkExporter {
+    address: String,
+    ports: std::ops::RangeInclusive<u16>,
+    transport: TcpTransportOptions,
+    /// Serialises port allocation and subsystem creation.
+    lock: tokio::sync::Mutex<()>,
+    /// Last port handed out, so allocation walks the range round-robin.
+    cursor: Mutex<u16>,
+}
+
+fn target_err(e: SpdkError) -> ExportError {
+    ExportError::Target {
+        message: e.to_string(),
+        source: Some(Box::new(e)),
+    }
+}
+
+impl SpdkExporter {
+    /// An exporter listening on `address` (the node IP) with ports from `ports`.
+    pub fn new(
+        address: impl Into<String>,
+        ports: std::ops::RangeInclusive<u16>,
+        transport: TcpTransportOptions,
+    ) -> Self {
+        let start = *ports.start();
+        Self {
+            address: address.into(),
+            ports,
+            transport,
+            lock: tokio::sync::Mutex::new(()),
+            cursor: Mutex::new(start),
+        }
+    }
+
+    /// A port of the range that no other subsystem listens on, starting after the last one
+    /// handed out; `preferred` first when it is free and in range.
+    async fn pick_port(&self, nqn: &str, preferred: Option<u16>) -> Result<Vec<u16>, ExportError> {
+        let subsystems = nvmf::subsystems().await.map_err(target_err)?;
+        if let Some(own) = subsystems.iter().find(|s| s.nqn == nqn)
+            && let Some((_, port)) = own.listeners.first()
+        {
+            return Ok(vec![*port]);
+        }
+        let used: std::collections::HashSet<u16> = subsystems
+            .iter()
+            .flat_map(|s| s.listeners.iter().map(|l| l.1))
+            .collect();
+        let start = *self
+            .cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut order: Vec<u16> = preferred
+            .filter(|p| self.ports.contains(p) && !used.contains(p))
+            .into_iter()
+            .collect();
+        let (lo, hi) = (*self.ports.start(), *self.ports.end());
+        let after = start.clamp(lo, hi);
+        order.extend(
+            (after..=hi)
+                .chain(lo..after)
+                .filter(|p| !used.contains(p) && Some(*p) != preferred),
+        );
+        if order.is_empty() {
+            return Err(ExportError::Target {
+                message: format!("every port of {lo}-{hi} is taken; widen the listen port range"),
+                source: None,
+            });
+        }
+        Ok(order)
+    }
+}
+
+impl Exporter for SpdkExporter {
+    fn health(&self) -> ExportFuture<'_, ExporterHealth> {
+        Box::pin(async {
+            Ok(match nvmf::subsystems().await {
+                Ok(_) => ExporterHealth::Ok {
+                    version: Spdk::version(),
+                },
+                Err(e) => ExporterHealth::Error {
+                    message: e.to_string(),
+                },
+            })
+        })
+    }
+
+    fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
+        Box::pin(async move {
+            let _g = self.lock.lock().await;
+            let bdev_name = match (&req.lvol, &req.device) {
+                (Some(l), _) => l.full_name(),
+                (None, Some(dev)) => {
+                    let name = naming::aio_bdev_name(&req.uuid);
+                    bdev::create_aio(&name, dev, 512)
+                        .await
+                        .map_err(target_err)?;
+                    name
+                }
+                (None, None) => {
+                    return Err(ExportError::InvalidRequest(format!(
+                        "volume {} has neither an lvol nor a device to export",
+                        req.volume
+                    )));
+                }
+            };
+            nvmf::ensure_tcp_transport(&self.transport)
+                .await
+                .map_err(target_err)?;
+            let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
+            let nqn =
+                preset.map_or_else(|| naming::subsys_nqn(&req.uuid), |t| t.subsys_nqn.clone());
+            let ns_uuid = preset
+                .map(|t| t.ns_uuid.clone())
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| req.uuid.clone());
+            let serial = naming::serial_number(&req.uuid);
+            let preferred = preset.and_then(|t| t.svc_id.parse().ok());
+            let mut last = None;
+            for port in self.pick_port(&nqn, preferred).await? {
+                let spec = SubsystemSpec {
+                    nqn: nqn.clone(),
+                    serial: serial.clone(),
+                    model: req.uuid.chars().take(40).collect(),
+                    bdev: bdev_name.clone(),
+                    ns_uuid: ns_uuid.clone(),
+                    address: self.address.clone(),
+                    port,
+                    hosts: req.allowed_hosts.clone(),
+                };
+                match nvmf::create_subsystem(spec).await {
+                    Ok(info) => {
+                        *self
+                            .cursor
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            port.saturating_add(1);
+                        return Ok(SpdkTarget {
+                            bdev_name,
+                            subsys_nqn: info.nqn,
+                            svc_id: port.to_string(),
+                            sn: info.serial,
+                            trans_type: naming::TRANS_TYPE_TCP.into(),
+                            ns_uuid,
+                            address: self.address.clone(),
+                            addr_fam: naming::ADDR_FAM_IPV4.into(),
+                        });
+                    }
+                    // Another program holds the port: try the next one.
+                    Err(e @ SpdkError::Errno { op: "listen", .. }) => last = Some(e),
+                    Err(e) => return Err(target_err(e)),
+                }
+            }
+            Err(last.map_or_else(
+                || ExportError::Target {
+                    message: "no port left".into(),
+                    source: None,
+                },
+                target_err,
+            ))
+        })
+    }
+
+    fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            let _g = self.lock.lock().await;
+            let nqn = req
+                .target
+                .as_ref()
+                .map(|t| t.subsys_nqn.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
+            nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
+            let aio = naming::aio_bdev_name(&req.uuid);
+            if bdev::get(&aio)
+                .await
+                .map_err(target_err)?
+                .is_some_and(|b| b.product == "AIO disk")
+            {
+                bdev::delete_aio(&aio).await.map_err(target_err)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn resize_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            if req.device.is_some() {
+                bdev::rescan_aio(&naming::aio_bdev_name(&req.uuid))
+                    .await
+                    .map_err(target_err)?;
+            }
+            // Let the namespace resize (a pause and resume of the subsystem) finish.
+            let nqn = req
+                .preset
+                .as_ref()
+                .map(|t| t.subsys_nqn.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
+            nvmf::settle(&nqn).await.map_err(target_err)
+        })
+    }
+}

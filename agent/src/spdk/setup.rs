@@ -1,0 +1,83 @@
+//! Building the SPDK side of an agent from its config file: the runtime options, the lvstore
+//! engine of an `SpdkLVStore` pool and the NVMe-oF exporter.
+
+use std::sync::Arc;
+
+use super::exporter::SpdkExporter;
+use super::nvmf::TcpTransportOptions;
+use super::{Spdk, SpdkError, SpdkOptions};
+use crate::config::{BdevType, Config, PoolingMode};
+use crate::engine::PoolEngine;
+use crate::engine::spdk::{BaseBdev, SpdkLvsEngine};
+
+/// Runtime options from `spdk:` (PCI probing only when NVMe devices are configured).
+pub fn runtime_options(cfg: &Config) -> SpdkOptions {
+    let sp = &cfg.spdk;
+    SpdkOptions {
+        name: "liteio-agent".into(),
+        core_mask: sp.core_mask.clone(),
+        interrupt_mode: sp.interrupt_mode,
+        no_huge: sp.no_huge,
+        mem_size_mb: sp.mem_size_mib().unwrap_or(0),
+        no_pci: sp.nvme_pci_addresses.is_empty(),
+        rpc_socket: sp.rpc_socket.clone(),
+    }
+}
+
+/// The lvstore engine of an `SpdkLVStore` pool, or `None` for other modes.
+pub fn engine(cfg: &Config) -> Result<Option<Arc<dyn PoolEngine>>, SpdkError> {
+    let st = &cfg.storage;
+    if st.pooling.mode != PoolingMode::SpdkLvStore {
+        return Ok(None);
+    }
+    let Some(b) = &st.bdev else {
+        return Err(SpdkError::InvalidArgument {
+            field: "storage.bdev",
+            reason: "is required in SpdkLVStore mode".into(),
+        });
+    };
+    let base = match b.kind {
+        BdevType::Aio => BaseBdev::Aio {
+            name: b.name.clone(),
+            path: b.file_path.clone().into(),
+            size: b.size,
+            create: b.create_if_not_exist || b.size > 0,
+        },
+        BdevType::Mem => BaseBdev::Malloc {
+            name: b.name.clone(),
+            size: b.size,
+        },
+        BdevType::Raid => {
+            return Err(SpdkError::InvalidArgument {
+                field: "storage.bdev.type",
+                reason: "raidBdev (NVMe over VFIO) pools are not wired into the agent yet; use aioBdev over the device".into(),
+            });
+        }
+    };
+    Ok(Some(Arc::new(SpdkLvsEngine::new(
+        &st.pooling.name,
+        base,
+        0,
+    ))))
+}
+
+/// The NVMe-oF exporter listening on `address` with the configured port range.
+pub fn exporter(cfg: &Config, address: std::net::IpAddr) -> Result<SpdkExporter, SpdkError> {
+    let pr = cfg.nvmf.port_range;
+    let (Ok(start), Ok(end)) = (u16::try_from(pr.start), u16::try_from(pr.end)) else {
+        return Err(SpdkError::InvalidArgument {
+            field: "nvmf.portRange",
+            reason: format!("{}-{} is outside 1-65535", pr.start, pr.end),
+        });
+    };
+    Ok(SpdkExporter::new(
+        address.to_string(),
+        start..=end,
+        TcpTransportOptions::default(),
+    ))
+}
+
+/// Start the runtime from the config (blocking; call from `spawn_blocking`).
+pub fn start(cfg: &Config) -> Result<Spdk, SpdkError> {
+    Spdk::start(&runtime_options(cfg))
+}

@@ -1,0 +1,467 @@
+//! Volume sync: provision, export, expand and delete the AntstorVolumes scheduled to this
+//! node.
+//!
+//! **Expected flow** (LiteIO §2.1–2.3, one pass does every step that is due; each write is
+//! guarded by the object's resourceVersion):
+//! 1. Deleting (`deletionTimestamp`): remove the export (when `spdk-tgt` or `spec.spdkTarget`
+//!    is present) and drop `spdk-tgt`; delete the engine volume and drop `logic-volume` and
+//!    the legacy `lvm` / `spdk-lvol`. The controller's `in-state` is never touched.
+//! 2. Wait for the controller's `in-state` finalizer and `spec.targetNodeId == node`.
+//! 3. Refuse bad objects with a status message (size below the minimum, a type this pool
+//!    cannot serve).
+//! 4. Provision when `logic-volume` is absent: create the volume (or clone it from the
+//!    snapshot named by `obnvmf/volume-source-snap-name/ns`), then record `spec.type`,
+//!    `spec.kernelLvol` / `spec.spdkLvol`, `obnvmf/allocated-bytes` (only when the rounded size
+//!    differs from `spec.sizeByte`) and add `logic-volume`.
+//! 5. With `logic-volume` present the engine volume must exist: a missing one is reported
+//!    and **never recreated** (that would hand out an empty disk as if it held data).
+//! 6. Expansion (label `obnvmf/expansion-original-size`, or `sizeByte` above the recorded
+//!    allocated size): resize, tell the exporter, update `allocated-bytes`, drop the label.
+//! 7. Export when the volume is an SPDK lvol or its consumer runs on another node: the
+//!    exporter re-asserts it on every pass (so exports come back after a restart and follow a
+//!    change of host); `spec.spdkTarget` and `spdk-tgt` are written when they differ.
+//! 8. `status.status = ready`, `status.msg` cleared.
+//!
+//! **Guarantees.** Idempotent: a second pass writes nothing. Every engine change notifies
+//! the pool reporter. **Errors** are returned to the controller (requeued with a delay) and,
+//! except conflicts, shown in `status.msg` when it differs.
+
+use std::sync::Arc;
+
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use liteio_api::keys::{annotations, finalizers, labels};
+use liteio_api::snapshot::SnapshotStatusName;
+use liteio_api::{
+    AntstorSnapshot, AntstorVolume, SpdkTarget, StoragePool, VolumeStatus, VolumeType, keys, naming,
+};
+use serde_json::{Value, json};
+use tracing::{info, instrument, warn};
+
+use super::{
+    annotation, describe, has_finalizer, label, patch_guarded, patch_status, remove_finalizers,
+    with_finalizer,
+};
+use crate::context::Ctx;
+use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
+use crate::error::{AgentError, ErrorKind, Result, error_chain};
+use crate::exporter::{ExportError, ExportRequest, UnexportRequest};
+
+/// The finalizers that mean "the engine volume exists" (current and legacy).
+const LOGIC_FINALIZERS: [&str; 3] = [
+    finalizers::LOGIC_VOLUME,
+    finalizers::KERNEL_LVOL,
+    finalizers::SPDK_LVOL,
+];
+
+/// The volume type this engine serves.
+pub fn engine_volume_type(kind: EngineKind) -> VolumeType {
+    match kind {
+        EngineKind::SpdkLvs => VolumeType::SpdkLVol,
+        _ => VolumeType::KernelLVol,
+    }
+}
+
+/// Name of the volume in the engine: the recorded LV / lvol name, else the object name.
+pub fn engine_name(vol: &AntstorVolume) -> String {
+    vol.spec
+        .kernel_lvol
+        .as_ref()
+        .map(|l| l.name.clone())
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            vol.spec
+                .spdk_lvol
+                .as_ref()
+                .map(|l| l.name.clone())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| vol.name_any())
+}
+
+/// Whether the volume needs an NVMe-oF export: always for SPDK lvols, otherwise when the
+/// consumer is known and runs on another node.
+pub fn needs_export(vol: &AntstorVolume, kind: EngineKind) -> bool {
+    kind == EngineKind::SpdkLvs
+        || vol
+            .spec
+            .host_node
+            .as_ref()
+            .is_some_and(|h| !h.id.is_empty() && h.id != vol.spec.target_node_id)
+}
+
+/// The allocated size recorded on the volume (annotation), if any.
+fn recorded_allocated(vol: &AntstorVolume) -> Option<u64> {
+    annotation(&vol.metadata, annotations::ALLOCATED_BYTES).and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether an expansion is due.
+pub fn needs_expansion(vol: &AntstorVolume) -> bool {
+    label(&vol.metadata, labels::EXPANSION_ORIGINAL_SIZE).is_some()
+        || recorded_allocated(vol).is_some_and(|a| vol.spec.size_byte > a)
+}
+
+fn allocated_annotation(vol: &AntstorVolume, real: u64) -> Value {
+    if real == vol.spec.size_byte {
+        Value::Null
+    } else {
+        json!(real.to_string())
+    }
+}
+
+fn api(ctx: &Ctx, vol: &AntstorVolume) -> Api<AntstorVolume> {
+    Api::namespaced(
+        ctx.client.clone(),
+        &vol.namespace()
+            .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_string()),
+    )
+}
+
+/// Writes `status.msg` when it differs (best effort: a failure is logged).
+async fn set_message(ctx: &Ctx, vol: &AntstorVolume, msg: &str) {
+    if vol.status.as_ref().map(|s| s.message.as_str()) == Some(msg) {
+        return;
+    }
+    let status = json!({"status": vol.phase(), "msg": msg});
+    if let Err(e) = patch_status(ctx, &api(ctx, vol), vol, status).await {
+        warn!(volume = %vol.name_any(), error = %e.chain(), "cannot write the volume's status message");
+    }
+}
+
+/// Reconciles one AntstorVolume. See the module documentation for the flow, guarantees and
+/// errors.
+#[instrument(skip_all, fields(volume = %vol.name_any(), node = %ctx.node))]
+pub async fn reconcile(vol: Arc<AntstorVolume>, ctx: Arc<Ctx>) -> Result<Action> {
+    match reconcile_inner(&vol, &ctx).await {
+        Ok(a) => Ok(a),
+        Err(e) => {
+            if !matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound)
+                && vol.metadata.deletion_timestamp.is_none()
+            {
+                set_message(&ctx, &vol, &e.chain()).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
+    if vol.metadata.deletion_timestamp.is_some() {
+        return delete(vol, ctx).await;
+    }
+    if !has_finalizer(&vol.metadata, finalizers::IN_STATE) || vol.spec.target_node_id != ctx.node {
+        return Ok(Action::await_change());
+    }
+    if let Err(errs) = liteio_api::validate::volume(vol) {
+        set_message(ctx, vol, &errs.to_string()).await;
+        return Ok(Action::await_change());
+    }
+    let kind = ctx.engine.kind();
+    let want = engine_volume_type(kind);
+    if let Some(t) = vol.spec.type_
+        && t != VolumeType::Flexible
+        && t != want
+    {
+        let msg = format!(
+            "volume type {t} cannot be served by the {kind} pool {} on node {}",
+            ctx.pool_name, ctx.node
+        );
+        set_message(ctx, vol, &msg).await;
+        return Ok(Action::await_change());
+    }
+    let api = api(ctx, vol);
+    let mut vol = vol.clone();
+    let provisioned = LOGIC_FINALIZERS
+        .iter()
+        .any(|f| has_finalizer(&vol.metadata, f));
+    let ename = engine_name(&vol);
+    if !provisioned {
+        let Some(info) = provision(ctx, &vol, &ename).await? else {
+            return Ok(Action::requeue(ctx.retry));
+        };
+        vol = record_provisioned(ctx, &api, &vol, &info, want).await?;
+        ctx.pool_changed();
+        info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
+    } else {
+        let n = ename.clone();
+        match ctx
+            .engine_call("find", &ename, move |e| e.device_path(&n))
+            .await
+        {
+            Ok(_) => {}
+            Err(AgentError::Engine { source, .. })
+                if source.kind() == crate::engine::ErrorKind::NotFound =>
+            {
+                let msg = format!(
+                    "volume {ename} is missing from pool {} on node {} although it was provisioned; not recreating it",
+                    ctx.pool_name, ctx.node
+                );
+                warn!("{msg}");
+                set_message(ctx, &vol, &msg).await;
+                return Ok(Action::requeue(ctx.resync));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut real_size = recorded_allocated(&vol).unwrap_or(vol.spec.size_byte);
+    if needs_expansion(&vol) {
+        let (n, size) = (ename.clone(), vol.spec.size_byte);
+        let info = ctx
+            .engine_call("resize", &ename, move |e| e.resize_volume(&n, size))
+            .await?;
+        ctx.pool_changed();
+        if vol.spec.spdk_target.is_some() {
+            let req = export_request(ctx, &vol, &info, Vec::new()).await;
+            ctx.exporter
+                .resize_export(&req)
+                .await
+                .map_err(|source| AgentError::Export {
+                    op: "resize",
+                    volume: vol.name_any(),
+                    source,
+                })?;
+        }
+        let body = json!({"metadata": {
+            "labels": {labels::EXPANSION_ORIGINAL_SIZE: Value::Null},
+            "annotations": {annotations::ALLOCATED_BYTES: allocated_annotation(&vol, info.size_bytes)},
+        }});
+        vol = patch_guarded(ctx, &api, &vol, body).await?;
+        real_size = info.size_bytes;
+        info!(size = info.size_bytes, "volume expanded");
+    }
+    if needs_export(&vol, kind) {
+        match ensure_export(ctx, &api, &vol, &ename, real_size).await {
+            Ok(v) => vol = v,
+            Err(AgentError::Export {
+                source: source @ ExportError::Unavailable { .. },
+                ..
+            }) => {
+                set_message(ctx, &vol, &error_chain(&source)).await;
+                return Ok(Action::requeue(ctx.resync));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let st = vol.status.as_ref();
+    if vol.phase() != VolumeStatus::Ready || st.is_some_and(|s| !s.message.is_empty()) {
+        patch_status(
+            ctx,
+            &api,
+            &vol,
+            json!({"status": VolumeStatus::Ready, "msg": ""}),
+        )
+        .await?;
+        info!("volume ready");
+    }
+    ctx.metrics
+        .set_volume(&vol.name_any(), &vol.spec.uuid, real_size);
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// Creates (or clones) the engine volume. `None` = cannot yet (source snapshot not ready;
+/// the message is on the object).
+async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option<VolumeInfo>> {
+    let size = vol.spec.size_byte;
+    if let Some(snap_name) = label(&vol.metadata, labels::VOLUME_SOURCE_SNAP_NAME) {
+        let snap_ns =
+            label(&vol.metadata, labels::VOLUME_SOURCE_SNAP_NS).unwrap_or(keys::DEFAULT_NAMESPACE);
+        let snaps: Api<AntstorSnapshot> = Api::namespaced(ctx.client.clone(), snap_ns);
+        let what = format!("AntstorSnapshot {snap_ns}/{snap_name}");
+        let snap = ctx
+            .timed("get", what.clone(), snaps.get_opt(snap_name))
+            .await?;
+        let ready = snap.as_ref().is_some_and(|s| {
+            has_finalizer(&s.metadata, finalizers::SNAPSHOT)
+                && s.status
+                    .as_ref()
+                    .is_some_and(|st| st.status == SnapshotStatusName::Ready)
+        });
+        let Some(snap) = snap.filter(|_| ready) else {
+            set_message(
+                ctx,
+                vol,
+                &format!("waiting for the source snapshot {what} to be ready"),
+            )
+            .await;
+            return Ok(None);
+        };
+        let sname = super::snapshot::engine_name(&snap);
+        let (s, n) = (sname.clone(), ename.to_string());
+        let mut info = ctx
+            .engine_call("clone", ename, move |e| e.clone_from_snapshot(&s, &n))
+            .await?;
+        if info.size_bytes < size {
+            let n = ename.to_string();
+            info = ctx
+                .engine_call("resize", ename, move |e| e.resize_volume(&n, size))
+                .await?;
+        }
+        return Ok(Some(info));
+    }
+    let opts = VolumeOptions {
+        thin: vol.spec.is_thin,
+        layout: annotation(&vol.metadata, annotations::LV_LAYOUT).and_then(LvLayout::parse),
+    };
+    let n = ename.to_string();
+    let info = ctx
+        .engine_call("create", ename, move |e| e.create_volume(&n, size, &opts))
+        .await?;
+    Ok(Some(info))
+}
+
+async fn record_provisioned(
+    ctx: &Ctx,
+    api: &Api<AntstorVolume>,
+    vol: &AntstorVolume,
+    info: &VolumeInfo,
+    want: VolumeType,
+) -> Result<AntstorVolume> {
+    let mut spec = json!({"type": want});
+    match want {
+        VolumeType::SpdkLVol => {
+            spec["spdkLvol"] =
+                json!({"name": info.name, "lvsName": ctx.pool_name, "thin": info.thin});
+        }
+        _ => {
+            spec["kernelLvol"] =
+                json!({"name": info.name, "devPath": info.path.display().to_string()});
+        }
+    }
+    let body = json!({
+        "metadata": {
+            "finalizers": with_finalizer(&vol.metadata, finalizers::LOGIC_VOLUME),
+            "annotations": {annotations::ALLOCATED_BYTES: allocated_annotation(vol, info.size_bytes)},
+        },
+        "spec": spec,
+    });
+    patch_guarded(ctx, api, vol, body).await
+}
+
+async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<Vec<String>> {
+    let Some(host) = vol.spec.host_node.as_ref().filter(|h| !h.id.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let pools: Api<StoragePool> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+    let pool = ctx
+        .timed(
+            "get",
+            format!("StoragePool {}", host.id),
+            pools.get_opt(&host.id),
+        )
+        .await?;
+    Ok(vec![pool.as_ref().and_then(|p| p.host_nqn()).map_or_else(
+        || naming::host_nqn(&host.id),
+        str::to_string,
+    )])
+}
+
+async fn export_request(
+    ctx: &Ctx,
+    vol: &AntstorVolume,
+    info: &VolumeInfo,
+    hosts: Vec<String>,
+) -> ExportRequest {
+    let spdk = ctx.engine.kind() == EngineKind::SpdkLvs;
+    ExportRequest {
+        volume: vol.name_any(),
+        uuid: vol.spec.uuid.clone(),
+        device: (!spdk).then(|| info.path.clone()),
+        lvol: if spdk {
+            vol.spec.spdk_lvol.clone()
+        } else {
+            None
+        },
+        size_bytes: info.size_bytes,
+        allowed_hosts: hosts,
+        preset: vol.spec.spdk_target.clone(),
+    }
+}
+
+async fn ensure_export(
+    ctx: &Ctx,
+    api: &Api<AntstorVolume>,
+    vol: &AntstorVolume,
+    ename: &str,
+    size: u64,
+) -> Result<AntstorVolume> {
+    let n = ename.to_string();
+    let path = ctx
+        .engine_call("find", ename, move |e| e.device_path(&n))
+        .await?;
+    let hosts = allowed_hosts(ctx, vol).await?;
+    let info = VolumeInfo {
+        name: ename.to_string(),
+        uuid: None,
+        size_bytes: size,
+        allocated_bytes: size,
+        path,
+        snapshot_of: None,
+        layout: None,
+        thin: vol.spec.is_thin,
+    };
+    let req = export_request(ctx, vol, &info, hosts).await;
+    let target: SpdkTarget =
+        ctx.exporter
+            .ensure_export(&req)
+            .await
+            .map_err(|source| AgentError::Export {
+                op: "create",
+                volume: vol.name_any(),
+                source,
+            })?;
+    if vol.spec.spdk_target.as_ref() == Some(&target)
+        && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
+    {
+        return Ok(vol.clone());
+    }
+    let body = json!({
+        "metadata": {"finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET)},
+        "spec": {"spdkTarget": target},
+    });
+    let v = patch_guarded(ctx, api, vol, body).await?;
+    info!(nqn = %target.subsys_nqn, port = %target.svc_id, "volume exported");
+    Ok(v)
+}
+
+async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
+    let api = api(ctx, vol);
+    let mut vol = vol.clone();
+    let ours = finalizers::AGENT_VOLUME
+        .iter()
+        .any(|f| has_finalizer(&vol.metadata, f));
+    if ours
+        && (has_finalizer(&vol.metadata, finalizers::SPDK_TARGET) || vol.spec.spdk_target.is_some())
+    {
+        let req = UnexportRequest {
+            volume: vol.name_any(),
+            uuid: vol.spec.uuid.clone(),
+            target: vol.spec.spdk_target.clone(),
+        };
+        ctx.exporter
+            .remove_export(&req)
+            .await
+            .map_err(|source| AgentError::Export {
+                op: "remove",
+                volume: vol.name_any(),
+                source,
+            })?;
+        match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
+            Some(v) => vol = v,
+            None => return Ok(Action::await_change()),
+        }
+    }
+    if LOGIC_FINALIZERS
+        .iter()
+        .any(|f| has_finalizer(&vol.metadata, f))
+    {
+        let ename = engine_name(&vol);
+        let n = ename.clone();
+        ctx.engine_call("delete", &ename, move |e| e.delete_volume(&n))
+            .await?;
+        ctx.pool_changed();
+        ctx.metrics.remove_volume(&vol.name_any(), &vol.spec.uuid);
+        remove_finalizers(ctx, &api, &vol, &LOGIC_FINALIZERS).await?;
+        info!(volume = %describe(&vol), "volume deleted from the pool");
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,192 @@
+//! Shared helpers of the agent's T1 tests: a test API server with the `obnvmf` namespace and
+//! a Node, an agent over a file-engine pool in a temp dir, and condition polling.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use liteio_agent::agent::{Agent, AgentOptions};
+use liteio_agent::config::Config;
+use liteio_agent::engine::{FileEngine, PoolEngine};
+use liteio_agent::exporter::{Exporter, NoExporter};
+use liteio_agent::heartbeat::HeartbeatOptions;
+use liteio_api::keys;
+use liteio_test_apiserver::TestApiServer;
+
+pub const NODE: &str = "node-1";
+pub const NODE_IP: &str = "10.0.0.11";
+pub const MIB: u64 = 1 << 20;
+pub const POOL_CAP: u64 = 1 << 30;
+
+/// Polls `f` every 20 ms until it returns `Some`, or panics after `within`.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {within:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn prepare_cluster(client: &Client) {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let _ = ns
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(keys::DEFAULT_NAMESPACE.into()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let labels = BTreeMap::from([
+        (keys::labels::NODE_IP.to_string(), NODE_IP.to_string()),
+        (keys::labels::NODE_RACK.to_string(), "rack-7".to_string()),
+        (
+            keys::labels::KUBE_HOSTNAME.to_string(),
+            "host-1".to_string(),
+        ),
+    ]);
+    let _ = nodes
+        .create(
+            &PostParams::default(),
+            &Node {
+                metadata: ObjectMeta {
+                    name: Some(NODE.into()),
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                },
+                status: Some(NodeStatus {
+                    addresses: Some(vec![NodeAddress {
+                        type_: "InternalIP".into(),
+                        address: "192.168.9.9".into(),
+                    }]),
+                    ..NodeStatus::default()
+                }),
+                ..Node::default()
+            },
+        )
+        .await;
+}
+
+/// Test timings: 100 ms heartbeat ticks, fast retries, a long resync (so that everything
+/// observed is event-driven).
+pub fn test_options(config: Config, state_dir: &Path) -> AgentOptions {
+    let mut o = AgentOptions::from_config(NODE, config);
+    o.host_nqn_path = state_dir.join("hostnqn");
+    o.heartbeat =
+        HeartbeatOptions::with_interval(Duration::from_millis(100), Duration::from_secs(1));
+    o.resync = Duration::from_secs(600);
+    o.retry = Duration::from_millis(100);
+    o.request_timeout = Duration::from_secs(5);
+    o.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    o
+}
+
+pub struct Env {
+    pub server: TestApiServer,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub async fn new() -> Self {
+        Self::with_pool_dir(None).await
+    }
+
+    /// `pool_root`: a directory to create the pool in (an XFS mount for snapshots).
+    pub async fn with_pool_dir(pool_root: Option<&Path>) -> Self {
+        let _ = tracing_subscriber_init();
+        let server = TestApiServer::start().await.unwrap();
+        let client = server.client().await.unwrap();
+        prepare_cluster(&client).await;
+        let dir = match pool_root {
+            Some(p) => tempfile::tempdir_in(p).unwrap(),
+            None => tempfile::tempdir().unwrap(),
+        };
+        Self {
+            server,
+            client,
+            dir,
+        }
+    }
+
+    pub fn pool_dir(&self) -> PathBuf {
+        self.dir.path().join("pool")
+    }
+
+    /// A file pool capped at 1 GiB, so free space is exact (not the host filesystem's).
+    pub fn config(&self) -> Config {
+        let mut c = Config::file_pool("dev-pool", self.pool_dir());
+        if let Some(f) = c.storage.file.as_mut() {
+            f.size = POOL_CAP;
+        }
+        c
+    }
+
+    pub fn engine(&self) -> Arc<FileEngine> {
+        Arc::new(FileEngine::new("dev-pool", self.pool_dir(), POOL_CAP))
+    }
+
+    pub async fn start_agent(&self) -> Agent {
+        self.start_agent_with(Arc::new(NoExporter), |_| {}).await
+    }
+
+    pub async fn start_agent_with(
+        &self,
+        exporter: Arc<dyn Exporter>,
+        tweak: impl FnOnce(&mut AgentOptions),
+    ) -> Agent {
+        let mut opts = test_options(self.config(), self.dir.path());
+        tweak(&mut opts);
+        let engine: Arc<dyn PoolEngine> = self.engine();
+        Agent::start(self.client.clone(), engine, exporter, opts)
+            .await
+            .unwrap()
+    }
+}
+
+fn tracing_subscriber_init() -> Result<(), ()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init()
+        .map_err(|_| ())
+}
+
+/// GET `path` from the agent's metrics server; returns (status line, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}

@@ -1,0 +1,407 @@
+//! T1: volumes scheduled to the node are provisioned, finalized, made ready, expanded,
+//! exported when remote, deleted with the right finalizers stripped, and survive a restart.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_agent::exporter::{
+    ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
+};
+use liteio_api::keys::{self, annotations, finalizers, labels};
+use liteio_api::{
+    AntstorVolume, AntstorVolumeSpec, NodeInfo, SpdkTarget, StoragePool, VolumeStatus, VolumeType,
+    naming,
+};
+use serde_json::json;
+
+fn volume(name: &str, size: u64) -> AntstorVolume {
+    let mut v = AntstorVolume::new(
+        name,
+        AntstorVolumeSpec {
+            uuid: format!("0b9d1f3c-6a2e-4c1d-9f0a-{:0>12}", name.len()),
+            size_byte: size,
+            target_node_id: NODE.into(),
+            ..AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata = ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            NODE.to_string(),
+        )])),
+        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+        ..ObjectMeta::default()
+    };
+    v
+}
+
+fn vols(env: &Env) -> Api<AntstorVolume> {
+    Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE)
+}
+
+async fn wait_ready(api: &Api<AntstorVolume>, name: &str) -> AntstorVolume {
+    eventually("volume ready", Duration::from_secs(5), || async {
+        let v = api.get_opt(name).await.unwrap()?;
+        (v.phase() == VolumeStatus::Ready).then_some(v)
+    })
+    .await
+}
+
+async fn free_bytes(env: &Env) -> u64 {
+    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    pools
+        .get_opt(NODE)
+        .await
+        .unwrap()
+        .map_or(0, |p| p.reported_free_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_lifecycle_provision_expand_delete() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let agent = env.start_agent().await;
+        let api = vols(&env);
+        eventually("pool", Duration::from_secs(2), || async { (free_bytes(&env).await > 0).then_some(()) }).await;
+        let free0 = free_bytes(&env).await;
+
+        // 10 MiB + 1 byte: the file engine rounds to 12 MiB and says so.
+        api.create(&PostParams::default(), &volume("pvc-a", 10 * MIB + 1)).await.unwrap();
+        let v = wait_ready(&api, "pvc-a").await;
+        assert_eq!(v.spec.type_, Some(VolumeType::KernelLVol));
+        assert_eq!(v.finalizers(), &[finalizers::IN_STATE.to_string(), finalizers::LOGIC_VOLUME.to_string()]);
+        let lvol = v.spec.kernel_lvol.clone().unwrap();
+        assert_eq!(lvol.name, "pvc-a");
+        assert_eq!(std::fs::metadata(&lvol.dev_path).unwrap().len(), 12 * MIB);
+        assert_eq!(v.annotations().get(annotations::ALLOCATED_BYTES).map(String::as_str), Some("12582912"));
+        assert!(v.spec.spdk_target.is_none(), "a local volume is not exported");
+        // The pool status follows within 2 s (event-driven, the resync is 10 min here).
+        eventually("free space to drop", Duration::from_secs(2), || async {
+            (free_bytes(&env).await == free0 - 12 * MIB).then_some(())
+        })
+        .await;
+
+        // Expansion as the CSI controller asks for it.
+        let patch = json!({"metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: (10 * MIB + 1).to_string()}},
+                           "spec": {"sizeByte": 20 * MIB}});
+        api.patch("pvc-a", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        let v = eventually("expansion done", Duration::from_secs(5), || async {
+            let v = api.get("pvc-a").await.unwrap();
+            (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)).then_some(v)
+        })
+        .await;
+        assert_eq!(std::fs::metadata(&lvol.dev_path).unwrap().len(), 20 * MIB);
+        assert!(!v.annotations().contains_key(annotations::ALLOCATED_BYTES), "20 MiB needs no rounding");
+        eventually("free space after expansion", Duration::from_secs(2), || async {
+            (free_bytes(&env).await == free0 - 20 * MIB).then_some(())
+        })
+        .await;
+        let (_, metrics) = http_get(agent.metrics_addr().unwrap(), "/metrics").await;
+        assert!(metrics.contains("liteio_pool_volumes{node=\"node-1\"} 1"), "{metrics}");
+
+        // Deletion: the agent removes its finalizers only; in-state stays for the controller.
+        api.delete("pvc-a", &DeleteParams::default()).await.unwrap();
+        let v = eventually("agent finalizers gone", Duration::from_secs(5), || async {
+            let v = api.get("pvc-a").await.unwrap();
+            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(v)
+        })
+        .await;
+        assert!(v.metadata.deletion_timestamp.is_some());
+        assert!(!std::path::Path::new(&lvol.dev_path).exists());
+        eventually("free space back", Duration::from_secs(2), || async {
+            (free_bytes(&env).await == free0).then_some(())
+        })
+        .await;
+        // The controller's part.
+        api.patch("pvc-a", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}})))
+            .await
+            .unwrap();
+        eventually("volume gone", Duration::from_secs(2), || async { api.get_opt("pvc-a").await.unwrap().is_none().then_some(()) }).await;
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_in_state_and_refuses_bad_objects() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let env = Env::new().await;
+        let agent = env.start_agent().await;
+        let api = vols(&env);
+        let mut v = volume("pvc-wait", 8 * MIB);
+        v.metadata.finalizers = None;
+        api.create(&PostParams::default(), &v).await.unwrap();
+        let mut bad = volume("pvc-tiny", 1000);
+        bad.spec.uuid = "tiny".into();
+        api.create(&PostParams::default(), &bad).await.unwrap();
+        let mut wrong = volume("pvc-spdk", 8 * MIB);
+        wrong.spec.type_ = Some(VolumeType::SpdkLVol);
+        api.create(&PostParams::default(), &wrong).await.unwrap();
+        let msg = |name: &'static str, needle: &'static str| {
+            let api = api.clone();
+            async move {
+                eventually("status message", Duration::from_secs(3), || async {
+                    let v = api.get(name).await.unwrap();
+                    let m = v.status.map(|s| s.message).unwrap_or_default();
+                    m.contains(needle).then_some(m)
+                })
+                .await
+            }
+        };
+        msg("pvc-tiny", "spec.sizeByte").await;
+        msg("pvc-spdk", "SpdkLVol cannot be served").await;
+        // Without the controller's in-state nothing happens; with it, the volume is made.
+        assert!(!env.pool_dir().join("volumes/pvc-wait.img").exists());
+        assert!(!env.pool_dir().join("volumes/pvc-tiny.img").exists());
+        api.patch(
+            "pvc-wait",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": [finalizers::IN_STATE]}})),
+        )
+        .await
+        .unwrap();
+        wait_ready(&api, "pvc-wait").await;
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// Records calls; hands out a fixed target.
+#[derive(Debug, Default)]
+struct FakeExporter {
+    exports: Mutex<Vec<ExportRequest>>,
+    removed: Mutex<Vec<UnexportRequest>>,
+}
+
+impl Exporter for FakeExporter {
+    fn health(&self) -> ExportFuture<'_, ExporterHealth> {
+        Box::pin(async {
+            Ok(ExporterHealth::Ok {
+                version: "v24.01".into(),
+            })
+        })
+    }
+    fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
+        Box::pin(async move {
+            self.exports.lock().unwrap().push(req.clone());
+            Ok(SpdkTarget {
+                bdev_name: naming::aio_bdev_name(&req.uuid),
+                subsys_nqn: naming::subsys_nqn(&req.uuid),
+                svc_id: "4510".into(),
+                sn: naming::serial_number(&req.uuid),
+                trans_type: naming::TRANS_TYPE_TCP.into(),
+                ns_uuid: req.uuid.clone(),
+                address: NODE_IP.into(),
+                addr_fam: naming::ADDR_FAM_IPV4.into(),
+            })
+        })
+    }
+    fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            self.removed.lock().unwrap().push(req.clone());
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_volume_is_exported_to_the_host_only() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeExporter::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let api = vols(&env);
+        // The consuming host's pool publishes its host NQN.
+        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let mut host_pool = StoragePool::new("node-b", Default::default());
+        host_pool.metadata.annotations = Some(BTreeMap::from([(
+            annotations::HOST_NQN.to_string(),
+            "nqn.host-b".to_string(),
+        )]));
+        host_pool.spec.node_info.id = "node-b".into();
+        host_pool.spec.kernel_lvm.name = "vg".into();
+        pools
+            .create(&PostParams::default(), &host_pool)
+            .await
+            .unwrap();
+        eventually("tgt-version annotation", Duration::from_secs(2), || async {
+            let p = pools.get_opt(NODE).await.unwrap()?;
+            p.annotations().get(annotations::TGT_VERSION).cloned()
+        })
+        .await;
+
+        let mut v = volume("pvc-r", 8 * MIB);
+        v.spec.host_node = Some(NodeInfo {
+            id: "node-b".into(),
+            ..NodeInfo::default()
+        });
+        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = wait_ready(&api, "pvc-r").await;
+        assert!(
+            v.finalizers()
+                .contains(&finalizers::SPDK_TARGET.to_string())
+        );
+        let t = v.spec.spdk_target.clone().unwrap();
+        assert_eq!(t.subsys_nqn, naming::subsys_nqn(&v.spec.uuid));
+        let req = fake.exports.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(req.allowed_hosts, vec!["nqn.host-b".to_string()]);
+        assert!(req.device.as_ref().unwrap().ends_with("volumes/pvc-r.img"));
+
+        api.delete("pvc-r", &DeleteParams::default()).await.unwrap();
+        eventually("agent finalizers gone", Duration::from_secs(5), || async {
+            let v = api.get("pvc-r").await.unwrap();
+            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
+        })
+        .await;
+        // Idempotent removal may run more than once; it is only ever for this volume.
+        let removed = fake.removed.lock().unwrap().clone();
+        assert!(!removed.is_empty());
+        assert!(
+            removed
+                .iter()
+                .all(|r| r.volume == "pvc-r" && r.target.as_ref() == Some(&t))
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_volume_without_a_target_says_so() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let env = Env::new().await;
+        let agent = env.start_agent().await;
+        let api = vols(&env);
+        let mut v = volume("pvc-nt", 8 * MIB);
+        v.spec.host_node = Some(NodeInfo {
+            id: "node-b".into(),
+            ..NodeInfo::default()
+        });
+        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = eventually("message", Duration::from_secs(3), || async {
+            let v = api.get("pvc-nt").await.unwrap();
+            v.status
+                .as_ref()
+                .is_some_and(|s| s.message.contains("no target"))
+                .then_some(v)
+        })
+        .await;
+        assert_eq!(v.phase(), VolumeStatus::Creating);
+        assert!(
+            !v.finalizers()
+                .contains(&finalizers::SPDK_TARGET.to_string())
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_recreates_nothing_and_loses_nothing() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let agent = env.start_agent().await;
+        let api = vols(&env);
+        api.create(&PostParams::default(), &volume("pvc-k", 8 * MIB))
+            .await
+            .unwrap();
+        let v = wait_ready(&api, "pvc-k").await;
+        let path = v.spec.kernel_lvol.as_ref().unwrap().dev_path.clone();
+        agent.shutdown(Duration::from_secs(5)).await;
+
+        // Data written while the agent is down, and an engine object nobody owns.
+        std::fs::write(&path, b"precious").unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(8 * MIB)
+            .unwrap();
+        let orphan = env.pool_dir().join("volumes/pvc-orphan.img");
+        std::fs::File::create(&orphan)
+            .unwrap()
+            .set_len(4 * MIB)
+            .unwrap();
+        let rv = api.get("pvc-k").await.unwrap().resource_version();
+
+        let agent = env.start_agent().await;
+        let addr = agent.metrics_addr().unwrap();
+        eventually("orphan reported", Duration::from_secs(3), || async {
+            let (_, m) = http_get(addr, "/metrics").await;
+            m.contains("liteio_orphan_objects{kind=\"volume\",node=\"node-1\"} 1")
+                .then_some(())
+        })
+        .await;
+        eventually("volume counted again", Duration::from_secs(3), || async {
+            let (_, m) = http_get(addr, "/metrics").await;
+            m.contains("liteio_pool_volumes{node=\"node-1\"} 1")
+                .then_some(())
+        })
+        .await;
+        let v = api.get("pvc-k").await.unwrap();
+        assert_eq!(
+            v.resource_version(),
+            rv,
+            "a ready volume is not rewritten after a restart"
+        );
+        assert_eq!(&std::fs::read(&path).unwrap()[..8], b"precious");
+        assert!(orphan.exists(), "orphans are never deleted by default");
+
+        // An object whose engine volume vanished is reported, never recreated empty.
+        agent.shutdown(Duration::from_secs(5)).await;
+        std::fs::remove_file(&path).unwrap();
+        let agent = env.start_agent().await;
+        eventually("missing-volume message", Duration::from_secs(3), || async {
+            let v = api.get("pvc-k").await.unwrap();
+            v.status
+                .as_ref()
+                .is_some_and(|s| s.message.contains("not recreating"))
+                .then_some(())
+        })
+        .await;
+        assert!(!std::path::Path::new(&path).exists());
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_collected_only_when_enabled_after_the_grace_period() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let env = Env::new().await;
+        std::fs::create_dir_all(env.pool_dir().join("volumes")).unwrap();
+        let orphan = env.pool_dir().join("volumes/pvc-orphan.img");
+        std::fs::File::create(&orphan)
+            .unwrap()
+            .set_len(4 * MIB)
+            .unwrap();
+        let agent = env
+            .start_agent_with(Arc::new(liteio_agent::exporter::NoExporter), |o| {
+                o.config.recovery.collect_orphans = true;
+                o.config.recovery.orphan_grace_period = Duration::from_millis(200);
+                o.resync = Duration::from_millis(100);
+            })
+            .await;
+        eventually("orphan collected", Duration::from_secs(5), || async {
+            (!orphan.exists()).then_some(())
+        })
+        .await;
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}

@@ -1,0 +1,201 @@
+//! T3: the whole agent on the embedded SPDK engine, against the test API server: the
+//! StoragePool reports the lvstore, a volume scheduled here becomes an lvol exported over
+//! NVMe/TCP to its consuming host only, and deleting it removes export and lvol.
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{MIB, NODE, eventually, prepare_cluster, test_options};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_agent::agent::Agent;
+use liteio_agent::config::Config;
+use liteio_agent::engine::PoolEngine;
+use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
+use liteio_agent::spdk::exporter::SpdkExporter;
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::{Spdk, SpdkOptions, lvol};
+use liteio_api::keys::{annotations, finalizers, labels};
+use liteio_api::{
+    AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, keys, naming,
+};
+use liteio_test_apiserver::TestApiServer;
+
+const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
+
+#[test]
+fn agent_on_spdk_provisions_and_exports_remote_volumes() {
+    let spdk = Spdk::start(&SpdkOptions {
+        name: "t3-agent".into(),
+        ..SpdkOptions::small()
+    })
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), scenario())
+            .await
+            .expect("timed out");
+    });
+    drop(rt);
+    spdk.stop();
+}
+
+async fn scenario() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    let server = TestApiServer::start().await.unwrap();
+    let client = server.client().await.unwrap();
+    prepare_cluster(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::from_yaml(
+        "storage: {pooling: {name: lvs0, mode: SpdkLVStore}, bdev: {type: memBdev, name: mem0, size: 134217728}}",
+    )
+    .unwrap();
+    let engine: Arc<dyn PoolEngine> = Arc::new(SpdkLvsEngine::new(
+        "lvs0",
+        BaseBdev::Malloc {
+            name: "mem0".into(),
+            size: 128 * MIB,
+        },
+        0,
+    ));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exporter = Arc::new(SpdkExporter::new(
+        "127.0.0.1",
+        port..=port.saturating_add(5),
+        TcpTransportOptions::default(),
+    ));
+    let agent = Agent::start(
+        client.clone(),
+        engine,
+        exporter,
+        test_options(config, dir.path()),
+    )
+    .await
+    .unwrap();
+
+    let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let pool = eventually("the SPDK pool object", Duration::from_secs(10), || async {
+        let p = pools.get_opt(NODE).await.unwrap()?;
+        (p.spec.spdk_lv_store.name == "lvs0" && p.reported_free_bytes() > 0).then_some(p)
+    })
+    .await;
+    assert!(pool.spec.spdk_lv_store.total_data_clusters > 0);
+    assert!(
+        pool.annotations()
+            .get(annotations::TGT_VERSION)
+            .is_some_and(|v| v.starts_with("v26.05"))
+    );
+
+    // The consuming host publishes its NQN on its own pool object.
+    let mut host = StoragePool::new("node-b", Default::default());
+    host.metadata.annotations = Some(BTreeMap::from([(
+        annotations::HOST_NQN.to_string(),
+        HOST_B.to_string(),
+    )]));
+    host.spec.node_info.id = "node-b".into();
+    host.spec.kernel_lvm.name = "vg".into();
+    pools.create(&PostParams::default(), &host).await.unwrap();
+
+    let uuid = "5c2d3e4f-6a7b-4c8d-9e0f-1a2b3c4d5e6f";
+    let mut v = AntstorVolume::new(
+        "pvc-s",
+        AntstorVolumeSpec {
+            uuid: uuid.into(),
+            size_byte: 10 * MIB,
+            target_node_id: NODE.into(),
+            host_node: Some(NodeInfo {
+                id: "node-b".into(),
+                ..NodeInfo::default()
+            }),
+            ..AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata = ObjectMeta {
+        name: Some("pvc-s".into()),
+        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            NODE.to_string(),
+        )])),
+        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+        ..ObjectMeta::default()
+    };
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    vols.create(&PostParams::default(), &v).await.unwrap();
+    let v = eventually("the volume ready", Duration::from_secs(10), || async {
+        let v = vols.get_opt("pvc-s").await.unwrap()?;
+        (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
+    })
+    .await;
+    let l = v.spec.spdk_lvol.clone().expect("spdkLvol recorded");
+    assert_eq!((l.lvs_name.as_str(), l.name.as_str()), ("lvs0", "pvc-s"));
+    let t = v.spec.spdk_target.clone().unwrap();
+    assert_eq!(t.subsys_nqn, naming::subsys_nqn(uuid));
+    assert_eq!(t.sn, naming::serial_number(uuid));
+    assert!(
+        v.finalizers()
+            .contains(&finalizers::LOGIC_VOLUME.to_string())
+    );
+    assert!(
+        v.finalizers()
+            .contains(&finalizers::SPDK_TARGET.to_string())
+    );
+    let ss = nvmf::subsystems().await.unwrap();
+    let ss = ss
+        .iter()
+        .find(|s| s.nqn == t.subsys_nqn)
+        .expect("subsystem exists");
+    assert_eq!(
+        ss.hosts,
+        vec![HOST_B.to_string()],
+        "only the consuming host"
+    );
+    assert_eq!(
+        ss.listeners,
+        vec![("127.0.0.1".to_string(), t.svc_id.parse::<u16>().unwrap())]
+    );
+    assert!(
+        lvol::lvol("lvs0", "pvc-s")
+            .await
+            .unwrap()
+            .is_some_and(|l| l.size_bytes >= 10 * MIB)
+    );
+
+    vols.delete("pvc-s", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("agent finalizers gone", Duration::from_secs(10), || async {
+        let v = vols.get("pvc-s").await.unwrap();
+        (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
+    })
+    .await;
+    assert!(
+        nvmf::subsystems()
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.nqn != t.subsys_nqn),
+        "export removed"
+    );
+    assert!(
+        lvol::lvol("lvs0", "pvc-s").await.unwrap().is_none(),
+        "lvol removed"
+    );
+    agent.shutdown(Duration::from_secs(5)).await;
+}

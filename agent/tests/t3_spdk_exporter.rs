@@ -1,0 +1,114 @@
+//! T3: the SPDK exporter (the agent's `Exporter` over the embedded target): LiteIO's NQN and
+//! serial scheme, ports from the range, host allow-lists changed live, aio export of a file
+//! volume, idempotency, removal.
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, UnexportRequest};
+use liteio_agent::spdk::exporter::SpdkExporter;
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, lvol};
+use liteio_api::{SpdkLvol, naming};
+
+const MIB: u64 = 1 << 20;
+const H1: &str = "nqn.2021-03.com.alipay.host:uuid:node-1";
+const H2: &str = "nqn.2021-03.com.alipay.host:uuid:node-2";
+
+fn free_range() -> std::ops::RangeInclusive<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = l.local_addr().unwrap().port();
+    drop(l);
+    p..=p.saturating_add(3)
+}
+
+#[test]
+fn exports_follow_liteio_naming_ports_and_allow_lists() {
+    let spdk = Spdk::start(&SpdkOptions {
+        name: "t3-exporter".into(),
+        ..SpdkOptions::small()
+    })
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let range = free_range();
+            let exp = SpdkExporter::new("127.0.0.1", range.clone(), TcpTransportOptions::default());
+            assert!(matches!(exp.health().await.unwrap(), ExporterHealth::Ok { version } if version.starts_with("v26.05")));
+
+            bdev::create_malloc("xm", 64 * MIB, 512).await.unwrap();
+            lvol::create_lvstore("xm", "xlvs", 1 << 20).await.unwrap();
+            lvol::create_lvol("xlvs", "pvc-1", 8 * MIB, false).await.unwrap();
+            let uuid = "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a11";
+            let mut req = ExportRequest {
+                volume: "pvc-1".into(),
+                uuid: uuid.into(),
+                device: None,
+                lvol: Some(SpdkLvol { name: "pvc-1".into(), lvs_name: "xlvs".into(), thin: false }),
+                size_bytes: 8 * MIB,
+                allowed_hosts: vec![H1.into()],
+                preset: None,
+            };
+            let t = exp.ensure_export(&req).await.unwrap();
+            assert_eq!(t.subsys_nqn, naming::subsys_nqn(uuid));
+            assert_eq!(t.sn, naming::serial_number(uuid));
+            assert_eq!(t.ns_uuid, uuid);
+            assert_eq!((t.trans_type.as_str(), t.addr_fam.as_str(), t.address.as_str()), ("TCP", "IPv4", "127.0.0.1"));
+            assert_eq!(t.bdev_name, "xlvs/pvc-1");
+            let port: u16 = t.svc_id.parse().unwrap();
+            assert!(range.contains(&port));
+
+            // Idempotent, same port; the allow-list follows the request live.
+            req.allowed_hosts = vec![H2.into()];
+            req.preset = Some(t.clone());
+            assert_eq!(exp.ensure_export(&req).await.unwrap(), t);
+            let ss = nvmf::subsystems().await.unwrap();
+            assert_eq!(ss[0].hosts, vec![H2.to_string()]);
+
+            // An LVM / file volume is exported through an aio bdev named after its serial, on
+            // another port of the range.
+            let dir = std::env::temp_dir().join(format!("liteio-t3-exp-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("pvc-2.img");
+            std::fs::File::create(&file).unwrap().set_len(16 * MIB).unwrap();
+            let uuid2 = "7d1e0f2a-3b4c-4d5e-8f6a-7b8c9d0e1f2a";
+            let req2 = ExportRequest {
+                volume: "pvc-2".into(),
+                uuid: uuid2.into(),
+                device: Some(file.clone()),
+                lvol: None,
+                size_bytes: 16 * MIB,
+                allowed_hosts: vec![H1.into()],
+                preset: None,
+            };
+            let t2 = exp.ensure_export(&req2).await.unwrap();
+            assert_eq!(t2.bdev_name, naming::aio_bdev_name(uuid2));
+            assert_ne!(t2.svc_id, t.svc_id, "one port per volume");
+            // The file grew: a resize makes the export see it.
+            std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(32 * MIB).unwrap();
+            exp.resize_export(&ExportRequest { size_bytes: 32 * MIB, ..req2.clone() }).await.unwrap();
+            assert_eq!(bdev::get(&t2.bdev_name).await.unwrap().unwrap().size_bytes(), 32 * MIB);
+
+            // A request with nothing to export is refused clearly.
+            let bad = ExportRequest { device: None, lvol: None, ..req2.clone() };
+            assert!(exp.ensure_export(&bad).await.unwrap_err().to_string().contains("neither an lvol nor a device"));
+
+            // Removal is idempotent and takes the aio bdev with it.
+            let un2 = UnexportRequest { volume: "pvc-2".into(), uuid: uuid2.into(), target: Some(t2.clone()) };
+            exp.remove_export(&un2).await.unwrap();
+            exp.remove_export(&un2).await.unwrap();
+            assert!(bdev::get(&t2.bdev_name).await.unwrap().is_none());
+            exp.remove_export(&UnexportRequest { volume: "pvc-1".into(), uuid: uuid.into(), target: None }).await.unwrap();
+            assert!(nvmf::subsystems().await.unwrap().is_empty());
+            assert!(lvol::lvol("xlvs", "pvc-1").await.unwrap().is_some(), "unexport keeps the data");
+            let _ = std::fs::remove_dir_all(dir);
+        })
+        .await
+        .expect("timed out");
+    });
+    spdk.stop();
+}
