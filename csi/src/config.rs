@@ -1,0 +1,47 @@
+//! Settings shared by the services.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Settings of one driver process.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// This node's name (NodeGetInfo, local-device decisions).
+    pub node_id: String,
+    /// Namespace of LiteIO's objects.
+    pub namespace: String,
+    /// Version reported by GetPluginInfo.
+    pub version: String,
+    /// How long CreateVolume waits for the controller to schedule the volume.
+    pub schedule_timeout: Duration,
+    /// How long NodeStageVolume waits for the volume to become ready.
+    pub ready_timeout: Duration,
+    /// How long NodeStageVolume waits for an NVMe namespace to appear after connecting.
+    pub device_timeout: Duration,
+    /// Root of sysfs (`/sys`); tests point it at a fake tree.
+    pub sysfs_root: PathBuf,
+    /// This node's NVMe host NQN file (`/etc/nvme/hostnqn`).
+    pub hostnqn_path: PathBuf,
+    /// Path of the mount table (`/proc/self/mountinfo`).
+    pub mountinfo_path: PathBuf,
+    /// Reported by NodeGetInfo.
+    pub max_volumes_per_node: i64,
+}
+
+impl DriverConfig {
+    /// Defaults for node `node_id`.
+    pub fn new(node_id: impl Into<String>) -> Self {
+        DriverConfig {
+            node_id: node_id.into(),
+            namespace: liteio_api::keys::DEFAULT_NAMESPACE.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            schedule_timeout: Duration::from_secs(30),
+            ready_timeout: Duration::from_secs(30),
+            device_timeout: Duration::from_secs(20),
+            sysfs_root: PathBuf::from("/sys"),
+            hostnqn_path: PathBuf::from("/etc/nvme/hostnqn"),
+            mountinfo_path: PathBuf::from("/proc/self/mountinfo"),
+            max_volumes_per_node: 20,
+        }
+    }
+}

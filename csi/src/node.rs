@@ -1,0 +1,950 @@
+//! The CSI Node service: attach (NVMe/TCP or a local device), format, mount, publish and the
+//! reverse, expansion and statistics.
+//!
+//! How a volume is attached on this node:
+//! - **local**: the volume is scheduled to this node (`spec.targetNodeId`) and has
+//!   `spec.kernelLvol.devPath`. A block device (an LVM LV) is used as is; a regular file (a
+//!   file-engine volume, `<pool>/volumes/<name>.img`) gets a loop device
+//!   (`losetup --find --show`, reused when `losetup -j` shows one).
+//! - **NVMe/TCP**: otherwise, when the agent exported it (`spec.spdkTarget`): `nvme connect`
+//!   as this node's host NQN, then the namespace is found by serial number in sysfs.
+//!
+//! Blocking work (commands, sysfs polling) runs on tokio's blocking pool.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use liteio_api::keys::{labels, managers};
+use liteio_api::{AntstorVolume, CsiNodePubParams, SpdkTarget, VolumeStatus, naming};
+use serde_json::json;
+use tonic::{Request, Response, Status};
+use tracing::{info, instrument, warn};
+
+use crate::cmd::{self, CommandRunner, argv};
+use crate::config::DriverConfig;
+use crate::controller::{hostname_topology, volume_fs};
+use crate::csi::node_server::Node;
+use crate::csi::node_service_capability::rpc::Type as RpcType;
+use crate::csi::*;
+use crate::error::{CsiError, Result};
+use crate::k8s::{self, Inflight, Waited};
+use crate::metrics::VolumeMetrics;
+use crate::mount::{self, MountEntry};
+use crate::nvme;
+use crate::params::{self, Access};
+
+/// Capabilities the node advertises.
+pub const NODE_CAPABILITIES: [RpcType; 4] = [
+    RpcType::StageUnstageVolume,
+    RpcType::ExpandVolume,
+    RpcType::GetVolumeStats,
+    RpcType::VolumeCondition,
+];
+
+/// How this node reaches a volume's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attach {
+    /// A local block device or a file to loop-attach.
+    Local(PathBuf),
+    /// An NVMe-oF export to connect to.
+    Nvme(SpdkTarget),
+}
+
+/// Decides how `node` reaches `vol`.
+pub fn attach_plan(vol: &AntstorVolume, node: &str) -> Result<Attach> {
+    let local_path = vol
+        .spec
+        .kernel_lvol
+        .as_ref()
+        .map(|l| l.dev_path.trim())
+        .filter(|p| !p.is_empty());
+    if let Some(p) = local_path
+        && vol.spec.target_node_id == node
+    {
+        return Ok(Attach::Local(PathBuf::from(p)));
+    }
+    if let Some(t) = vol.spec.spdk_target.as_ref() {
+        return Ok(Attach::Nvme(t.clone()));
+    }
+    Err(CsiError::FailedPrecondition(format!(
+        "volume {} lives on node {:?} and has no NVMe-oF export (spec.spdkTarget) for node {node}",
+        vol.name_any(),
+        vol.spec.target_node_id
+    )))
+}
+
+/// Blocking host operations; cloned into `spawn_blocking`.
+#[derive(Debug, Clone)]
+pub struct Host {
+    cfg: Arc<DriverConfig>,
+    runner: Arc<dyn CommandRunner>,
+}
+
+fn is_file(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file())
+}
+
+impl Host {
+    /// Host operations with `runner`.
+    pub fn new(cfg: Arc<DriverConfig>, runner: Arc<dyn CommandRunner>) -> Self {
+        Host { cfg, runner }
+    }
+
+    fn mounts(&self) -> Result<Vec<MountEntry>> {
+        mount::read_mounts(&self.cfg.mountinfo_path)
+    }
+
+    /// The mount at `target`, if any.
+    pub fn mounted(&self, target: &Path) -> Result<Option<MountEntry>> {
+        Ok(mount::mount_at(&self.mounts()?, target))
+    }
+
+    /// The block device of an attached volume, without attaching it.
+    pub fn find_device(&self, plan: &Attach) -> Result<Option<PathBuf>> {
+        match plan {
+            Attach::Local(p) if is_file(p) => Ok(mount::loops_for(self.runner.as_ref(), p)?
+                .into_iter()
+                .next()),
+            Attach::Local(p) => Ok(p.exists().then(|| p.clone())),
+            Attach::Nvme(t) => Ok(nvme::find_by_serial(&self.cfg.sysfs_root, &t.sn)
+                .and_then(|f| f.namespace)
+                .map(|n| nvme::dev_path(&n))),
+        }
+    }
+
+    /// Attaches the volume and returns its block device.
+    pub fn attach(&self, plan: &Attach) -> Result<PathBuf> {
+        match plan {
+            Attach::Local(p) if is_file(p) => mount::attach_loop(self.runner.as_ref(), p),
+            Attach::Local(p) => {
+                if p.exists() {
+                    Ok(p.clone())
+                } else {
+                    Err(CsiError::FailedPrecondition(format!(
+                        "spec.kernelLvol.devPath: {} does not exist on this node",
+                        p.display()
+                    )))
+                }
+            }
+            Attach::Nvme(t) => {
+                if t.sn.is_empty() {
+                    return Err(CsiError::FailedPrecondition(
+                        "spec.spdkTarget.sn: is empty; the export is incomplete".into(),
+                    ));
+                }
+                if let Some(ns) =
+                    nvme::find_by_serial(&self.cfg.sysfs_root, &t.sn).and_then(|f| f.namespace)
+                {
+                    return Ok(nvme::dev_path(&ns));
+                }
+                let hostnqn = nvme::host_nqn(&self.cfg.hostnqn_path, &self.cfg.node_id)?;
+                let connected = nvme::find_by_serial(&self.cfg.sysfs_root, &t.sn).is_some();
+                if !connected {
+                    cmd::run_ok(self.runner.as_ref(), &nvme::connect_argv(t, &hostnqn)?)?;
+                    info!(nqn = %t.subsys_nqn, address = %t.address, svc_id = %t.svc_id, "connected NVMe/TCP target");
+                }
+                nvme::wait_for_namespace(&self.cfg.sysfs_root, &t.sn, self.cfg.device_timeout)
+                    .map(|n| nvme::dev_path(&n))
+                    .ok_or_else(|| {
+                        CsiError::Pending(format!(
+                            "no NVMe namespace with serial {} appeared within {}s after connecting {}",
+                            t.sn,
+                            self.cfg.device_timeout.as_secs(),
+                            t.subsys_nqn
+                        ))
+                    })
+            }
+        }
+    }
+
+    /// Detaches the volume: `losetup -d` for a loop-attached file, `nvme disconnect` for an
+    /// export. Idempotent.
+    pub fn detach(&self, plan: &Attach) -> Result<()> {
+        match plan {
+            Attach::Local(p) if is_file(p) => {
+                for dev in mount::loops_for(self.runner.as_ref(), p)? {
+                    cmd::run_ok(
+                        self.runner.as_ref(),
+                        &argv(&["losetup", "-d", &dev.display().to_string()]),
+                    )?;
+                    info!(device = %dev.display(), "loop device detached");
+                }
+                Ok(())
+            }
+            Attach::Local(_) => Ok(()),
+            Attach::Nvme(t) => {
+                if nvme::find_by_serial(&self.cfg.sysfs_root, &t.sn).is_none() {
+                    return Ok(());
+                }
+                cmd::run_ok(self.runner.as_ref(), &nvme::disconnect_argv(&t.subsys_nqn))?;
+                info!(nqn = %t.subsys_nqn, "disconnected NVMe/TCP target");
+                Ok(())
+            }
+        }
+    }
+
+    /// Formats `dev` when it has no filesystem and mounts it at `staging`. Returns the
+    /// filesystem mounted.
+    pub fn format_and_mount(
+        &self,
+        dev: &Path,
+        staging: &Path,
+        fs: &str,
+        mkfs_params: &str,
+        options: &[String],
+    ) -> Result<String> {
+        std::fs::create_dir_all(staging).map_err(|e| {
+            CsiError::io(
+                format!("create staging_target_path {}", staging.display()),
+                e,
+            )
+        })?;
+        let existing = mount::probe_fs(self.runner.as_ref(), dev)?;
+        let fs_used = match existing {
+            Some(found) => {
+                if found != fs {
+                    warn!(device = %dev.display(), found = %found, wanted = fs, "device already has another filesystem; mounting it as is");
+                }
+                found
+            }
+            None => {
+                cmd::run_ok(
+                    self.runner.as_ref(),
+                    &mount::mkfs_argv(fs, dev, mkfs_params)?,
+                )?;
+                info!(device = %dev.display(), fs, "filesystem created");
+                fs.to_string()
+            }
+        };
+        let mut opts = options.to_vec();
+        if fs_used != "xfs" {
+            opts.retain(|o| o != "nouuid");
+        }
+        cmd::run_ok(
+            self.runner.as_ref(),
+            &mount::mount_argv(dev, staging, &fs_used, &opts),
+        )?;
+        Ok(fs_used)
+    }
+
+    /// Unmounts `target` when mounted (every stacked mount). Idempotent.
+    pub fn unmount(&self, target: &Path) -> Result<Option<MountEntry>> {
+        let mut first = None;
+        while let Some(m) = self.mounted(target)? {
+            cmd::run_ok(self.runner.as_ref(), &mount::umount_argv(target))?;
+            first.get_or_insert(m);
+        }
+        Ok(first)
+    }
+}
+
+/// The Node service.
+#[derive(Clone)]
+pub struct NodeService {
+    client: Client,
+    cfg: Arc<DriverConfig>,
+    host: Host,
+    inflight: Inflight,
+    metrics: Option<Arc<VolumeMetrics>>,
+}
+
+fn require<'a>(field: &str, v: &'a str) -> Result<&'a str> {
+    if v.trim().is_empty() {
+        Err(CsiError::invalid(field, "is required"))
+    } else {
+        Ok(v)
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CsiError::Internal(format!("blocking task failed: {e}")))?
+}
+
+fn fail(op: &str, e: CsiError) -> Status {
+    warn!(op, kind = e.kind().as_str(), error = %e.chain(), "CSI call failed");
+    e.into()
+}
+
+fn is_clone(v: &AntstorVolume) -> bool {
+    v.labels().contains_key(labels::VOLUME_SOURCE_SNAP_NAME)
+}
+
+/// statvfs of `path` as CSI usage.
+pub fn usage(path: &Path) -> std::io::Result<Vec<VolumeUsage>> {
+    let s = rustix::fs::statvfs(path).map_err(std::io::Error::from)?;
+    let frsize = s.f_frsize.max(1);
+    let b = |n: u64| i64::try_from(n.saturating_mul(frsize)).unwrap_or(i64::MAX);
+    let n = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    Ok(vec![
+        VolumeUsage {
+            available: b(s.f_bavail),
+            total: b(s.f_blocks),
+            used: b(s.f_blocks.saturating_sub(s.f_bfree)),
+            unit: volume_usage::Unit::Bytes as i32,
+        },
+        VolumeUsage {
+            available: n(s.f_ffree),
+            total: n(s.f_files),
+            used: n(s.f_files.saturating_sub(s.f_ffree)),
+            unit: volume_usage::Unit::Inodes as i32,
+        },
+    ])
+}
+
+impl NodeService {
+    /// A node service for `cfg.node_id`.
+    pub fn new(
+        client: Client,
+        cfg: Arc<DriverConfig>,
+        runner: Arc<dyn CommandRunner>,
+        metrics: Option<Arc<VolumeMetrics>>,
+    ) -> Self {
+        NodeService {
+            client,
+            host: Host::new(Arc::clone(&cfg), runner),
+            cfg,
+            inflight: Inflight::default(),
+            metrics,
+        }
+    }
+
+    fn volumes(&self) -> Api<AntstorVolume> {
+        Api::namespaced(self.client.clone(), &self.cfg.namespace)
+    }
+
+    async fn find_volume(&self, id: &str) -> Result<AntstorVolume> {
+        k8s::volume_by_uuid(&self.volumes(), id)
+            .await?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
+    }
+
+    async fn wait_ready(&self, vol: AntstorVolume) -> Result<AntstorVolume> {
+        if vol.phase() == VolumeStatus::Ready {
+            return Ok(vol);
+        }
+        let name = vol.name_any();
+        match k8s::wait_for(
+            self.volumes(),
+            "AntstorVolume",
+            &name,
+            self.cfg.ready_timeout,
+            |v: &AntstorVolume| v.phase() == VolumeStatus::Ready,
+        )
+        .await?
+        {
+            Waited::Done(v) => Ok(v),
+            Waited::Gone => Err(CsiError::NotFound(format!("volume {name} was deleted"))),
+            Waited::TimedOut => {
+                let msg = vol
+                    .status
+                    .as_ref()
+                    .map(|s| s.message.clone())
+                    .filter(|m| !m.is_empty())
+                    .map(|m| format!(" ({m})"))
+                    .unwrap_or_default();
+                Err(CsiError::Pending(format!(
+                    "volume {name} is not ready after {}s{msg}; retry",
+                    self.cfg.ready_timeout.as_secs()
+                )))
+            }
+        }
+    }
+
+    async fn stage(&self, req: &NodeStageVolumeRequest) -> Result<()> {
+        let id = require("volume_id", &req.volume_id)?;
+        let staging = PathBuf::from(require("staging_target_path", &req.staging_target_path)?);
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
+        let access = params::check_capability("volume_capability", cap)?;
+        let _g = self.inflight.claim(&format!("volume {id}"))?;
+        let vol = self.find_volume(id).await?;
+        let vol = self.wait_ready(vol).await?;
+        let plan = attach_plan(&vol, &self.cfg.node_id)?;
+        let host = self.host.clone();
+        let fs = match &access {
+            Access::Mount { fs_type, .. } if !fs_type.is_empty() => fs_type.clone(),
+            _ => req
+                .volume_context
+                .get(liteio_api::keys::SC_PARAM_FS_TYPE)
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .unwrap_or_else(|| volume_fs(&vol)),
+        };
+        let mkfs = req
+            .volume_context
+            .get(liteio_api::keys::SC_PARAM_MKFS_PARAMS)
+            .cloned()
+            .unwrap_or_default();
+        let clone = is_clone(&vol);
+        let name = vol.name_any();
+        blocking(move || {
+            let dev = host.attach(&plan)?;
+            let Access::Mount { flags, .. } = access else {
+                info!(volume = %name, device = %dev.display(), "volume staged for block access");
+                return Ok(());
+            };
+            if host.mounted(&staging)?.is_some() {
+                return Ok(());
+            }
+            let opts = mount::mount_options(&flags, &fs, clone, false);
+            let used = host.format_and_mount(&dev, &staging, &fs, &mkfs, &opts)?;
+            info!(volume = %name, device = %dev.display(), fs = %used, staging = %staging.display(), "volume staged");
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<()> {
+        let id = require("volume_id", &req.volume_id)?;
+        let staging = PathBuf::from(require("staging_target_path", &req.staging_target_path)?);
+        let _g = self.inflight.claim(&format!("volume {id}"))?;
+        let vol = k8s::volume_by_uuid(&self.volumes(), id).await?;
+        let host = self.host.clone();
+        let node = self.cfg.node_id.clone();
+        blocking(move || {
+            let unmounted = host.unmount(&staging)?;
+            let plan = match vol.as_ref().map(|v| attach_plan(v, &node)) {
+                Some(Ok(p)) => Some(p),
+                _ => None,
+            };
+            match plan {
+                Some(p) => host.detach(&p)?,
+                None => {
+                    // The volume object is gone: a loop device can still be found from the mount.
+                    if let Some(m) = unmounted.filter(|m| m.source.starts_with("/dev/loop")) {
+                        cmd::run_ok(host.runner.as_ref(), &argv(&["losetup", "-d", &m.source]))?;
+                    }
+                }
+            }
+            info!(staging = %staging.display(), "volume unstaged");
+            Ok(())
+        })
+        .await
+    }
+
+    async fn record_publish(&self, vol: &AntstorVolume, req: &NodePublishVolumeRequest) {
+        if req
+            .volume_context
+            .get(params::CTX_SKIP_SAVE)
+            .map(String::as_str)
+            == Some("true")
+        {
+            return;
+        }
+        let ctx: BTreeMap<String, String> = req
+            .volume_context
+            .iter()
+            .filter(|(k, _)| k.starts_with("csi.storage.k8s.io/pod."))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let params = CsiNodePubParams {
+            staging_target_path: req.staging_target_path.clone(),
+            target_path: req.target_path.clone(),
+            volume_context: ctx,
+        };
+        let body = json!({"status": {"csiNodePubParams": params}});
+        let pp = PatchParams {
+            field_manager: Some(managers::CSI.to_string()),
+            ..PatchParams::default()
+        };
+        if let Err(e) = self
+            .volumes()
+            .patch_status(&vol.name_any(), &pp, &Patch::Merge(&body))
+            .await
+        {
+            warn!(volume = %vol.name_any(), error = %e, "cannot record the publish parameters on the volume");
+        }
+    }
+
+    async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<()> {
+        let id = require("volume_id", &req.volume_id)?;
+        let target = PathBuf::from(require("target_path", &req.target_path)?);
+        let staging = PathBuf::from(require("staging_target_path", &req.staging_target_path)?);
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
+        let access = params::check_capability("volume_capability", cap)?;
+        let _g = self.inflight.claim(&format!("volume {id}"))?;
+        let vol = self.find_volume(id).await?;
+        let plan = attach_plan(&vol, &self.cfg.node_id)?;
+        let host = self.host.clone();
+        let readonly = req.readonly;
+        let t = target.clone();
+        blocking(move || {
+            if host.mounted(&t)?.is_some() {
+                return Ok(());
+            }
+            let source = match access {
+                Access::Block => {
+                    let dev = host.find_device(&plan)?.ok_or_else(|| {
+                        CsiError::FailedPrecondition(format!(
+                            "staging_target_path: volume is not staged at {} (no device on this node)",
+                            staging.display()
+                        ))
+                    })?;
+                    if let Some(dir) = t.parent() {
+                        std::fs::create_dir_all(dir).map_err(|e| CsiError::io(format!("create {}", dir.display()), e))?;
+                    }
+                    if !t.exists() {
+                        std::fs::File::create(&t).map_err(|e| CsiError::io(format!("create target_path {}", t.display()), e))?;
+                    }
+                    dev
+                }
+                Access::Mount { .. } => {
+                    if host.mounted(&staging)?.is_none() {
+                        return Err(CsiError::FailedPrecondition(format!(
+                            "staging_target_path: {} is not staged (nothing is mounted there)",
+                            staging.display()
+                        )));
+                    }
+                    std::fs::create_dir_all(&t).map_err(|e| CsiError::io(format!("create target_path {}", t.display()), e))?;
+                    staging.clone()
+                }
+            };
+            cmd::run_ok(host.runner.as_ref(), &mount::bind_argv(&source, &t))?;
+            if readonly {
+                cmd::run_ok(host.runner.as_ref(), &mount::remount_ro_argv(&t))?;
+            }
+            Ok(())
+        })
+        .await?;
+        info!(volume = %vol.name_any(), target = %target.display(), readonly, "volume published");
+        self.record_publish(&vol, req).await;
+        if let Some(m) = &self.metrics {
+            m.register(id, &vol, &target);
+        }
+        Ok(())
+    }
+
+    async fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<()> {
+        let id = require("volume_id", &req.volume_id)?;
+        let target = PathBuf::from(require("target_path", &req.target_path)?);
+        let _g = self.inflight.claim(&format!("volume {id}"))?;
+        let host = self.host.clone();
+        let t = target.clone();
+        blocking(move || {
+            host.unmount(&t)?;
+            match std::fs::symlink_metadata(&t) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir(&t),
+                Ok(_) => std::fs::remove_file(&t),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            }
+            .map_err(|e| CsiError::io(format!("remove target_path {}", t.display()), e))
+        })
+        .await?;
+        if let Some(m) = &self.metrics {
+            m.unregister(&target);
+        }
+        info!(volume = id, target = %target.display(), "volume unpublished");
+        Ok(())
+    }
+
+    async fn stats(&self, req: &NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse> {
+        require("volume_id", &req.volume_id)?;
+        let path = PathBuf::from(require("volume_path", &req.volume_path)?);
+        let host = self.host.clone();
+        let metrics = self.metrics.clone();
+        let id = req.volume_id.clone();
+        blocking(move || {
+            let meta = std::fs::metadata(&path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    CsiError::NotFound(format!("volume_path: {} does not exist", path.display()))
+                } else {
+                    CsiError::io(format!("stat volume_path {}", path.display()), e)
+                }
+            })?;
+            let abnormal = |message: String| NodeGetVolumeStatsResponse {
+                usage: Vec::new(),
+                volume_condition: Some(VolumeCondition {
+                    abnormal: true,
+                    message,
+                }),
+            };
+            let Some(m) = host.mounted(&path)? else {
+                return Ok(abnormal(format!("{} is not mounted", path.display())));
+            };
+            if m.source.starts_with("/dev/") && !Path::new(&m.source).exists() {
+                return Ok(abnormal(format!("device {} is gone", m.source)));
+            }
+            if !meta.is_dir() {
+                // Raw block: the bind-mounted device file.
+                let total = mount::device_size(&path)
+                    .map(|b| i64::try_from(b).unwrap_or(i64::MAX))
+                    .map_err(|e| CsiError::Internal(e.chain()));
+                return Ok(match total {
+                    Ok(total) => NodeGetVolumeStatsResponse {
+                        usage: vec![VolumeUsage {
+                            available: 0,
+                            total,
+                            used: 0,
+                            unit: volume_usage::Unit::Bytes as i32,
+                        }],
+                        volume_condition: Some(VolumeCondition {
+                            abnormal: false,
+                            message: "block device present".into(),
+                        }),
+                    },
+                    Err(e) => abnormal(format!("cannot read the block device: {e}")),
+                });
+            }
+            match usage(&path) {
+                Ok(u) => {
+                    if let Some(mx) = &metrics {
+                        mx.observe(&id, &u);
+                    }
+                    Ok(NodeGetVolumeStatsResponse {
+                        usage: u,
+                        volume_condition: Some(VolumeCondition {
+                            abnormal: false,
+                            message: "mounted".into(),
+                        }),
+                    })
+                }
+                Err(e) => Ok(abnormal(format!("statvfs {} failed: {e}", path.display()))),
+            }
+        })
+        .await
+    }
+
+    async fn expand(&self, req: &NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
+        let id = require("volume_id", &req.volume_id)?;
+        let path = PathBuf::from(require("volume_path", &req.volume_path)?);
+        let vol = self.find_volume(id).await?;
+        if vol.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE) {
+            return Err(CsiError::Pending(format!(
+                "volume {} is still being grown by its storage node; retry",
+                vol.name_any()
+            )));
+        }
+        let _g = self.inflight.claim(&format!("volume {id}"))?;
+        let plan = attach_plan(&vol, &self.cfg.node_id)?;
+        let host = self.host.clone();
+        let block_cap = matches!(
+            req.volume_capability
+                .as_ref()
+                .map(|c| params::check_capability("volume_capability", c)),
+            Some(Ok(Access::Block))
+        );
+        let vid = id.to_string();
+        let size = blocking(move || {
+            if !path.exists() {
+                return Err(CsiError::NotFound(format!(
+                    "volume_path: {} does not exist",
+                    path.display()
+                )));
+            }
+            let dev = host.find_device(&plan)?.ok_or_else(|| {
+                CsiError::FailedPrecondition(format!("volume {vid} is not attached on this node"))
+            })?;
+            if dev.starts_with("/dev/loop") || dev.to_string_lossy().starts_with("/dev/loop") {
+                // The file grew: make the loop device see it.
+                cmd::run_ok(
+                    host.runner.as_ref(),
+                    &argv(&["losetup", "-c", &dev.display().to_string()]),
+                )?;
+            }
+            if !block_cap && path.is_dir() {
+                let m = host.mounted(&path)?.ok_or_else(|| {
+                    CsiError::NotFound(format!("volume_path: {} is not mounted", path.display()))
+                })?;
+                cmd::run_ok(
+                    host.runner.as_ref(),
+                    &mount::grow_argv(&m.fs_type, &dev, &path)?,
+                )?;
+            }
+            mount::device_size(&dev)
+        })
+        .await?;
+        info!(volume = id, size, "filesystem expanded");
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        self.stage(request.get_ref())
+            .await
+            .map_err(|e| fail("NodeStageVolume", e))?;
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        self.unstage(request.get_ref())
+            .await
+            .map_err(|e| fail("NodeUnstageVolume", e))?;
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        self.publish(request.get_ref())
+            .await
+            .map_err(|e| fail("NodePublishVolume", e))?;
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        self.unpublish(request.get_ref())
+            .await
+            .map_err(|e| fail("NodeUnpublishVolume", e))?;
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        self.stats(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(|e| fail("NodeGetVolumeStats", e))
+    }
+
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
+    async fn node_expand_volume(
+        &self,
+        request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        self.expand(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(|e| fail("NodeExpandVolume", e))
+    }
+
+    #[instrument(skip_all)]
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(NodeGetCapabilitiesResponse {
+            capabilities: NODE_CAPABILITIES
+                .iter()
+                .map(|t| NodeServiceCapability {
+                    r#type: Some(node_service_capability::Type::Rpc(
+                        node_service_capability::Rpc { r#type: *t as i32 },
+                    )),
+                })
+                .collect(),
+        }))
+    }
+
+    #[instrument(skip_all)]
+    async fn node_get_info(
+        &self,
+        _request: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.cfg.node_id.clone(),
+            max_volumes_per_node: self.cfg.max_volumes_per_node,
+            accessible_topology: Some(hostname_topology(&self.cfg.node_id)),
+        }))
+    }
+}
+
+/// The NQN a volume's export uses (for tools).
+pub fn volume_nqn(vol: &AntstorVolume) -> String {
+    vol.spec
+        .spdk_target
+        .as_ref()
+        .map(|t| t.subsys_nqn.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| naming::subsys_nqn(&vol.spec.uuid))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::cmd::{Output, ScriptedRunner};
+    use liteio_api::{AntstorVolumeSpec, KernelLvol};
+    use std::fs;
+    use std::time::Duration;
+
+    fn nvme_volume(target: &str) -> AntstorVolume {
+        let uuid = "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a11";
+        let mut v = AntstorVolume::new("pvc-1", AntstorVolumeSpec::default());
+        v.spec.uuid = uuid.into();
+        v.spec.target_node_id = target.into();
+        v.spec.spdk_target = Some(SpdkTarget {
+            subsys_nqn: naming::subsys_nqn(uuid),
+            svc_id: "4421".into(),
+            sn: naming::serial_number(uuid),
+            trans_type: "TCP".into(),
+            address: "10.0.0.9".into(),
+            ..SpdkTarget::default()
+        });
+        v
+    }
+
+    #[test]
+    fn plans() {
+        let mut v = nvme_volume("node-2");
+        assert!(matches!(
+            attach_plan(&v, "node-1").unwrap(),
+            Attach::Nvme(_)
+        ));
+        v.spec.kernel_lvol = Some(KernelLvol {
+            name: "pvc-1".into(),
+            dev_path: "/dev/vg/pvc-1".into(),
+        });
+        // A remote LVM volume is still reached over NVMe/TCP.
+        assert!(matches!(
+            attach_plan(&v, "node-1").unwrap(),
+            Attach::Nvme(_)
+        ));
+        assert_eq!(
+            attach_plan(&v, "node-2").unwrap(),
+            Attach::Local(PathBuf::from("/dev/vg/pvc-1"))
+        );
+        v.spec.spdk_target = None;
+        assert_eq!(
+            attach_plan(&v, "node-1").unwrap_err().kind(),
+            crate::error::ErrorKind::FailedPrecondition
+        );
+    }
+
+    fn cfg(dir: &Path) -> Arc<DriverConfig> {
+        let mut c = DriverConfig::new("node-1");
+        c.sysfs_root = dir.join("sys");
+        c.hostnqn_path = dir.join("etc/nvme/hostnqn");
+        c.device_timeout = Duration::from_secs(2);
+        Arc::new(c)
+    }
+
+    #[test]
+    fn nvme_attach_connects_and_finds_the_namespace_by_serial() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = cfg(d.path());
+        let vol = nvme_volume("node-2");
+        let sn = vol.spec.spdk_target.as_ref().unwrap().sn.clone();
+        let runner = Arc::new(ScriptedRunner::new());
+        let sys = cfg.sysfs_root.clone();
+        runner.on_with(&["nvme", "connect"], Output::ok(""), move |_| {
+            // What the kernel does on a successful connect.
+            let c = sys.join("class/nvme/nvme3");
+            fs::create_dir_all(c.join("nvme3n1")).unwrap();
+            fs::write(c.join("serial"), format!("{sn}  \n")).unwrap();
+            fs::write(c.join("subsysnqn"), "nqn.x\n").unwrap();
+        });
+        runner.on(
+            &["nvme", "disconnect"],
+            Output::ok("NQN:nqn disconnected 1 controller(s)\n"),
+        );
+        let host = Host::new(Arc::clone(&cfg), runner.clone());
+        let plan = attach_plan(&vol, "node-1").unwrap();
+        assert_eq!(host.attach(&plan).unwrap(), PathBuf::from("/dev/nvme3n1"));
+        // Attached already: no second connect.
+        assert_eq!(host.attach(&plan).unwrap(), PathBuf::from("/dev/nvme3n1"));
+        host.detach(&plan).unwrap();
+        let lines = runner.lines();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(
+            lines[0],
+            format!(
+                "nvme connect -t tcp -a 10.0.0.9 -s 4421 -n {} --hostnqn nqn.2021-03.com.alipay.host:uuid:node-1 --reconnect-delay 2 --ctrl-loss-tmo 10",
+                naming::subsys_nqn(&vol.spec.uuid)
+            )
+        );
+        assert!(lines[1].starts_with("nvme disconnect -n nqn.2021-03.com.alipay.ob:uuid:"));
+    }
+
+    #[test]
+    fn nvme_attach_reports_a_missing_namespace_as_retryable() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = DriverConfig::new("node-1");
+        c.sysfs_root = d.path().join("sys");
+        c.hostnqn_path = d.path().join("hostnqn");
+        c.device_timeout = Duration::from_millis(200);
+        let runner = Arc::new(ScriptedRunner::new());
+        runner.on(&["nvme", "connect"], Output::ok(""));
+        let host = Host::new(Arc::new(c), runner);
+        let e = host
+            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap())
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Timeout, "{e}");
+    }
+
+    #[test]
+    fn nvme_connect_failure_is_reported_with_stderr() {
+        let d = tempfile::tempdir().unwrap();
+        let runner = Arc::new(ScriptedRunner::new());
+        runner.on(
+            &["nvme", "connect"],
+            Output::fail(
+                1,
+                "Failed to write to /dev/nvme-fabrics: Connection refused\n",
+            ),
+        );
+        let host = Host::new(cfg(d.path()), runner);
+        let e = host
+            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap())
+            .unwrap_err();
+        assert!(e.to_string().contains("Connection refused"), "{e}");
+        // Detach of a never-connected export does nothing.
+        let runner = Arc::new(ScriptedRunner::new());
+        let host = Host::new(cfg(d.path()), runner.clone());
+        host.detach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap())
+            .unwrap();
+        assert!(runner.calls().is_empty());
+    }
+
+    #[test]
+    fn existing_filesystem_is_never_reformatted() {
+        let d = tempfile::tempdir().unwrap();
+        let runner = Arc::new(ScriptedRunner::new());
+        runner
+            .once(&["blkid"], Output::ok("ext4\n"))
+            .once(&["blkid"], Output::fail(2, ""))
+            .on(&["mkfs.xfs"], Output::ok(""))
+            .on(&["mount"], Output::ok(""));
+        let host = Host::new(cfg(d.path()), runner.clone());
+        let st = d.path().join("staging");
+        let used = host
+            .format_and_mount(Path::new("/dev/x"), &st, "xfs", "", &["nouuid".into()])
+            .unwrap();
+        assert_eq!(used, "ext4");
+        let used = host
+            .format_and_mount(Path::new("/dev/x"), &st, "xfs", "-K", &["nouuid".into()])
+            .unwrap();
+        assert_eq!(used, "xfs");
+        let lines = runner.lines();
+        assert_eq!(
+            lines,
+            vec![
+                "blkid -p -o value -s TYPE /dev/x".to_string(),
+                format!("mount -t ext4 /dev/x {}", st.display()),
+                "blkid -p -o value -s TYPE /dev/x".to_string(),
+                "mkfs.xfs -f -m reflink=0 -K /dev/x".to_string(),
+                format!("mount -t xfs -o nouuid /dev/x {}", st.display()),
+            ]
+        );
+    }
+}

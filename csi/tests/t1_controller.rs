@@ -1,0 +1,551 @@
+//! T1: the Controller and Identity services over the real gRPC socket against the test API
+//! server, with a fake scheduler in place of the node-disk-controller.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{NODE, bounded, pool, start};
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use liteio_api::keys::labels;
+use liteio_api::size::MIB;
+use liteio_api::{AntstorSnapshot, StoragePool};
+use liteio_csi::csi::volume_capability::access_mode::Mode;
+use liteio_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use liteio_csi::csi::*;
+use serde_json::json;
+use tonic::Code;
+
+fn cap(mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn create_req(name: &str, bytes: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap(Mode::SingleNodeWriter)],
+        parameters: HashMap::from([("fsType".to_string(), "ext4".to_string())]),
+        ..Default::default()
+    }
+}
+
+const MIB_I: i64 = 1 << 20;
+
+#[tokio::test]
+async fn identity_reports_name_and_capabilities() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        let info = env
+            .csi
+            .identity
+            .get_plugin_info(GetPluginInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.name, "antstor.csi.alipay.com");
+        assert_eq!(info.vendor_version, "test");
+        let caps = env
+            .csi
+            .identity
+            .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(caps.capabilities.len(), 3);
+        let probe = env
+            .csi
+            .identity
+            .probe(ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(probe.ready, Some(true));
+        let c = env
+            .csi
+            .controller
+            .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(c.capabilities.len(), 6);
+        // The node service is not served in controller mode.
+        let e = env
+            .csi
+            .node
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn create_volume_stores_the_rounded_size_and_is_idempotent() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(1 << 40);
+        let req = create_req("pvc-a", 5 * MIB_I + 1);
+        let v = env
+            .csi
+            .controller
+            .create_volume(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(v.capacity_bytes, 8 * MIB_I);
+        assert_eq!(
+            v.volume_context
+                .get("obnvmf/target-node-id")
+                .map(String::as_str),
+            Some(NODE)
+        );
+        assert_eq!(
+            v.volume_context.get("fsType").map(String::as_str),
+            Some("ext4")
+        );
+        let obj = env.volumes().get("pvc-a").await.unwrap();
+        assert_eq!(
+            obj.spec.size_byte,
+            8 * MIB,
+            "the stored size is the rounded size"
+        );
+        assert_eq!(obj.spec.uuid, v.volume_id);
+        assert!(uuid::Uuid::parse_str(&v.volume_id).is_ok());
+        assert_eq!(obj.labels().get(labels::VOL_UUID), Some(&v.volume_id));
+        assert_eq!(
+            obj.labels().get(labels::FS_TYPE).map(String::as_str),
+            Some("ext4")
+        );
+
+        // Same request again: the same volume.
+        let again = env
+            .csi
+            .controller
+            .create_volume(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(again.volume_id, v.volume_id);
+        // Same name, other size: ALREADY_EXISTS naming the field.
+        let e = env
+            .csi
+            .controller
+            .create_volume(create_req("pvc-a", 64 * MIB_I))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists);
+        assert!(e.message().contains("spec.sizeByte"), "{}", e.message());
+
+        // Delete is idempotent.
+        let del = DeleteVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            secrets: HashMap::new(),
+        };
+        env.csi.controller.delete_volume(del.clone()).await.unwrap();
+        env.csi.controller.delete_volume(del).await.unwrap();
+        assert!(env.volumes().get_opt("pvc-a").await.unwrap().is_none());
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nothing_fits_is_resource_exhausted_with_the_message() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(16 * MIB);
+        let e = env
+            .csi
+            .controller
+            .create_volume(create_req("pvc-big", 1 << 30))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+        assert!(
+            e.message()
+                .contains("NoStoragePoolAvailable: PoolFreeSize: 1"),
+            "{}",
+            e.message()
+        );
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unscheduled_volume_is_a_retryable_timeout() {
+    bounded(async {
+        let mut env = start(true, false, |c| {
+            c.schedule_timeout = Duration::from_millis(500)
+        })
+        .await;
+        let e = env
+            .csi
+            .controller
+            .create_volume(create_req("pvc-wait", MIB_I))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{}", e.message());
+        assert!(e.message().contains("not scheduled"), "{}", e.message());
+        // Once the controller catches up, the retry succeeds.
+        env.start_scheduler(1 << 40);
+        let v = env
+            .csi
+            .controller
+            .create_volume(create_req("pvc-wait", MIB_I))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(v.volume.unwrap().capacity_bytes, 4 * MIB_I);
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_invalid_argument_naming_the_field() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        let c = &mut env.csi.controller;
+        let mut r = create_req("", MIB_I);
+        let e = c.create_volume(r.clone()).await.unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (Code::InvalidArgument, "name: is required")
+        );
+        r.name = "x".into();
+        r.volume_capabilities.clear();
+        let e = c.create_volume(r.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("volume_capabilities"));
+        r.volume_capabilities = vec![cap(Mode::MultiNodeMultiWriter)];
+        let e = c.create_volume(r.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("MULTI_NODE_MULTI_WRITER"),
+            "{}",
+            e.message()
+        );
+        let mut r = create_req("x", -5);
+        let e = c.create_volume(r.clone()).await.unwrap_err();
+        assert_eq!(
+            e.message(),
+            "capacity_range.required_bytes: -5 must not be negative"
+        );
+        r.capacity_range = Some(CapacityRange {
+            required_bytes: 5 * MIB_I,
+            limit_bytes: 6 * MIB_I,
+        });
+        assert_eq!(
+            c.create_volume(r).await.unwrap_err().code(),
+            Code::OutOfRange
+        );
+        let e = c
+            .delete_volume(DeleteVolumeRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (Code::InvalidArgument, "volume_id: is required")
+        );
+        let e = c
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: "nope".into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: MIB_I,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        let e = c
+            .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id: "nope".into(),
+                volume_capabilities: vec![cap(Mode::SingleNodeWriter)],
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        let e = c
+            .list_volumes(ListVolumesRequest {
+                max_entries: 1,
+                starting_token: "bogus".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Aborted);
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn expand_checks_the_pool_and_records_the_original_size() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(1 << 40);
+        pool(&env.client, NODE, 100 * MIB).await;
+        let v = env
+            .csi
+            .controller
+            .create_volume(create_req("pvc-x", 8 * MIB_I))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let expand = |bytes: i64| ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        };
+        let r = env
+            .csi
+            .controller
+            .controller_expand_volume(expand(30 * MIB_I + 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.capacity_bytes, 32 * MIB_I);
+        assert!(r.node_expansion_required);
+        let obj = env.volumes().get("pvc-x").await.unwrap();
+        assert_eq!(obj.spec.size_byte, 32 * MIB);
+        assert_eq!(
+            obj.labels()
+                .get(labels::EXPANSION_ORIGINAL_SIZE)
+                .map(String::as_str),
+            Some("8388608")
+        );
+        // Same size again: success without change.
+        let r = env
+            .csi
+            .controller
+            .controller_expand_volume(expand(32 * MIB_I))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.capacity_bytes, 32 * MIB_I);
+        // A smaller request never shrinks the volume.
+        let r = env
+            .csi
+            .controller
+            .controller_expand_volume(expand(16 * MIB_I + 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.capacity_bytes, 32 * MIB_I);
+        assert_eq!(
+            env.volumes().get("pvc-x").await.unwrap().spec.size_byte,
+            32 * MIB
+        );
+        // More than the pool has.
+        let e = env
+            .csi
+            .controller
+            .controller_expand_volume(expand(1 << 30))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange);
+        assert!(
+            e.message().contains("pool node-1 has 100.0 MiB free"),
+            "{}",
+            e.message()
+        );
+
+        // Capacity: the pool's free space, per topology too.
+        let cap_all = env
+            .csi
+            .controller
+            .get_capacity(GetCapacityRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(cap_all.available_capacity, 100 * MIB_I);
+        let cap_other = env
+            .csi
+            .controller
+            .get_capacity(GetCapacityRequest {
+                accessible_topology: Some(Topology {
+                    segments: HashMap::from([(
+                        "kubernetes.io/hostname".to_string(),
+                        "node-9".to_string(),
+                    )]),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(cap_other.available_capacity, 0);
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn snapshots_and_clones() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(1 << 40);
+        let v = env.csi.controller.create_volume(create_req("pvc-s", 8 * MIB_I)).await.unwrap().into_inner().volume.unwrap();
+        // The origin reserves 4 MiB for snapshots: the snapshot asks for the reserve.
+        env.volumes()
+            .patch(
+                "pvc-s",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"obnvmf/snapshot-reserved-bytes": "4194304"}}})),
+            )
+            .await
+            .unwrap();
+        let req = CreateSnapshotRequest { source_volume_id: v.volume_id.clone(), name: "snap-1".into(), ..Default::default() };
+        let s = env.csi.controller.create_snapshot(req.clone()).await.unwrap().into_inner().snapshot.unwrap();
+        assert_eq!(s.size_bytes, 4 * MIB_I);
+        assert_eq!(s.source_volume_id, v.volume_id);
+        assert!(!s.ready_to_use);
+        let again = env.csi.controller.create_snapshot(req).await.unwrap().into_inner().snapshot.unwrap();
+        assert_eq!(again.snapshot_id, s.snapshot_id);
+        let snaps: kube::Api<AntstorSnapshot> = kube::Api::namespaced(env.client.clone(), "obnvmf");
+        let obj = snaps.get("snap-1").await.unwrap();
+        assert_eq!(obj.spec.origin_vol_target_node_id, NODE);
+        assert_eq!(obj.labels().get(labels::ORIGIN_VOLUME_NAME).map(String::as_str), Some("pvc-s"));
+
+        // Another volume cannot take the name.
+        let v2 = env.csi.controller.create_volume(create_req("pvc-t", 8 * MIB_I)).await.unwrap().into_inner().volume.unwrap();
+        let e = env
+            .csi
+            .controller
+            .create_snapshot(CreateSnapshotRequest { source_volume_id: v2.volume_id.clone(), name: "snap-1".into(), ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists);
+
+        // Listing with filters.
+        let l = env.csi.controller.list_snapshots(ListSnapshotsRequest { source_volume_id: v.volume_id.clone(), ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(l.entries.len(), 1);
+        let l = env.csi.controller.list_snapshots(ListSnapshotsRequest { snapshot_id: "nope".into(), ..Default::default() }).await.unwrap().into_inner();
+        assert!(l.entries.is_empty());
+
+        // A clone needs a ready snapshot, then is pinned to the snapshot's node.
+        let mut clone = create_req("pvc-clone", 8 * MIB_I);
+        clone.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource { snapshot_id: s.snapshot_id.clone() })),
+        });
+        let e = env.csi.controller.create_volume(clone.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        snaps
+            .patch_status("snap-1", &PatchParams::default(), &Patch::Merge(json!({"status": {"status": "ready"}})))
+            .await
+            .unwrap();
+        let cv = env.csi.controller.create_volume(clone).await.unwrap().into_inner().volume.unwrap();
+        assert!(cv.content_source.is_some());
+        let cobj = env.volumes().get("pvc-clone").await.unwrap();
+        assert_eq!(cobj.labels().get(labels::VOLUME_SOURCE_SNAP_NAME).map(String::as_str), Some("snap-1"));
+        assert_eq!(
+            cobj.annotations().get("obnvmf/pool-label-selector").map(String::as_str),
+            Some("obnvmf/node-sn=node-1")
+        );
+
+        // Delete twice.
+        let d = DeleteSnapshotRequest { snapshot_id: s.snapshot_id.clone(), secrets: HashMap::new() };
+        env.csi.controller.delete_snapshot(d.clone()).await.unwrap();
+        env.csi.controller.delete_snapshot(d).await.unwrap();
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn list_volumes_pages() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(1 << 40);
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let v = env
+                .csi
+                .controller
+                .create_volume(create_req(&format!("pvc-{i}"), MIB_I))
+                .await
+                .unwrap()
+                .into_inner();
+            ids.push(v.volume.unwrap().volume_id);
+        }
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        let mut pages = 0;
+        loop {
+            let r = env
+                .csi
+                .controller
+                .list_volumes(ListVolumesRequest {
+                    max_entries: 2,
+                    starting_token: token.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            pages += 1;
+            assert!(r.entries.len() <= 2);
+            seen.extend(r.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
+            if r.next_token.is_empty() {
+                break;
+            }
+            token = r.next_token;
+        }
+        assert_eq!(pages, 3);
+        seen.sort();
+        ids.sort();
+        assert_eq!(seen, ids);
+        // Validate: supported capability confirmed, unsupported one explained.
+        let ok = env
+            .csi
+            .controller
+            .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id: ids[0].clone(),
+                volume_capabilities: vec![cap(Mode::SingleNodeWriter)],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(ok.confirmed.is_some());
+        let no = env
+            .csi
+            .controller
+            .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id: ids[0].clone(),
+                volume_capabilities: vec![cap(Mode::MultiNodeReaderOnly)],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(no.confirmed.is_none());
+        assert!(!no.message.is_empty());
+        let _: Option<StoragePool> = None;
+        env.stop().await;
+    })
+    .await;
+}

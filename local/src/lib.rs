@@ -1,0 +1,470 @@
+//! The all-in-one local mode: every LiteIO component as its own process on this machine,
+//! against the in-process test API server's binary.
+#![forbid(unsafe_code)]
+
+pub mod demo;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use liteio_api::{StoragePool, keys};
+use tokio::process::{Child, Command};
+
+/// Why the local cluster could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// A binary is missing.
+    #[error(
+        "{0} not found next to liteio-local ({1}); build the workspace first: cargo build --release --workspace"
+    )]
+    MissingBinary(&'static str, PathBuf),
+    /// A process could not be started.
+    #[error("cannot start {name}")]
+    Spawn {
+        /// Component.
+        name: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A component did not become ready in time.
+    #[error("{what} was not ready after {secs} s; its log is {log}")]
+    NotReady {
+        /// What was awaited.
+        what: String,
+        /// Seconds waited.
+        secs: u64,
+        /// Log file of the component.
+        log: String,
+    },
+    /// A file could not be written.
+    #[error("cannot write {path}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The API server refused a request.
+    #[error("API server: {0}")]
+    Kube(#[from] kube::Error),
+    /// The kubeconfig could not be used.
+    #[error("kubeconfig: {0}")]
+    Config(String),
+}
+
+/// Which storage engine the local agent uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Sparse files in the state directory, attached through loop devices.
+    File,
+    /// The embedded SPDK lvstore on an aio file (no hugepages, interrupt mode); volumes are
+    /// reached over NVMe/TCP, which needs the kernel's nvme-tcp initiator.
+    Spdk,
+}
+
+/// The components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    /// The test API server.
+    ApiServer,
+    /// The node-disk-controller.
+    Controller,
+    /// The disk-agent.
+    Agent,
+    /// The CSI driver (controller and node services).
+    Csi,
+}
+
+impl Component {
+    fn binary(self) -> &'static str {
+        match self {
+            Self::ApiServer => "test-apiserver",
+            Self::Controller => "node-disk-controller",
+            Self::Agent => "disk-agent",
+            Self::Csi => "csi-driver",
+        }
+    }
+}
+
+/// A running local cluster.
+#[derive(Debug)]
+pub struct Local {
+    /// State directory (kubeconfig, configs, logs, pool, socket, mounts).
+    pub dir: PathBuf,
+    /// Directory of the component binaries.
+    pub bin_dir: PathBuf,
+    /// This node's name.
+    pub node: String,
+    /// The engine in use.
+    pub engine: Engine,
+    /// The API server's port.
+    pub api_port: u16,
+    /// The controller's probe/metrics port.
+    pub controller_port: u16,
+    children: Vec<(Component, Child)>,
+}
+
+fn free_port() -> Result<u16, LocalError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|source| LocalError::Spawn {
+            name: "port probe",
+            source,
+        })
+}
+
+fn write(path: &Path, body: &str) -> Result<(), LocalError> {
+    std::fs::write(path, body).map_err(|source| LocalError::Io {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Poll `check` every 100 ms until it returns true or `secs` pass.
+pub async fn wait_until<F, Fut>(
+    what: &str,
+    secs: u64,
+    log: &Path,
+    mut check: F,
+) -> Result<(), LocalError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !check().await {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(LocalError::NotReady {
+                what: what.into(),
+                secs,
+                log: log.display().to_string(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+impl Local {
+    /// Paths.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+    /// The CSI endpoint.
+    pub fn csi_endpoint(&self) -> String {
+        format!("unix://{}", self.dir.join("csi.sock").display())
+    }
+    fn log(&self, c: Component) -> PathBuf {
+        self.dir.join(format!("{}.log", c.binary()))
+    }
+
+    /// Start every component and wait until each is ready.
+    pub async fn start(
+        dir: &Path,
+        bin_dir: &Path,
+        node: &str,
+        engine: Engine,
+    ) -> Result<Self, LocalError> {
+        for c in [
+            Component::ApiServer,
+            Component::Controller,
+            Component::Agent,
+            Component::Csi,
+        ] {
+            let p = bin_dir.join(c.binary());
+            if !p.exists() {
+                return Err(LocalError::MissingBinary(c.binary(), p));
+            }
+        }
+        std::fs::create_dir_all(dir.join("pool")).map_err(|source| LocalError::Io {
+            path: dir.into(),
+            source,
+        })?;
+        let mut me = Self {
+            dir: dir.to_path_buf(),
+            bin_dir: bin_dir.to_path_buf(),
+            node: node.into(),
+            engine,
+            api_port: free_port()?,
+            controller_port: free_port()?,
+            children: Vec::new(),
+        };
+        me.write_configs()?;
+        for c in [
+            Component::ApiServer,
+            Component::Controller,
+            Component::Agent,
+            Component::Csi,
+        ] {
+            me.launch(c).await?;
+        }
+        Ok(me)
+    }
+
+    fn write_configs(&self) -> Result<(), LocalError> {
+        let agent = match self.engine {
+            Engine::File => format!(
+                "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: 4294967296}}\n",
+                self.dir.join("pool").display()
+            ),
+            Engine::Spdk => format!(
+                "storage:\n  pooling: {{name: local-lvs, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: local-aio, size: 4294967296, filePath: {}, createIfNotExist: true}}\n\
+                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
+                self.dir.join("pool/aio-lvs.img").display()
+            ),
+        };
+        write(&self.dir.join("agent-config.yaml"), &agent)?;
+        write(
+            &self.dir.join("controller-config.yaml"),
+            "scheduler:\n  filters: [Basic, Affinity]\n  priorities: [LeastResource, PositionAdvice]\n",
+        )
+    }
+
+    async fn client(&self) -> Result<Client, LocalError> {
+        let kc = kube::config::Kubeconfig::read_from(self.kubeconfig())
+            .map_err(|e| LocalError::Config(e.to_string()))?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| LocalError::Config(e.to_string()))?;
+        Client::try_from(cfg).map_err(LocalError::Kube)
+    }
+
+    fn command(&self, c: Component) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join(c.binary()));
+        let kc = self.kubeconfig();
+        match c {
+            Component::ApiServer => {
+                cmd.arg("--port")
+                    .arg(self.api_port.to_string())
+                    .arg("--kubeconfig")
+                    .arg(&kc);
+            }
+            Component::Controller => {
+                cmd.arg("--kubeconfig")
+                    .arg(&kc)
+                    .arg("--config")
+                    .arg(self.dir.join("controller-config.yaml"));
+                cmd.arg("--metrics-addr")
+                    .arg(format!("127.0.0.1:{}", self.controller_port));
+            }
+            Component::Agent => {
+                cmd.arg("--kubeconfig")
+                    .arg(&kc)
+                    .arg("--config")
+                    .arg(self.dir.join("agent-config.yaml"));
+                cmd.arg("--node-id")
+                    .arg(&self.node)
+                    .arg("--host-nqn-file")
+                    .arg(self.dir.join("hostnqn"));
+            }
+            Component::Csi => {
+                cmd.arg("--kubeconfig")
+                    .arg(&kc)
+                    .arg("--endpoint")
+                    .arg(self.csi_endpoint());
+                cmd.arg("--node-id")
+                    .arg(&self.node)
+                    .arg("--mode")
+                    .arg("both");
+                cmd.arg("--hostnqn-file").arg(self.dir.join("hostnqn"));
+            }
+        }
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        cmd.kill_on_drop(true);
+        cmd
+    }
+
+    /// Start one component and wait until it is ready.
+    pub async fn launch(&mut self, c: Component) -> Result<(), LocalError> {
+        let log_path = self.log(c);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|source| LocalError::Io {
+                path: log_path.clone(),
+                source,
+            })?;
+        let err = log.try_clone().map_err(|source| LocalError::Io {
+            path: log_path.clone(),
+            source,
+        })?;
+        let child = self
+            .command(c)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .map_err(|source| LocalError::Spawn {
+                name: c.binary(),
+                source,
+            })?;
+        self.children.push((c, child));
+        match c {
+            Component::ApiServer => {
+                let kc = self.kubeconfig();
+                wait_until("the test API server", 30, &log_path, || {
+                    let kc = kc.clone();
+                    async move { kc.exists() }
+                })
+                .await?;
+                let client = self.client().await?;
+                wait_until("the test API server", 30, &log_path, || {
+                    let client = client.clone();
+                    async move { client.apiserver_version().await.is_ok() }
+                })
+                .await?;
+                self.seed(&client).await?;
+            }
+            Component::Controller => {
+                let url = format!("127.0.0.1:{}", self.controller_port);
+                wait_until("the controller", 30, &log_path, || {
+                    let url = url.clone();
+                    async move { http_ok(&url, "/healthz").await }
+                })
+                .await?;
+            }
+            Component::Agent => {
+                let client = self.client().await?;
+                let pools: Api<StoragePool> = Api::namespaced(client, keys::DEFAULT_NAMESPACE);
+                let node = self.node.clone();
+                wait_until("the disk-agent's StoragePool", 60, &log_path, || {
+                    let (pools, node) = (pools.clone(), node.clone());
+                    async move {
+                        pools
+                            .get_opt(&node)
+                            .await
+                            .ok()
+                            .flatten()
+                            .is_some_and(|p| p.total_bytes() > 0)
+                    }
+                })
+                .await?;
+            }
+            Component::Csi => {
+                let ep = self.csi_endpoint();
+                wait_until("the CSI driver", 30, &log_path, || {
+                    let ep = ep.clone();
+                    async move { liteio_csi::client::connect(&ep).await.is_ok() }
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The namespace and this machine's Node object.
+    async fn seed(&self, client: &Client) -> Result<(), LocalError> {
+        let ns: Api<Namespace> = Api::all(client.clone());
+        if ns.get_opt(keys::DEFAULT_NAMESPACE).await?.is_none() {
+            let obj = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(keys::DEFAULT_NAMESPACE.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            ns.create(&PostParams::default(), &obj).await?;
+        }
+        let nodes: Api<Node> = Api::all(client.clone());
+        if nodes.get_opt(&self.node).await?.is_none() {
+            let labels = [
+                (keys::labels::KUBE_HOSTNAME, self.node.as_str()),
+                (keys::labels::NODE_IP, "127.0.0.1"),
+                (keys::labels::NODE_HOSTNAME, self.node.as_str()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let obj = Node {
+                metadata: ObjectMeta {
+                    name: Some(self.node.clone()),
+                    labels: Some(labels),
+                    ..Default::default()
+                },
+                status: Some(NodeStatus {
+                    addresses: Some(vec![NodeAddress {
+                        type_: "InternalIP".into(),
+                        address: "127.0.0.1".into(),
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            nodes.create(&PostParams::default(), &obj).await?;
+        }
+        Ok(())
+    }
+
+    /// Stop one component (SIGTERM, then SIGKILL after 15 s).
+    pub async fn stop_component(&mut self, c: Component) {
+        if let Some(i) = self.children.iter().position(|(k, _)| *k == c) {
+            let (_, mut child) = self.children.remove(i);
+            terminate(&mut child).await;
+        }
+    }
+
+    /// Kill one component with SIGKILL (crash), without waiting for cleanup.
+    pub async fn kill_component(&mut self, c: Component) {
+        if let Some(i) = self.children.iter().position(|(k, _)| *k == c) {
+            let (_, mut child) = self.children.remove(i);
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Stop every component, last started first.
+    pub async fn stop(&mut self) {
+        while let Some((_, mut child)) = self.children.pop() {
+            terminate(&mut child).await;
+        }
+    }
+
+    /// A client of the API server.
+    pub async fn kube(&self) -> Result<Client, LocalError> {
+        self.client().await
+    }
+}
+
+async fn terminate(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+        if tokio::time::timeout(Duration::from_secs(15), child.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
+
+/// True when `GET http://addr/path` answers 200.
+pub async fn http_ok(addr: &str, path: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(Ok(mut s)) =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await
+    else {
+        return false;
+    };
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 32];
+    matches!(tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await, Ok(Ok(n)) if n >= 12 && buf[9..12] == *b"200")
+}

@@ -1,0 +1,156 @@
+//! `liteio-local`: LiteIO on this machine, every component as its own process, with a demo
+//! volume. The README's main command runs it.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Parser;
+use liteio_local::{Engine, Local, demo};
+
+/// Run LiteIO on this machine: test API server, node-disk-controller, disk-agent and CSI driver,
+/// then a demo volume created through CSI, staged and published into a directory.
+///
+/// Runs until interrupted (Ctrl-C / SIGTERM), then unmounts, deletes and stops everything.
+#[derive(Parser, Debug)]
+#[command(name = "liteio-local", version)]
+struct Args {
+    /// State directory (kubeconfig, configs, logs, pool, mounts); removed at exit unless --keep.
+    #[arg(long, default_value = "/var/tmp/liteio-local")]
+    dir: PathBuf,
+    /// Directory of the component binaries (default: next to this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Node name of this machine.
+    #[arg(long, default_value = "local-node")]
+    node: String,
+    /// Engine: `auto` picks SPDK when the agent was built with it and the kernel has the
+    /// NVMe/TCP initiator (needed to mount SPDK volumes here), else the file engine.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "file", "spdk"])]
+    engine: String,
+    /// Run the demo, clean up and exit instead of waiting for a signal.
+    #[arg(long)]
+    once: bool,
+    /// Keep the state directory at exit.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn say(msg: &str) {
+    println!("==> {msg}");
+}
+
+/// Set by scripts/run.sh when it built the agent with the embedded SPDK engine.
+fn agent_has_spdk() -> bool {
+    std::env::var("LITEIO_AGENT_SPDK").is_ok_and(|v| v == "1")
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let bin_dir = match &args.bin_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .map(PathBuf::from)
+            .context("no binary directory")?,
+    };
+    let nvme_tcp = std::path::Path::new("/sys/module/nvme_tcp").exists();
+    let engine = match args.engine.as_str() {
+        "file" => Engine::File,
+        "spdk" => Engine::Spdk,
+        _ if agent_has_spdk() && nvme_tcp => Engine::Spdk,
+        _ => {
+            if agent_has_spdk() {
+                say(
+                    "the agent has SPDK, but this kernel has no nvme-tcp initiator to mount SPDK volumes: using the file engine",
+                );
+            }
+            Engine::File
+        }
+    };
+    if args.dir.exists() {
+        std::fs::remove_dir_all(&args.dir)
+            .with_context(|| format!("cannot clear {}", args.dir.display()))?;
+    }
+    say(&format!(
+        "starting LiteIO in {} ({engine:?} engine, node {})",
+        args.dir.display(),
+        args.node
+    ));
+    let mut local = Local::start(&args.dir, &bin_dir, &args.node, engine).await?;
+    say(&format!(
+        "test API server ready on 127.0.0.1:{}; controller, disk-agent and CSI driver ready",
+        local.api_port
+    ));
+    let result = demo_and_wait(&mut local, &args).await;
+    say("stopping components");
+    local.stop().await;
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&args.dir);
+    }
+    result
+}
+
+async fn demo_and_wait(local: &mut Local, args: &Args) -> anyhow::Result<()> {
+    let mut csi = liteio_csi::client::connect(&local.csi_endpoint()).await?;
+    say("creating the demo volume pvc-demo (512 MiB, xfs) through the CSI controller");
+    let v = demo::provision(&mut csi, &local.dir, &local.node, "pvc-demo", 512 << 20).await?;
+    let file = v.target.join("hello.txt");
+    std::fs::write(&file, b"hello from LiteIO\n")
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    let back = std::fs::read_to_string(&file)?;
+    say(&format!(
+        "volume {} is mounted at {}; wrote and read back {:?}",
+        v.id,
+        v.target.display(),
+        back.trim()
+    ));
+    let kc = local.kubeconfig();
+    println!(
+        "\nLiteIO is running. Try:\n  kubectl --kubeconfig {kc} -n obnvmf get storagepools,antstorvolumes\n  \
+         {bin}/csictl --endpoint {ep} list-volumes\n  ls {mnt}\nLogs: {dir}/*.log. Press Ctrl-C to clean up and stop.\n",
+        kc = kc.display(),
+        bin = local.bin_dir.display(),
+        ep = local.csi_endpoint(),
+        mnt = v.target.display(),
+        dir = local.dir.display(),
+    );
+    if !args.once {
+        wait_for_signal().await?;
+    }
+    say("unpublishing, unstaging and deleting the demo volume");
+    demo::remove(&mut csi, &v).await?;
+    say("demo volume removed");
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("liteio-local: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("liteio-local: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
