@@ -78,7 +78,7 @@ run_tier() {
     local name=$1 label=$2; shift 3
     local log="$log_dir/$name.log"
     say "$name $label: cargo test $*"
-    cargo test --locked "$@" 2>&1 | tee "$log" | grep -E '^(test result|failures:|---- | *panicked|error(\[|:)|SKIP|T[0-9].* skipped)' || true
+    cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log" | grep -E '^(test result|failures:|---- | *panicked|error(\[|:)|SKIP|T[0-9].* skipped)' || true
     local status=${PIPESTATUS[0]}
     local pass fail ign
     pass=$(sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)

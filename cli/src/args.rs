@@ -1,0 +1,93 @@
+//! Command-line arguments of `kubectl-liteio`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use liteio_api::keys;
+
+/// Inspect LiteIO storage pools, volumes and snapshots, and lock pools out of scheduling.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "kubectl-liteio", version, bin_name = "kubectl liteio")]
+pub struct Cli {
+    /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then the in-cluster config.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of LiteIO's objects and heartbeat Leases.
+    #[arg(short = 'n', long, global = true, default_value = keys::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned columns (lists) or indented fields (describe).
+    Table,
+    /// Pretty-printed JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// The sub-commands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// List storage pools: engine, capacity, volumes, state and heartbeat age.
+    #[command(visible_alias = "pool")]
+    Pools,
+    /// List volumes: size, pool, consuming host, state and NVMe/TCP export.
+    #[command(visible_aliases = ["volume", "vol"])]
+    Volumes,
+    /// List snapshots.
+    #[command(visible_aliases = ["snapshot", "snap"])]
+    Snapshots,
+    /// Everything about one volume or pool.
+    Describe {
+        /// The object.
+        #[command(subcommand)]
+        target: DescribeTarget,
+    },
+    /// Take a pool out of scheduling (label `obnvmf/pool-scheduling-status=locked`).
+    Lock {
+        /// The pool.
+        #[command(subcommand)]
+        target: PoolTarget,
+    },
+    /// Return a locked pool to scheduling.
+    Unlock {
+        /// The pool.
+        #[command(subcommand)]
+        target: PoolTarget,
+    },
+}
+
+/// Object of `describe`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum DescribeTarget {
+    /// An AntstorVolume.
+    #[command(visible_alias = "vol")]
+    Volume {
+        /// Volume name (the PV name).
+        name: String,
+    },
+    /// A StoragePool.
+    Pool {
+        /// Pool name (the node name).
+        name: String,
+    },
+}
+
+/// Object of `lock` / `unlock`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum PoolTarget {
+    /// A StoragePool.
+    Pool {
+        /// Pool name (the node name).
+        name: String,
+    },
+}

@@ -1,0 +1,354 @@
+//! What the list commands show, computed from API objects without I/O, so tests can feed
+//! objects and a fixed clock.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use liteio_api::keys::labels;
+use liteio_api::size::format_bytes;
+use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
+use serde::Serialize;
+
+use crate::table::Table;
+
+/// Placeholder for an absent value in tables.
+pub const NONE: &str = "-";
+
+/// One row of `pools`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRow {
+    /// Pool name (= node name).
+    pub node: String,
+    /// `KernelLVM`, `SpdkLVStore`, or empty when the agent has not reported yet.
+    pub engine: String,
+    /// Total bytes.
+    pub total_bytes: u64,
+    /// Free bytes as the agent reports them.
+    pub free_bytes: u64,
+    /// Volumes scheduled to the pool.
+    pub volumes: usize,
+    /// `ready`, `unknown`, `offline`, `locked`, or empty before the controller wrote it.
+    pub state: String,
+    /// Locked by the `obnvmf/pool-scheduling-status` label.
+    pub locked: bool,
+    /// Seconds since the agent last renewed its Lease; `None` without a Lease.
+    pub heartbeat_age_seconds: Option<i64>,
+}
+
+/// One row of `volumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRow {
+    /// Volume name (the PV name).
+    pub name: String,
+    /// Volume UUID (the CSI volume id).
+    pub uuid: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Pool (node) holding the data; empty until scheduled.
+    pub pool: String,
+    /// Node of the consuming pod; empty when unknown.
+    pub host: String,
+    /// `creating`, `ready`, `deleted`; `deleting` once a deletion was requested.
+    pub state: String,
+    /// NVMe/TCP listener `address:port`, once exported.
+    pub export: Option<String>,
+}
+
+/// One row of `snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRow {
+    /// Snapshot name.
+    pub name: String,
+    /// Snapshot UUID (the CSI snapshot id).
+    pub uuid: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Origin volume.
+    pub origin: String,
+    /// Node holding the origin volume.
+    pub node: String,
+    /// `KernelLVol` or `SpdkLVol`.
+    pub vol_type: String,
+    /// `creating`, `ready`, `merging`, `merged`; `deleting` once a deletion was requested.
+    pub state: String,
+}
+
+/// Seconds from `then` to `now` (0 when `then` is in the future).
+pub fn seconds_since(then: Timestamp, now: Timestamp) -> i64 {
+    (now.as_second() - then.as_second()).max(0)
+}
+
+/// `kubectl`-style age: `45s`, `3m20s`, `17m`, `5h3m`, `20h`, `3d4h`, `12d`.
+pub fn format_age(seconds: i64) -> String {
+    let s = seconds.max(0);
+    let (m, h, d) = (s / 60, s / 3600, s / 86_400);
+    if s < 120 {
+        format!("{s}s")
+    } else if s < 600 {
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
+    } else if h < 3 {
+        format!("{m}m")
+    } else if h < 8 {
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
+    } else if h < 48 {
+        format!("{h}h")
+    } else if d < 8 {
+        if h % 24 == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{}h", h % 24)
+        }
+    } else {
+        format!("{d}d")
+    }
+}
+
+/// When the Lease was last renewed (or acquired).
+pub fn lease_renewed(lease: &Lease) -> Option<Timestamp> {
+    let spec = lease.spec.as_ref()?;
+    spec.renew_time
+        .as_ref()
+        .or(spec.acquire_time.as_ref())
+        .map(|t| t.0)
+}
+
+/// True when the pool carries the lock label.
+pub fn is_locked(pool: &StoragePool) -> bool {
+    pool.labels()
+        .get(labels::POOL_SCHEDULING_STATUS)
+        .is_some_and(|v| v == labels::POOL_SCHEDULING_LOCKED)
+}
+
+/// The pool's state word (`ready`, …), empty before the controller wrote one.
+pub fn pool_state(pool: &StoragePool) -> String {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.status)
+        .and_then(|s| serde_json::to_value(s).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The volume's state word; `deleting` once it has a deletion timestamp.
+pub fn volume_state(vol: &AntstorVolume) -> String {
+    if vol.metadata.deletion_timestamp.is_some() {
+        return "deleting".into();
+    }
+    serde_json::to_value(vol.phase())
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The snapshot's state word; `deleting` once it has a deletion timestamp.
+pub fn snapshot_state(snap: &AntstorSnapshot) -> String {
+    if snap.metadata.deletion_timestamp.is_some() {
+        return "deleting".into();
+    }
+    snap.status
+        .as_ref()
+        .and_then(|s| serde_json::to_value(s.status).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "creating".into())
+}
+
+/// `address:port` of the volume's NVMe/TCP listener, once exported.
+pub fn volume_export(vol: &AntstorVolume) -> Option<String> {
+    let t = vol.spec.spdk_target.as_ref()?;
+    if t.address.is_empty() && t.svc_id.is_empty() {
+        return None;
+    }
+    Some(format!("{}:{}", t.address, t.svc_id))
+}
+
+/// Rows of `pools`: one per pool, sorted by name, with the volume counts and Lease ages.
+pub fn pool_rows(
+    pools: &[StoragePool],
+    volumes: &[AntstorVolume],
+    leases: &[Lease],
+    now: Timestamp,
+) -> Vec<PoolRow> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in volumes {
+        if let Some(node) = v.target_node() {
+            *counts.entry(node).or_default() += 1;
+        }
+    }
+    let renewed: BTreeMap<String, Timestamp> = leases
+        .iter()
+        .filter_map(|l| Some((l.name_any(), lease_renewed(l)?)))
+        .collect();
+    let mut rows: Vec<PoolRow> = pools
+        .iter()
+        .map(|p| {
+            let name = p.name_any();
+            PoolRow {
+                engine: p.mode().map(|m| m.to_string()).unwrap_or_default(),
+                total_bytes: p.total_bytes(),
+                free_bytes: p.reported_free_bytes(),
+                volumes: counts.get(name.as_str()).copied().unwrap_or(0),
+                state: pool_state(p),
+                locked: is_locked(p),
+                heartbeat_age_seconds: renewed.get(&name).map(|t| seconds_since(*t, now)),
+                node: name,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+    rows
+}
+
+/// Rows of `volumes`, sorted by name.
+pub fn volume_rows(volumes: &[AntstorVolume]) -> Vec<VolumeRow> {
+    let mut rows: Vec<VolumeRow> = volumes
+        .iter()
+        .map(|v| VolumeRow {
+            name: v.name_any(),
+            uuid: v.spec.uuid.clone(),
+            size_bytes: v.spec.size_byte,
+            pool: v.spec.target_node_id.clone(),
+            host: v
+                .spec
+                .host_node
+                .as_ref()
+                .map(|h| h.id.clone())
+                .unwrap_or_default(),
+            state: volume_state(v),
+            export: volume_export(v),
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+/// Rows of `snapshots`, sorted by name.
+pub fn snapshot_rows(snaps: &[AntstorSnapshot]) -> Vec<SnapshotRow> {
+    let mut rows: Vec<SnapshotRow> = snaps
+        .iter()
+        .map(|s| SnapshotRow {
+            name: s.name_any(),
+            uuid: s.spec.uuid.clone(),
+            size_bytes: u64::try_from(s.spec.size).unwrap_or(0),
+            origin: s.spec.origin_vol_name.clone(),
+            node: s.spec.origin_vol_target_node_id.clone(),
+            vol_type: serde_json::to_value(s.spec.vol_type)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            state: snapshot_state(s),
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+fn or_none(s: &str) -> String {
+    if s.is_empty() {
+        NONE.to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+/// The `pools` table.
+pub fn pools_table(rows: &[PoolRow]) -> Table {
+    let mut t = Table::new(&[
+        "NODE",
+        "ENGINE",
+        "TOTAL",
+        "FREE",
+        "VOLUMES",
+        "STATE",
+        "HEARTBEAT",
+    ]);
+    for r in rows {
+        let state = match (r.state.as_str(), r.locked) {
+            ("", true) => "locked".to_string(),
+            (s, true) if s != "locked" => format!("{s},locked"),
+            (s, _) => or_none(s),
+        };
+        t.row(vec![
+            r.node.clone(),
+            or_none(&r.engine),
+            format_bytes(r.total_bytes),
+            format_bytes(r.free_bytes),
+            r.volumes.to_string(),
+            state,
+            r.heartbeat_age_seconds
+                .map(|s| format!("{} ago", format_age(s)))
+                .unwrap_or_else(|| NONE.to_string()),
+        ]);
+    }
+    t
+}
+
+/// The `volumes` table.
+pub fn volumes_table(rows: &[VolumeRow]) -> Table {
+    let mut t = Table::new(&["NAME", "UUID", "SIZE", "POOL", "HOST", "STATE", "EXPORT"]);
+    for r in rows {
+        t.row(vec![
+            r.name.clone(),
+            or_none(&r.uuid),
+            format_bytes(r.size_bytes),
+            or_none(&r.pool),
+            or_none(&r.host),
+            or_none(&r.state),
+            r.export.clone().unwrap_or_else(|| NONE.to_string()),
+        ]);
+    }
+    t
+}
+
+/// The `snapshots` table.
+pub fn snapshots_table(rows: &[SnapshotRow]) -> Table {
+    let mut t = Table::new(&["NAME", "UUID", "SIZE", "ORIGIN", "NODE", "TYPE", "STATE"]);
+    for r in rows {
+        t.row(vec![
+            r.name.clone(),
+            or_none(&r.uuid),
+            format_bytes(r.size_bytes),
+            or_none(&r.origin),
+            or_none(&r.node),
+            or_none(&r.vol_type),
+            or_none(&r.state),
+        ]);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        for (secs, text) in [
+            (-5, "0s"),
+            (0, "0s"),
+            (45, "45s"),
+            (119, "119s"),
+            (200, "3m20s"),
+            (300, "5m"),
+            (17 * 60 + 3, "17m"),
+            (5 * 3600 + 180, "5h3m"),
+            (20 * 3600, "20h"),
+            (3 * 86_400 + 4 * 3600, "3d4h"),
+            (12 * 86_400, "12d"),
+        ] {
+            assert_eq!(format_age(secs), text, "{secs}");
+        }
+    }
+}

@@ -1,0 +1,607 @@
+//! T1: the kubectl plugin against the in-process test API server: list tables, JSON/YAML,
+//! describe, lock/unlock, errors, and the built binary with a kubeconfig.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use clap::Parser;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Event, Namespace, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use liteio_api::common::{KernelLvol, NodeInfo, SpdkLvol, SpdkTarget, VolumeStatus};
+use liteio_api::keys::{finalizers, labels, managers};
+use liteio_api::pool::{KernelLvm, PoolCondition, SpdkLvStore};
+use liteio_api::size::{GIB, quantity};
+use liteio_api::snapshot::SnapshotVolType;
+use liteio_api::{
+    AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, AntstorVolumeSpec, StoragePool,
+    StoragePoolSpec,
+};
+use liteio_cli::{Cli, CliError, ErrorKind, run_at};
+use liteio_test_apiserver::TestApiServer;
+use serde_json::{Value, json};
+
+const NS: &str = "obnvmf";
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(LIMIT, f)
+        .await
+        .expect("test timed out")
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_second(1_800_000_000).unwrap()
+}
+
+fn cli(args: &[&str]) -> Cli {
+    Cli::try_parse_from(std::iter::once("kubectl-liteio").chain(args.iter().copied())).unwrap()
+}
+
+async fn out(client: &Client, args: &[&str]) -> String {
+    run_at(&cli(args), client, now())
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// `text` with every run of spaces as one space: describe assertions do not depend on the
+/// alignment width.
+fn squash(text: &str) -> String {
+    text.split('\n')
+        .map(|l| {
+            l.split(' ')
+                .filter(|w| !w.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(NS.into()),
+        ..ObjectMeta::default()
+    }
+}
+
+async fn status<K>(api: &Api<K>, name: &str, status: Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": status})),
+    )
+    .await
+    .unwrap();
+}
+
+/// Two pools (an SPDK one heartbeating, a locked LVM one without a Lease), three volumes,
+/// one snapshot and an event.
+async fn seed(client: &Client) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(NS.into());
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let pools: Api<StoragePool> = Api::namespaced(client.clone(), NS);
+    let mut p1 = StoragePool::new(
+        "node-1",
+        StoragePoolSpec {
+            spdk_lv_store: SpdkLvStore {
+                name: "aio-lvs".into(),
+                uuid: "lvs-uuid-1".into(),
+                base_bdev: "test-aio-bdev".into(),
+                bytes: 100 * GIB,
+                cluster_size: 4 << 20,
+                total_data_clusters: 25_600,
+                block_size: 512,
+            },
+            node_info: NodeInfo {
+                id: "node-1".into(),
+                ip: "10.0.0.1".into(),
+                hostname: "host-1".into(),
+                ..NodeInfo::default()
+            },
+            ..StoragePoolSpec::default()
+        },
+    );
+    p1.metadata.namespace = Some(NS.into());
+    p1.metadata.annotations = Some(BTreeMap::from([(
+        "obnvmf/hostnqn".to_string(),
+        "nqn.2021-03.com.alipay.host:uuid:node-1".to_string(),
+    )]));
+    pools.create(&PostParams::default(), &p1).await.unwrap();
+    status(
+        &pools,
+        "node-1",
+        json!({
+            "capacity": {"storage": quantity(100 * GIB)},
+            "vgFreeSize": quantity(60 * GIB),
+            "status": "ready",
+            "conditions": [PoolCondition {
+                type_: liteio_api::pool::PoolConditionType::Spdk,
+                status: liteio_api::pool::ConditionStatus::Ok,
+                message: String::new(),
+            }],
+        }),
+    )
+    .await;
+
+    let mut p2 = StoragePool::new(
+        "node-2",
+        StoragePoolSpec {
+            kernel_lvm: KernelLvm {
+                name: "test-vg".into(),
+                vg_uuid: "vg-uuid-2".into(),
+                bytes: 20 * GIB,
+                extend_size: 4 << 20,
+                extend_count: 5120,
+                pv_count: 1,
+                ..KernelLvm::default()
+            },
+            ..StoragePoolSpec::default()
+        },
+    );
+    p2.metadata.namespace = Some(NS.into());
+    p2.metadata.labels = Some(BTreeMap::from([(
+        labels::POOL_SCHEDULING_STATUS.to_string(),
+        labels::POOL_SCHEDULING_LOCKED.to_string(),
+    )]));
+    pools.create(&PostParams::default(), &p2).await.unwrap();
+    status(
+        &pools,
+        "node-2",
+        json!({"vgFreeSize": quantity(15 * GIB), "status": "unknown", "message": "no heartbeat"}),
+    )
+    .await;
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let renewed = now() - SignedDuration::from_secs(5);
+    leases
+        .create(
+            &PostParams::default(),
+            &Lease {
+                metadata: meta("node-1"),
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("node-1".into()),
+                    lease_duration_seconds: Some(40),
+                    renew_time: Some(MicroTime(renewed)),
+                    ..LeaseSpec::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), NS);
+    let volume = |name: &str, uuid: &str, size: u64, node: &str| {
+        let mut v = AntstorVolume::new(
+            name,
+            AntstorVolumeSpec {
+                uuid: uuid.into(),
+                size_byte: size,
+                target_node_id: node.into(),
+                ..AntstorVolumeSpec::default()
+            },
+        );
+        v.metadata.namespace = Some(NS.into());
+        v.metadata.labels = Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            node.to_string(),
+        )]));
+        v
+    };
+    let uuid_a = "0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10";
+    let mut a = volume("pvc-a", uuid_a, 10 * GIB, "node-1");
+    a.spec.host_node = Some(NodeInfo {
+        id: "node-3".into(),
+        ip: "10.0.0.3".into(),
+        ..NodeInfo::default()
+    });
+    a.spec.spdk_lvol = Some(SpdkLvol {
+        name: "pvc-a".into(),
+        lvs_name: "aio-lvs".into(),
+        thin: false,
+    });
+    a.spec.spdk_target = Some(SpdkTarget {
+        bdev_name: "aio-lvs/pvc-a".into(),
+        subsys_nqn: liteio_api::naming::subsys_nqn(uuid_a),
+        svc_id: "4510".into(),
+        sn: liteio_api::naming::serial_number(uuid_a),
+        trans_type: "TCP".into(),
+        ns_uuid: uuid_a.into(),
+        address: "10.0.0.1".into(),
+        addr_fam: "IPv4".into(),
+    });
+    a.metadata.finalizers = Some(vec![
+        finalizers::IN_STATE.to_string(),
+        finalizers::LOGIC_VOLUME.to_string(),
+        finalizers::SPDK_TARGET.to_string(),
+    ]);
+    vols.create(&PostParams::default(), &a).await.unwrap();
+    status(&vols, "pvc-a", json!({"status": VolumeStatus::Ready})).await;
+
+    vols.create(
+        &PostParams::default(),
+        &volume(
+            "pvc-b",
+            "5d3e1f20-0000-4000-8000-000000000002",
+            2 * GIB,
+            "node-1",
+        ),
+    )
+    .await
+    .unwrap();
+    let mut c = volume(
+        "pvc-c",
+        "7a7a7a7a-0000-4000-8000-000000000003",
+        GIB,
+        "node-2",
+    );
+    c.spec.kernel_lvol = Some(KernelLvol {
+        name: "pvc-c".into(),
+        dev_path: "/dev/test-vg/pvc-c".into(),
+    });
+    vols.create(&PostParams::default(), &c).await.unwrap();
+    status(&vols, "pvc-c", json!({"status": "ready"})).await;
+
+    let snaps: Api<AntstorSnapshot> = Api::namespaced(client.clone(), NS);
+    let mut s = AntstorSnapshot::new(
+        "snap-a",
+        AntstorSnapshotSpec {
+            uuid: "9c9c9c9c-0000-4000-8000-000000000009".into(),
+            vol_type: SnapshotVolType::SpdkLVol,
+            size: i64::try_from(GIB).unwrap(),
+            origin_vol_name: "pvc-a".into(),
+            origin_vol_namespace: NS.into(),
+            origin_vol_target_node_id: "node-1".into(),
+            ..AntstorSnapshotSpec::default()
+        },
+    );
+    s.metadata.namespace = Some(NS.into());
+    snaps.create(&PostParams::default(), &s).await.unwrap();
+    status(&snaps, "snap-a", json!({"status": "ready"})).await;
+
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    events
+        .create(
+            &PostParams::default(),
+            &Event {
+                metadata: meta("pvc-a.1"),
+                involved_object: ObjectReference {
+                    kind: Some("AntstorVolume".into()),
+                    name: Some("pvc-a".into()),
+                    namespace: Some(NS.into()),
+                    ..ObjectReference::default()
+                },
+                reason: Some("Scheduled".into()),
+                message: Some("volume scheduled to node-1".into()),
+                type_: Some("Normal".into()),
+                last_timestamp: Some(Time(now() - SignedDuration::from_secs(90))),
+                ..Event::default()
+            },
+        )
+        .await
+        .unwrap();
+}
+
+async fn seeded() -> (TestApiServer, Client) {
+    let server = TestApiServer::start().await.unwrap();
+    let client = server.client().await.unwrap();
+    seed(&client).await;
+    (server, client)
+}
+
+#[tokio::test]
+async fn pools_table_shows_engine_capacity_volumes_state_and_heartbeat() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let text = out(&client, &["pools"]).await;
+        assert_eq!(
+            text,
+            "\
+NODE     ENGINE        TOTAL       FREE       VOLUMES   STATE            HEARTBEAT
+node-1   SpdkLVStore   100.0 GiB   60.0 GiB   2         ready            5s ago
+node-2   KernelLVM     20.0 GiB    15.0 GiB   1         unknown,locked   -
+",
+            "{text}"
+        );
+        let json: Value =
+            serde_json::from_str(&out(&client, &["pools", "-o", "json"]).await).unwrap();
+        assert_eq!(json[0]["node"], "node-1");
+        assert_eq!(json[0]["totalBytes"], 100 * GIB);
+        assert_eq!(json[0]["heartbeatAgeSeconds"], 5);
+        assert_eq!(json[1]["locked"], true);
+        assert_eq!(json[1]["heartbeatAgeSeconds"], Value::Null);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn volumes_and_snapshots_tables_and_structured_output() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let text = out(&client, &["volumes"]).await;
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(
+            lines[0],
+            "NAME    UUID                                   SIZE       POOL     HOST     STATE      EXPORT"
+        );
+        assert_eq!(
+            lines[1],
+            "pvc-a   0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10   10.0 GiB   node-1   node-3   ready      10.0.0.1:4510"
+        );
+        assert_eq!(
+            lines[2],
+            "pvc-b   5d3e1f20-0000-4000-8000-000000000002   2.0 GiB    node-1   -        creating   -"
+        );
+        assert!(lines[3].starts_with("pvc-c ") && lines[3].contains("ready"), "{text}");
+
+        let yaml: Value =
+            serde_yaml::from_str(&out(&client, &["volumes", "-o", "yaml"]).await).unwrap();
+        assert_eq!(yaml[0]["export"], "10.0.0.1:4510");
+        assert_eq!(yaml[1]["export"], Value::Null);
+        assert_eq!(yaml[2]["sizeBytes"], GIB);
+
+        let text = out(&client, &["snap"]).await;
+        assert_eq!(
+            text,
+            "\
+NAME     UUID                                   SIZE      ORIGIN   NODE     TYPE       STATE
+snap-a   9c9c9c9c-0000-4000-8000-000000000009   1.0 GiB   pvc-a    node-1   SpdkLVol   ready
+"
+        );
+        let empty = run_at(&cli(&["-n", "elsewhere", "volumes"]), &client, now())
+            .await
+            .unwrap();
+        assert_eq!(empty, "No volumes found in namespace elsewhere.\n");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn describe_volume_names_the_engine_objects_and_events() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let text = out(&client, &["describe", "volume", "pvc-a"]).await;
+        println!("{text}");
+        for want in [
+            "Name:            pvc-a",
+            "UUID:            0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10",
+            "Size:            10.0 GiB (10737418240 bytes)",
+            "Pool:            node-1",
+            "Host:            node-3 (10.0.0.3, remote)",
+            "  SPDK lvol: aio-lvs/pvc-a",
+            "  Subsystem NQN:  nqn.2021-03.com.alipay.ob:uuid:0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10",
+            "  Serial:         0b0f2d9e5b3c4c9a9a51",
+            "  Listener:       10.0.0.1:4510 (TCP IPv4)",
+            "  Port:           4510",
+            "antstor.alipay.com/spdk-tgt",
+            "Scheduled",
+            "volume scheduled to node-1",
+        ] {
+            assert!(
+                squash(&text).contains(&squash(want)),
+                "missing {want:?} in\n{text}"
+            );
+        }
+        // A volume not exported yet still shows the NQN and serial it will get.
+        let text = out(&client, &["describe", "vol", "pvc-b"]).await;
+        assert!(
+            text.contains("nqn.2021-03.com.alipay.ob:uuid:5d3e1f20-0000-4000-8000-000000000002"),
+            "{text}"
+        );
+        assert!(squash(&text).contains("Listener: <not exported>"), "{text}");
+        assert!(text.contains("Events:"), "{text}");
+        let text = out(&client, &["describe", "volume", "pvc-c"]).await;
+        assert!(
+            squash(&text).contains("\nLV: pvc-c\nDevice: /dev/test-vg/pvc-c"),
+            "{text}"
+        );
+
+        let json: Value = serde_json::from_str(
+            &out(&client, &["describe", "volume", "pvc-a", "-o", "json"]).await,
+        )
+        .unwrap();
+        assert_eq!(
+            json["volume"]["spec"]["uuid"],
+            "0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10"
+        );
+        assert_eq!(json["serialNumber"], "0b0f2d9e5b3c4c9a9a51");
+        assert_eq!(json["events"][0]["reason"], "Scheduled");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn describe_pool_shows_engine_heartbeat_and_volumes() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let text = out(&client, &["describe", "pool", "node-1"]).await;
+        println!("{text}");
+        for want in [
+            "Node:",
+            "node-1 (ip 10.0.0.1, hostname host-1)",
+            "Engine:",
+            "SpdkLVStore",
+            "LVStore:",
+            "aio-lvs",
+            "lvs-uuid-1",
+            "test-aio-bdev",
+            "100.0 GiB (107374182400 bytes)",
+            "Charged to volumes:",
+            "12.0 GiB",
+            "Scheduling:",
+            "open",
+            "Spdk",
+            "Holder:",
+            "(5s ago)",
+            "nqn.2021-03.com.alipay.host:uuid:node-1",
+            "Volumes (2):",
+            "pvc-a",
+            "pvc-b",
+        ] {
+            assert!(
+                squash(&text).contains(&squash(want)),
+                "missing {want:?} in\n{text}"
+            );
+        }
+        assert!(!text.contains("pvc-c"), "{text}");
+        let text = out(&client, &["describe", "pool", "node-2"]).await;
+        for want in [
+            "test-vg",
+            "vg-uuid-2",
+            "Heartbeat:",
+            "<no Lease>",
+            "no heartbeat",
+            "locked (label",
+        ] {
+            assert!(
+                squash(&text).contains(&squash(want)),
+                "missing {want:?} in\n{text}"
+            );
+        }
+        let yaml: Value = serde_yaml::from_str(
+            &out(&client, &["describe", "pool", "node-1", "-o", "yaml"]).await,
+        )
+        .unwrap();
+        assert_eq!(yaml["pool"]["spec"]["spdkLVStore"]["name"], "aio-lvs");
+        assert_eq!(yaml["heartbeatAgeSeconds"], 5);
+        assert_eq!(yaml["volumes"].as_array().unwrap().len(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lock_and_unlock_change_the_label_under_the_cli_field_manager() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let pools: Api<StoragePool> = Api::namespaced(client.clone(), NS);
+        assert_eq!(
+            out(&client, &["lock", "pool", "node-1"]).await,
+            "pool node-1 locked\n"
+        );
+        let p = pools.get("node-1").await.unwrap();
+        assert_eq!(
+            p.labels()
+                .get(labels::POOL_SCHEDULING_STATUS)
+                .map(String::as_str),
+            Some("locked")
+        );
+        assert!(
+            p.managed_fields()
+                .iter()
+                .any(|m| m.manager.as_deref() == Some(managers::CLI)),
+            "{:?}",
+            p.managed_fields()
+        );
+        assert_eq!(
+            out(&client, &["lock", "pool", "node-1"]).await,
+            "pool node-1 already locked\n"
+        );
+        assert!(out(&client, &["pools"]).await.contains("ready,locked"));
+        assert_eq!(
+            out(&client, &["unlock", "pool", "node-1"]).await,
+            "pool node-1 unlocked\n"
+        );
+        let p = pools.get("node-1").await.unwrap();
+        assert_eq!(p.labels().get(labels::POOL_SCHEDULING_STATUS), None);
+        let json: Value =
+            serde_json::from_str(&out(&client, &["unlock", "pool", "node-2", "-o", "json"]).await)
+                .unwrap();
+        assert_eq!(
+            json,
+            json!({"pool": "node-2", "locked": false, "changed": true})
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn missing_objects_are_one_line_errors() {
+    within(async {
+        let (_server, client) = seeded().await;
+        for (args, msg) in [
+            (
+                &["describe", "volume", "pvc-x"][..],
+                "volume pvc-x not found in namespace obnvmf",
+            ),
+            (
+                &["describe", "pool", "node-9"][..],
+                "pool node-9 not found in namespace obnvmf",
+            ),
+            (
+                &["lock", "pool", "node-9"][..],
+                "pool node-9 not found in namespace obnvmf",
+            ),
+        ] {
+            let err: CliError = run_at(&cli(args), &client, now()).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::NotFound);
+            assert_eq!(err.to_string(), msg);
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_binary_reads_a_kubeconfig_and_exits_1_on_errors() {
+    within(async {
+        let (server, _client) = seeded().await;
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kc).unwrap();
+        let bin = env!("CARGO_BIN_EXE_kubectl-liteio");
+        let run = |args: &[&str]| {
+            let mut cmd = tokio::process::Command::new(bin);
+            cmd.arg("--kubeconfig")
+                .arg(&kc)
+                .args(args)
+                .env_remove("KUBECONFIG");
+            cmd.kill_on_drop(true);
+            cmd.output()
+        };
+        let ok = run(&["pools"]).await.unwrap();
+        assert!(
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+        let stdout = String::from_utf8(ok.stdout).unwrap();
+        assert!(stdout.starts_with("NODE "), "{stdout}");
+        assert!(stdout.contains("node-1   SpdkLVStore"), "{stdout}");
+
+        let bad = run(&["describe", "volume", "pvc-x"]).await.unwrap();
+        assert_eq!(bad.status.code(), Some(1));
+        assert_eq!(
+            String::from_utf8(bad.stderr).unwrap(),
+            "error: volume pvc-x not found in namespace obnvmf\n"
+        );
+        assert!(bad.stdout.is_empty());
+
+        let missing = tokio::process::Command::new(bin)
+            .args(["--kubeconfig", "/nonexistent/kubeconfig", "pools"])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(missing.status.code(), Some(1));
+        let err = String::from_utf8(missing.stderr).unwrap();
+        assert!(
+            err.starts_with("error: cannot use kubeconfig /nonexistent/kubeconfig"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    })
+    .await;
+}
