@@ -4,9 +4,11 @@
 # 127.0.0.1. Prints IOPS, mean and p99 latency per case and the ratio agent/stock, then the
 # idle CPU of both targets in interrupt mode.
 #
-#   bash scripts/bench-spdk.sh            # ROUNDS=3 SECONDS_PER_RUN=5 by default
+#   bash scripts/bench-spdk.sh            # ROUNDS=7 SECONDS_PER_RUN=5 by default
 #
-# Cases: null bdev, and aio file -> lvstore -> lvol; workloads 4 KiB randread and randwrite,
+# Figures are medians over the rounds; the ratio is the median of the per-round ratios.
+# Cases (CASES): null bdev, and aio file -> lvstore -> lvol; workloads (WORKLOADS) 4 KiB
+# randread and randwrite,
 # queue depth 32. Each target polls on core 0 (mask 0x1) and perf runs on core 1, both
 # without hugepages. Rounds alternate which target goes first.
 #
@@ -15,7 +17,7 @@
 # the tools with NVMF_TGT, SPDK_PERF and SPDK_RPC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-7}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 IDLE_SECONDS=${IDLE_SECONDS:-10}
 NQN=nqn.2016-06.io.spdk:bench
@@ -97,8 +99,8 @@ perf() { # workload -> "iops mean_us p99_us"
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 printf '\n%-6s %-10s %12s %12s %7s %10s %10s %10s %10s\n' case workload agent_iops stock_iops ratio agent_mean stock_mean agent_p99 stock_p99
-for case in null lvol; do
-    for wl in randread randwrite; do
+for case in ${CASES:-null lvol}; do
+    for wl in ${WORKLOADS:-randread randwrite}; do
         : >"$WORK/agent.res"; : >"$WORK/stock.res"
         for r in $(seq 1 "$ROUNDS"); do
             if [ $((r % 2)) = 1 ]; then order="agent stock"; else order="stock agent"; fi
@@ -106,12 +108,17 @@ for case in null lvol; do
                 "start_$who" $case
                 perf $wl >>"$WORK/$who.res"
                 stop_target
+                printf '  # %s %s round %s %s: %s\n' $case $wl $r $who "$(tail -n1 "$WORK/$who.res")" >&2
             done
         done
         am=$(cut -d' ' -f1 "$WORK/agent.res" | median); sm=$(cut -d' ' -f1 "$WORK/stock.res" | median)
         aml=$(cut -d' ' -f2 "$WORK/agent.res" | median); sml=$(cut -d' ' -f2 "$WORK/stock.res" | median)
         ap=$(cut -d' ' -f3 "$WORK/agent.res" | median); sp=$(cut -d' ' -f3 "$WORK/stock.res" | median)
-        ratio=$(awk -v a="$am" -v s="$sm" 'BEGIN {printf "%.3f", a / s}')
+        # The ratio is the median of per-round ratios (agent and stock measured back to back in
+        # each round), which cancels slow drifts of the host between rounds.
+        ratio=$(paste -d' ' <(cut -d' ' -f1 "$WORK/agent.res") <(cut -d' ' -f1 "$WORK/stock.res") \
+            | awk '{printf "%.6f\n", $1 / $2}' | median)
+        ratio=$(printf '%.3f' "$ratio")
         printf '%-6s %-10s %12.0f %12.0f %7s %9.1fus %9.1fus %9.1fus %9.1fus\n' $case $wl "$am" "$sm" "$ratio" "$aml" "$sml" "$ap" "$sp"
     done
 done
