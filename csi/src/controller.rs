@@ -338,12 +338,16 @@ impl ControllerService {
                 "positionAdvice MustLocal needs the consuming node (the PVC's volume.kubernetes.io/selected-node or a kubernetes.io/hostname topology)",
             ));
         }
+        let obj_name = params::object_name(&req.name);
+        if obj_name != req.name {
+            annos.insert(params::ANNO_CSI_NAME.to_string(), req.name.clone());
+        }
         let uuid = uuid::Uuid::new_v4().to_string();
         labels_map.insert(labels::VOL_UUID.to_string(), uuid.clone());
         labels_map.insert(labels::FS_TYPE.to_string(), w.fs.clone());
         labels_map.insert(
             labels::PV_NAME.to_string(),
-            p.pv_name.clone().unwrap_or_else(|| req.name.clone()),
+            p.pv_name.clone().unwrap_or_else(|| obj_name.clone()),
         );
         annos.insert(annotations::FS_TYPE.to_string(), w.fs.clone());
         if !p.mkfs_params.is_empty() {
@@ -370,7 +374,7 @@ impl ControllerService {
         };
         Ok(AntstorVolume {
             metadata: ObjectMeta {
-                name: Some(req.name.clone()),
+                name: Some(obj_name),
                 namespace: Some(self.cfg.namespace.clone()),
                 labels: Some(labels_map),
                 annotations: Some(annos),
@@ -412,7 +416,9 @@ impl ControllerService {
     }
 
     async fn create_volume_inner(&self, req: &CreateVolumeRequest) -> Result<Volume> {
-        let name = require("name", &req.name)?;
+        let csi_name = require("name", &req.name)?;
+        let obj_name = params::object_name(csi_name);
+        let name = obj_name.as_str();
         let accesses = params::check_capabilities("volume_capabilities", &req.volume_capabilities)?;
         let p = VolumeParams::parse(&req.parameters)?;
         let mut size = params::volume_size(req.capacity_range.as_ref())?;
@@ -455,7 +461,7 @@ impl ControllerService {
                 .as_ref()
                 .map(|s| (s.name_any(), s.namespace().unwrap_or_default())),
         };
-        let _guard = self.inflight.claim(&format!("volume {name}"))?;
+        let _guard = self.inflight.claim(&format!("volume {csi_name}"))?;
         let api = self.volumes();
         let vol = match k8s::get_opt(&api, "AntstorVolume", name).await? {
             Some(existing) => {
@@ -612,9 +618,11 @@ impl ControllerService {
     }
 
     async fn create_snapshot_inner(&self, req: &CreateSnapshotRequest) -> Result<Snapshot> {
-        let name = require("name", &req.name)?;
+        let csi_name = require("name", &req.name)?;
         let src = require("source_volume_id", &req.source_volume_id)?;
-        let _guard = self.inflight.claim(&format!("snapshot {name}"))?;
+        let _guard = self.inflight.claim(&format!("snapshot {csi_name}"))?;
+        let obj_name = params::object_name(csi_name);
+        let name = obj_name.as_str();
         let api = self.snapshots();
         if let Some(s) = k8s::get_opt(&api, "AntstorSnapshot", name).await? {
             let origin = s.spec.origin_vol_name.clone();
@@ -652,6 +660,9 @@ impl ControllerService {
                     ),
                     (labels::TARGET_NODE_ID.to_string(), target.clone()),
                 ])),
+                annotations: (name != csi_name).then(|| {
+                    BTreeMap::from([(params::ANNO_CSI_NAME.to_string(), csi_name.to_string())])
+                }),
                 ..ObjectMeta::default()
             },
             spec: AntstorSnapshotSpec {

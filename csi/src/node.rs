@@ -618,12 +618,31 @@ impl NodeService {
     async fn expand(&self, req: &NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
         let id = require("volume_id", &req.volume_id)?;
         let path = PathBuf::from(require("volume_path", &req.volume_path)?);
-        let vol = self.find_volume(id).await?;
-        if vol.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE) {
-            return Err(CsiError::Pending(format!(
-                "volume {} is still being grown by its storage node; retry",
-                vol.name_any()
-            )));
+        let mut vol = self.find_volume(id).await?;
+        if growing(&vol) {
+            // The storage node removes the label once the LV/file has grown; wait for it,
+            // bounded like NodeStageVolume's wait for readiness.
+            let name = vol.name_any();
+            vol = match k8s::wait_for(
+                self.volumes(),
+                "AntstorVolume",
+                &name,
+                self.cfg.ready_timeout,
+                |v: &AntstorVolume| !growing(v),
+            )
+            .await?
+            {
+                Waited::Done(v) => v,
+                Waited::Gone => {
+                    return Err(CsiError::NotFound(format!("volume {name} was deleted")));
+                }
+                Waited::TimedOut => {
+                    return Err(CsiError::Pending(format!(
+                        "volume {name} is still being grown by its storage node after {}s; retry",
+                        self.cfg.ready_timeout.as_secs()
+                    )));
+                }
+            };
         }
         let _g = self.inflight.claim(&format!("volume {id}"))?;
         let plan = attach_plan(&vol, &self.cfg.node_id)?;
@@ -777,6 +796,11 @@ pub fn volume_nqn(vol: &AntstorVolume) -> String {
         .map(|t| t.subsys_nqn.clone())
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| naming::subsys_nqn(&vol.spec.uuid))
+}
+
+/// Whether the storage node has yet to grow the volume (ControllerExpandVolume's label).
+fn growing(v: &AntstorVolume) -> bool {
+    v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
 }
 
 #[cfg(test)]

@@ -286,6 +286,56 @@ pub fn page(start: usize, max_entries: i32, len: usize) -> Result<(usize, usize,
     Ok((start, end, next))
 }
 
+/// Annotation recording the CSI name of a volume or snapshot whose object name had to be
+/// derived from it (see [`object_name`]).
+pub const ANNO_CSI_NAME: &str = "obnvmf/csi-name";
+
+/// Longest object name used: names also go into label values (63 characters at most).
+const MAX_OBJECT_NAME: usize = 63;
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_OBJECT_NAME
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// 64-bit FNV-1a: stable across builds and releases (unlike `DefaultHasher`).
+fn fnv1a64(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The Kubernetes object name for a CSI volume/snapshot `name` (any UTF-8, up to 128
+/// characters per the spec). A name that is already a DNS-1123 label (the external
+/// provisioner's `pvc-<uuid>`, the snapshotter's `snapshot-<uuid>`) is used as is; any other
+/// name maps deterministically to a sanitised prefix of it plus a hash of the whole name, so
+/// the same CSI name always finds the same object.
+pub fn object_name(name: &str) -> String {
+    if is_dns_label(name) {
+        return name.to_string();
+    }
+    let mut prefix = String::new();
+    for c in name.chars().take(MAX_OBJECT_NAME - 17) {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            prefix.push(c);
+        } else if !prefix.is_empty() && !prefix.ends_with('-') {
+            prefix.push('-');
+        }
+    }
+    let prefix = prefix.trim_end_matches('-');
+    let hash = format!("{:016x}", fnv1a64(name));
+    if prefix.is_empty() {
+        format!("csi-{hash}")
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -450,5 +500,26 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         assert_eq!(obnvmf_annotations(&a).len(), 1);
+    }
+
+    #[test]
+    fn object_names_are_valid_and_stable() {
+        assert_eq!(object_name("pvc-0a1b"), "pvc-0a1b");
+        let n = object_name("CreateSnapshot-volume-1-F1447585-DE1276F7");
+        assert_eq!(n, object_name("CreateSnapshot-volume-1-F1447585-DE1276F7"));
+        assert!(n.starts_with("createsnapshot-volume-1-"), "{n}");
+        assert!(is_dns_label(&n), "{n}");
+        assert_ne!(n, object_name("CreateSnapshot-volume-1-F1447585-DE1276F8"));
+        // Upper case differs from lower case: different CSI names, different objects.
+        assert_ne!(object_name("A-1"), object_name("a-1"));
+        for name in [
+            "x".repeat(128),
+            "__".into(),
+            "-a-".into(),
+            "ünï/cödé".into(),
+        ] {
+            let o = object_name(&name);
+            assert!(is_dns_label(&o), "{name:?} -> {o}");
+        }
     }
 }

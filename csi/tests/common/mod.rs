@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use liteio_api::keys::labels;
 use liteio_api::pool::{PoolStatus, StoragePoolStatus};
 use liteio_api::{AntstorVolume, StoragePool, StoragePoolSpec};
 use liteio_csi::DriverConfig;
@@ -90,8 +91,8 @@ impl Env {
     }
 
     /// Starts a fake disk-agent for the file engine: every scheduled volume gets a sparse file
-    /// under `<dir>/pool/volumes`, `spec.kernelLvol.devPath` and status ready; every snapshot
-    /// becomes ready.
+    /// under `<dir>/pool/volumes`, `spec.kernelLvol.devPath` and status ready (an expanded
+    /// volume's file grows and its expansion label is removed); every snapshot becomes ready.
     pub fn start_file_agent(&mut self) {
         let api = self.volumes();
         let pool = self.dir.path().join("pool/volumes");
@@ -105,12 +106,30 @@ impl Env {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
                     _ => continue,
                 };
-                if v.spec.target_node_id.is_empty() || v.phase() == liteio_api::VolumeStatus::Ready
-                {
+                if v.spec.target_node_id.is_empty() {
                     continue;
                 }
                 let name = v.name_any();
                 let file = pool.join(format!("{name}.img"));
+                if v.phase() == liteio_api::VolumeStatus::Ready {
+                    // Like the real agent, grow the backing file when the volume is expanded,
+                    // then drop the expansion label.
+                    if v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE) {
+                        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&file)
+                            && f.metadata().is_ok_and(|m| m.len() < v.spec.size_byte)
+                        {
+                            let _ = f.set_len(v.spec.size_byte);
+                        }
+                        let _ = api
+                            .patch(
+                                &name,
+                                &PatchParams::default(),
+                                &Patch::Merge(json!({"metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: null}}})),
+                            )
+                            .await;
+                    }
+                    continue;
+                }
                 let _ = std::fs::create_dir_all(&pool);
                 if let Ok(f) = std::fs::OpenOptions::new()
                     .create(true)
