@@ -560,56 +560,68 @@ impl ControllerService {
             .ok_or_else(|| CsiError::invalid("capacity_range", "is required"))?;
         let new_size = params::volume_size(Some(range))?;
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
-        let mut v = self.find_volume(id).await?;
-        let name = v.name_any();
-        let old = v.spec.size_byte;
-        if new_size <= old {
-            // Growth only: a volume at or above the request is left alone (a retried or
-            // smaller request succeeds with the current size; nothing is ever shrunk).
-            return Ok(ControllerExpandVolumeResponse {
-                capacity_bytes: i64_of(old),
-                node_expansion_required: true,
-            });
-        }
-        let Some(target) = v.target_node().map(str::to_string) else {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {name} is not scheduled yet; it cannot be expanded"
+        let (name, old) = 'retry: {
+            for attempt in 0..5 {
+                let mut v = self.find_volume(id).await?;
+                let name = v.name_any();
+                let old = v.spec.size_byte;
+                if new_size <= old {
+                    // Growth only: a volume at or above the request is left alone (a retried or
+                    // smaller request succeeds with the current size; nothing is ever shrunk).
+                    return Ok(ControllerExpandVolumeResponse {
+                        capacity_bytes: i64_of(old),
+                        node_expansion_required: true,
+                    });
+                }
+                let Some(target) = v.target_node().map(str::to_string) else {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "volume {name} is not scheduled yet; it cannot be expanded"
+                    )));
+                };
+                let pool = k8s::get_opt(&self.pools(), "StoragePool", &target)
+                    .await?
+                    .ok_or_else(|| {
+                        CsiError::FailedPrecondition(format!(
+                            "StoragePool {target} holding volume {name} does not exist"
+                        ))
+                    })?;
+                let delta = new_size - old;
+                let free = pool.reported_free_bytes();
+                if free < delta {
+                    return Err(CsiError::OutOfRange(format!(
+                        "capacity_range.required_bytes: pool {target} has {} free, volume {name} needs {} more",
+                        size::format_bytes(free),
+                        size::format_bytes(delta)
+                    )));
+                }
+                let labels_map = v.metadata.labels.get_or_insert_with(BTreeMap::new);
+                labels_map
+                    .entry(labels::EXPANSION_ORIGINAL_SIZE.to_string())
+                    .or_insert_with(|| old.to_string());
+                v.spec.size_byte = new_size;
+                match self
+                    .volumes()
+                    .replace(&name, &PostParams::default(), &v)
+                    .await
+                {
+                    Ok(_) => break 'retry (name, old),
+                    // Another writer (the agent, the controller) updated the volume between our
+                    // read and write: read it again, a few times, before asking the CO to retry.
+                    Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return Err(CsiError::Busy(format!(
+                            "volume {name} changed while expanding; retry"
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(CsiError::kube(format!("update AntstorVolume {name}"), e));
+                    }
+                }
+            }
+            return Err(CsiError::Busy(format!(
+                "volume {id} kept changing while expanding; retry"
             )));
         };
-        let pool = k8s::get_opt(&self.pools(), "StoragePool", &target)
-            .await?
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!(
-                    "StoragePool {target} holding volume {name} does not exist"
-                ))
-            })?;
-        let delta = new_size - old;
-        let free = pool.reported_free_bytes();
-        if free < delta {
-            return Err(CsiError::OutOfRange(format!(
-                "capacity_range.required_bytes: pool {target} has {} free, volume {name} needs {} more",
-                size::format_bytes(free),
-                size::format_bytes(delta)
-            )));
-        }
-        let labels_map = v.metadata.labels.get_or_insert_with(BTreeMap::new);
-        labels_map
-            .entry(labels::EXPANSION_ORIGINAL_SIZE.to_string())
-            .or_insert_with(|| old.to_string());
-        v.spec.size_byte = new_size;
-        match self
-            .volumes()
-            .replace(&name, &PostParams::default(), &v)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Err(CsiError::Busy(format!(
-                    "volume {name} changed while expanding; retry"
-                )));
-            }
-            Err(e) => return Err(CsiError::kube(format!("update AntstorVolume {name}"), e)),
-        }
         info!(volume = %name, from = old, to = new_size, "volume expansion requested");
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: i64_of(new_size),

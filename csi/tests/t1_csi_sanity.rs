@@ -24,7 +24,7 @@ fn find_sanity() -> Option<PathBuf> {
     })
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn csi_sanity() {
     let Some(bin) = find_sanity() else {
         println!("SKIP csi-sanity: not installed");
