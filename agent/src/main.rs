@@ -115,15 +115,35 @@ async fn start_spdk(
 }
 
 async fn run(args: Args, config: Config) -> anyhow::Result<()> {
+    // SPDK backs an SpdkLVStore pool and exports volumes of every engine. When it cannot
+    // start (no hugepages, say) an LVM or file pool still serves local volumes: remote
+    // volumes then get a clear "no NVMe-oF target" message instead of the agent exiting.
     #[cfg(feature = "spdk")]
-    let (spdk, engine, exporter) = {
-        let (spdk, engine, exporter) = start_spdk(&config).await?;
-        let engine = match engine {
-            Some(e) => e,
-            None => engine_from_config(&config)?,
+    let (spdk, engine, exporter): (_, _, Arc<dyn liteio_agent::exporter::Exporter>) =
+        match start_spdk(&config).await {
+            Ok((spdk, engine, exporter)) => {
+                let engine = match engine {
+                    Some(e) => e,
+                    None => engine_from_config(&config)?,
+                };
+                (Some(spdk), engine, exporter)
+            }
+            Err(e)
+                if config.storage.pooling.mode
+                    != liteio_agent::config::PoolingMode::SpdkLvStore =>
+            {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "SPDK did not start; serving local volumes only (no NVMe-oF exports)"
+                );
+                (
+                    None,
+                    engine_from_config(&config)?,
+                    Arc::new(liteio_agent::exporter::NoExporter),
+                )
+            }
+            Err(e) => return Err(e),
         };
-        (spdk, engine, exporter)
-    };
     #[cfg(not(feature = "spdk"))]
     let (engine, exporter): (_, Arc<dyn liteio_agent::exporter::Exporter>) =
         (engine_from_config(&config)?, Arc::new(NoExporter));
@@ -139,9 +159,11 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     // Last: SPDK removes listeners and subsystems, unloads lvstores cleanly and stops its
     // reactors.
     #[cfg(feature = "spdk")]
-    tokio::task::spawn_blocking(move || spdk.stop())
-        .await
-        .context("the SPDK stop task failed")?;
+    if let Some(spdk) = spdk {
+        tokio::task::spawn_blocking(move || spdk.stop())
+            .await
+            .context("the SPDK stop task failed")?;
+    }
     Ok(())
 }
 

@@ -211,8 +211,11 @@ impl Local {
 
     fn write_configs(&self) -> Result<(), LocalError> {
         let agent = match self.engine {
+            // An agent built with SPDK also starts it here (no hugepages, interrupt mode) to
+            // export volumes over NVMe/TCP; without SPDK the `spdk` section is unused.
             Engine::File => format!(
-                "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: 4294967296}}\n",
+                "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: 4294967296}}\n\
+                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
                 self.dir.join("pool").display()
             ),
             Engine::Spdk => format!(
@@ -283,6 +286,9 @@ impl Local {
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         );
         cmd.kill_on_drop(true);
+        // Own process group: a Ctrl-C in the terminal reaches liteio-local only, which then
+        // unmounts and deletes through the still-running components before stopping them.
+        cmd.process_group(0);
         cmd
     }
 
