@@ -1,0 +1,188 @@
+//! Provisioning benchmark (issue 5): volumes created against the test API server with the
+//! controller's step simulated (the `in-state` finalizer and the target node set by this
+//! program), time from creation to `ready` (p50, p99), on the file engine and, with the
+//! `spdk` feature, on the SPDK lvstore engine (aio file base, no hugepages, interrupt mode).
+//! Also prints the agent's resident memory with all volumes in place (SPDK's memory pools
+//! excluded: the file-engine run has no SPDK).
+//!
+//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT]`
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use liteio_agent::agent::{Agent, AgentOptions};
+use liteio_agent::config::Config;
+use liteio_agent::engine::{FileEngine, PoolEngine};
+use liteio_agent::exporter::{Exporter, NoExporter};
+use liteio_agent::heartbeat::HeartbeatOptions;
+use liteio_api::keys::{finalizers, labels};
+use liteio_api::{AntstorVolume, AntstorVolumeSpec, VolumeStatus, keys};
+use liteio_test_apiserver::TestApiServer;
+
+const NODE: &str = "bench-node";
+const MIB: u64 = 1 << 20;
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+async fn run(
+    label: &str,
+    engine: Arc<dyn PoolEngine>,
+    exporter: Arc<dyn Exporter>,
+    config: Config,
+    count: usize,
+) -> anyhow::Result<()> {
+    let server = TestApiServer::start().await?;
+    let client = server.client().await?;
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let mut n = Namespace::default();
+    n.metadata.name = Some(keys::DEFAULT_NAMESPACE.into());
+    ns.create(&PostParams::default(), &n).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut node = Node::default();
+    node.metadata.name = Some(NODE.into());
+    nodes.create(&PostParams::default(), &node).await?;
+    let dir = tempfile::tempdir()?;
+    let mut opts = AgentOptions::from_config(NODE, config);
+    opts.host_nqn_path = dir.path().join("hostnqn");
+    opts.heartbeat =
+        HeartbeatOptions::with_interval(Duration::from_secs(5), Duration::from_secs(20));
+    opts.metrics_addr = None;
+    let agent = Agent::start(client.clone(), engine, exporter, opts).await?;
+
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    // Readiness is observed through a watch, like the CSI controller does.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+    let w = vols.clone();
+    let watch = tokio::spawn(async move {
+        let mut s = watcher(w, watcher::Config::default()).boxed();
+        while let Some(ev) = s.next().await {
+            if let Ok(watcher::Event::Apply(v)) = ev
+                && v.phase() == VolumeStatus::Ready
+            {
+                let _ = tx.send((v.name_any(), Instant::now()));
+            }
+        }
+    });
+    let mut created = BTreeMap::new();
+    for i in 0..count {
+        let name = format!("pvc-{i:05}");
+        let mut v = AntstorVolume::new(
+            &name,
+            AntstorVolumeSpec {
+                uuid: format!("00000000-0000-4000-8000-{i:012}"),
+                size_byte: 16 * MIB,
+                target_node_id: NODE.into(),
+                ..AntstorVolumeSpec::default()
+            },
+        );
+        v.metadata = ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                labels::TARGET_NODE_ID.to_string(),
+                NODE.to_string(),
+            )])),
+            finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+            ..ObjectMeta::default()
+        };
+        created.insert(name, Instant::now());
+        vols.create(&PostParams::default(), &v).await?;
+    }
+    let mut lat = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    while lat.len() < count {
+        let Ok(Some((name, at))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+            break;
+        };
+        if let Some(t0) = created.remove(&name) {
+            lat.push(at.duration_since(t0).as_secs_f64() * 1000.0);
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    let p = |q: f64| {
+        lat.get(((lat.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    println!(
+        "{label}: {} of {count} volumes ready; creation to ready p50 {:.1} ms, p99 {:.1} ms; resident memory {:.0} MiB",
+        lat.len(),
+        p(0.5),
+        p(0.99),
+        rss_mib()
+    );
+    watch.abort();
+    agent.shutdown(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let count: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let pool = dir.path().join("pool");
+    rt.block_on(run(
+        "file engine",
+        Arc::new(FileEngine::new("bench", &pool, 64 << 30)),
+        Arc::new(NoExporter),
+        Config::file_pool("bench", &pool),
+        count,
+    ))?;
+    #[cfg(feature = "spdk")]
+    {
+        use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
+        use liteio_agent::spdk::{Spdk, SpdkOptions};
+        let spdk = Spdk::start(&SpdkOptions {
+            name: "bench-provision".into(),
+            ..SpdkOptions::small()
+        })?;
+        let file = dir.path().join("lvs.img");
+        let base = BaseBdev::Aio {
+            name: "bench-aio".into(),
+            path: file.clone(),
+            size: 8 << 30,
+            create: true,
+        };
+        let engine = Arc::new(SpdkLvsEngine::new("bench-lvs", base, 0));
+        let config = Config::from_yaml(&format!(
+            "storage: {{pooling: {{name: bench-lvs, mode: SpdkLVStore}}, bdev: {{type: aioBdev, name: bench-aio, size: 8589934592, filePath: {}}}}}",
+            file.display()
+        ))?;
+        // SPDK volumes are always exported: one subsystem and listener port each.
+        let exporter = Arc::new(liteio_agent::spdk::exporter::SpdkExporter::new(
+            "127.0.0.1",
+            21000..=21999,
+            liteio_agent::spdk::nvmf::TcpTransportOptions::default(),
+        ));
+        rt.block_on(run(
+            "SPDK engine (with NVMe/TCP export)",
+            engine,
+            exporter,
+            config,
+            count,
+        ))?;
+        drop(rt);
+        spdk.stop();
+    }
+    Ok(())
+}
