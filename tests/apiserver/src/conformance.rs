@@ -1721,32 +1721,46 @@ async fn wait_for_requests(
     Ok(())
 }
 
-/// Every case by name, for runners that iterate.
-pub const CASES: &[&str] = &[
-    "crud_antstorvolume",
-    "crud_lease",
-    "generate_name",
-    "label_selectors",
-    "field_selectors",
-    "bad_selectors",
-    "watch_event_order",
-    "watch_resume",
-    "watch_expired_gone",
-    "watcher_recovers",
-    "stale_update_conflict",
-    "lease_two_writers",
-    "finalizer_deletion",
-    "status_subresource",
-    "merge_patch",
-    "json_patch",
-    "server_side_apply",
-    "invalid_objects",
-    "request_details",
-    "malformed_json",
-    "unknown_resource",
-    "patch_media_and_names",
-    "list_paging",
-    "fault_fail_next",
-    "fault_delay",
-    "fault_drop_watch",
-];
+/// Calls `$m!(case, case, ...)` with every conformance case, in order: the single list the
+/// test files (T1 against the test server, T2 against a real one) and [`CASES`] are made from.
+#[macro_export]
+macro_rules! with_conformance_cases {
+    ($m:ident) => {
+        $m!(
+            crud_antstorvolume,
+            crud_lease,
+            generate_name,
+            label_selectors,
+            field_selectors,
+            bad_selectors,
+            watch_event_order,
+            watch_resume,
+            watch_expired_gone,
+            watcher_recovers,
+            stale_update_conflict,
+            lease_two_writers,
+            finalizer_deletion,
+            status_subresource,
+            merge_patch,
+            json_patch,
+            server_side_apply,
+            invalid_objects,
+            request_details,
+            malformed_json,
+            unknown_resource,
+            patch_media_and_names,
+            list_paging,
+            fault_fail_next,
+            fault_delay,
+            fault_drop_watch,
+        );
+    };
+}
+
+macro_rules! case_names {
+    ($($name:ident),* $(,)?) => {
+        /// Every case, in order.
+        pub const CASES: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+with_conformance_cases!(case_names);

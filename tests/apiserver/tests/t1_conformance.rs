@@ -48,31 +48,4 @@ macro_rules! cases {
     };
 }
 
-cases!(
-    crud_antstorvolume,
-    crud_lease,
-    generate_name,
-    label_selectors,
-    field_selectors,
-    bad_selectors,
-    watch_event_order,
-    watch_resume,
-    watch_expired_gone,
-    watcher_recovers,
-    stale_update_conflict,
-    lease_two_writers,
-    finalizer_deletion,
-    status_subresource,
-    merge_patch,
-    json_patch,
-    server_side_apply,
-    invalid_objects,
-    request_details,
-    malformed_json,
-    unknown_resource,
-    patch_media_and_names,
-    list_paging,
-    fault_fail_next,
-    fault_delay,
-    fault_drop_watch,
-);
+liteio_test_apiserver::with_conformance_cases!(cases);
