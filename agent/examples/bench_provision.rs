@@ -5,7 +5,10 @@
 //! Also prints the agent's resident memory with all volumes in place (SPDK's memory pools
 //! excluded: the file-engine run has no SPDK).
 //!
-//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT]`
+//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT] [--sequential]`
+//!
+//! By default all volumes are created at once (a burst: latency includes queueing behind the
+//! others); `--sequential` creates the next volume only when the previous one is ready.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,6 +48,7 @@ async fn run(
     exporter: Arc<dyn Exporter>,
     config: Config,
     count: usize,
+    sequential: bool,
 ) -> anyhow::Result<()> {
     let server = TestApiServer::start().await?;
     let client = server.client().await?;
@@ -79,6 +83,7 @@ async fn run(
         }
     });
     let mut created = BTreeMap::new();
+    let mut lat = Vec::new();
     for i in 0..count {
         let name = format!("pvc-{i:05}");
         let mut v = AntstorVolume::new(
@@ -102,8 +107,15 @@ async fn run(
         };
         created.insert(name, Instant::now());
         vols.create(&PostParams::default(), &v).await?;
+        if sequential {
+            let (name, at) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("readiness watch ended"))?;
+            if let Some(t0) = created.remove(&name) {
+                lat.push(at.duration_since(t0).as_secs_f64() * 1000.0);
+            }
+        }
     }
-    let mut lat = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     while lat.len() < count {
         let Ok(Some((name, at))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
@@ -120,7 +132,12 @@ async fn run(
             .unwrap_or(f64::NAN)
     };
     println!(
-        "{label}: {} of {count} volumes ready; creation to ready p50 {:.1} ms, p99 {:.1} ms; resident memory {:.0} MiB",
+        "{label}{}: {} of {count} volumes ready; creation to ready p50 {:.1} ms, p99 {:.1} ms; resident memory {:.0} MiB",
+        if sequential {
+            ", one at a time"
+        } else {
+            ", all at once"
+        },
         lat.len(),
         p(0.5),
         p(0.99),
@@ -132,10 +149,17 @@ async fn run(
 }
 
 fn main() -> anyhow::Result<()> {
-    let count: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200);
+    // Warnings and errors only (RUST_LOG overrides): a failed step shows up in the run.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sequential = args.iter().any(|a| a == "--sequential");
+    let count: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -147,6 +171,7 @@ fn main() -> anyhow::Result<()> {
         Arc::new(NoExporter),
         Config::file_pool("bench", &pool),
         count,
+        sequential,
     ))?;
     #[cfg(feature = "spdk")]
     {
@@ -180,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             exporter,
             config,
             count,
+            sequential,
         ))?;
         drop(rt);
         spdk.stop();

@@ -6,7 +6,7 @@
 //! channels, so they need no particular executor). Call it from a blocking context.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::RwLock;
 
 use futures::executor::block_on;
 
@@ -51,7 +51,10 @@ pub struct SpdkLvsEngine {
     lvs: String,
     base: BaseBdev,
     cluster_size: u32,
-    lock: Mutex<()>,
+    /// Creating and resizing a volume touch only that volume and run side by side (SPDK
+    /// refuses a second lvol with a name still being created); the pool set-up, snapshots,
+    /// clones and deletions, which involve other lvols, run alone.
+    lock: RwLock<()>,
 }
 
 fn map(e: SpdkError) -> EngineError {
@@ -79,7 +82,7 @@ impl SpdkLvsEngine {
             lvs: lvs.into(),
             base,
             cluster_size,
-            lock: Mutex::new(()),
+            lock: RwLock::new(()),
         }
     }
 
@@ -88,9 +91,17 @@ impl SpdkLvsEngine {
         &self.lvs
     }
 
-    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
+    /// Exclusive: nothing else changes the lvstore meanwhile.
+    fn guard(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
         self.lock
-            .lock()
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Shared with other single-volume changes.
+    fn shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.lock
+            .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -201,7 +212,7 @@ impl PoolEngine for SpdkLvsEngine {
         opts: &VolumeOptions,
     ) -> Result<VolumeInfo, EngineError> {
         check_name(name)?;
-        let _g = self.guard();
+        let _g = self.shared();
         let l =
             block_on(lvol::create_lvol(&self.lvs, name, size, opts.thin)).map_err(|e| {
                 match e.kind() {
@@ -226,7 +237,7 @@ impl PoolEngine for SpdkLvsEngine {
     }
 
     fn resize_volume(&self, name: &str, new_size: u64) -> Result<VolumeInfo, EngineError> {
-        let _g = self.guard();
+        let _g = self.shared();
         let cur = block_on(lvol::lvol(&self.lvs, name))
             .map_err(map)?
             .ok_or_else(|| EngineError::NotFound {

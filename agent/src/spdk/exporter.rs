@@ -20,7 +20,7 @@ pub struct SpdkExporter {
     address: String,
     ports: std::ops::RangeInclusive<u16>,
     transport: TcpTransportOptions,
-    /// Serialises port allocation and subsystem creation.
+    /// Serialises port allocation and the creation of new subsystems.
     lock: tokio::sync::Mutex<()>,
     /// Last port handed out, so allocation walks the range round-robin.
     cursor: Mutex<u16>,
@@ -50,19 +50,10 @@ impl SpdkExporter {
         }
     }
 
-    /// A port of the range that no other subsystem listens on, starting after the last one
-    /// handed out; `preferred` first when it is free and in range.
-    async fn pick_port(&self, nqn: &str, preferred: Option<u16>) -> Result<Vec<u16>, ExportError> {
-        let subsystems = nvmf::subsystems().await.map_err(target_err)?;
-        if let Some(own) = subsystems.iter().find(|s| s.nqn == nqn)
-            && let Some((_, port)) = own.listeners.first()
-        {
-            return Ok(vec![*port]);
-        }
-        let used: std::collections::HashSet<u16> = subsystems
-            .iter()
-            .flat_map(|s| s.listeners.iter().map(|l| l.1))
-            .collect();
+    /// Ports of the range that no subsystem listens on, in the order to try them: `preferred`
+    /// first when it is free, then round-robin from after the last port handed out.
+    async fn free_ports(&self, preferred: Option<u16>) -> Result<Vec<u16>, ExportError> {
+        let used = nvmf::listener_ports().await.map_err(target_err)?;
         let start = *self
             .cursor
             .lock()
@@ -86,12 +77,31 @@ impl SpdkExporter {
         }
         Ok(order)
     }
+
+    fn target(
+        &self,
+        bdev_name: String,
+        info: nvmf::SubsystemInfo,
+        port: u16,
+        ns_uuid: String,
+    ) -> SpdkTarget {
+        SpdkTarget {
+            bdev_name,
+            subsys_nqn: info.nqn,
+            svc_id: port.to_string(),
+            sn: info.serial,
+            trans_type: naming::TRANS_TYPE_TCP.into(),
+            ns_uuid,
+            address: self.address.clone(),
+            addr_fam: naming::ADDR_FAM_IPV4.into(),
+        }
+    }
 }
 
 impl Exporter for SpdkExporter {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
         Box::pin(async {
-            Ok(match nvmf::subsystems().await {
+            Ok(match nvmf::target_running().await {
                 Ok(_) => ExporterHealth::Ok {
                     version: Spdk::version(),
                 },
@@ -104,7 +114,6 @@ impl Exporter for SpdkExporter {
 
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
-            let _g = self.lock.lock().await;
             let bdev_name = match (&req.lvol, &req.device) {
                 (Some(l), _) => l.full_name(),
                 (None, Some(dev)) => {
@@ -121,9 +130,6 @@ impl Exporter for SpdkExporter {
                     )));
                 }
             };
-            nvmf::ensure_tcp_transport(&self.transport)
-                .await
-                .map_err(target_err)?;
             let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
             let nqn =
                 preset.map_or_else(|| naming::subsys_nqn(&req.uuid), |t| t.subsys_nqn.clone());
@@ -131,37 +137,42 @@ impl Exporter for SpdkExporter {
                 .map(|t| t.ns_uuid.clone())
                 .filter(|u| !u.is_empty())
                 .unwrap_or_else(|| req.uuid.clone());
-            let serial = naming::serial_number(&req.uuid);
+            let spec = |port| SubsystemSpec {
+                nqn: nqn.clone(),
+                serial: naming::serial_number(&req.uuid),
+                model: req.uuid.chars().take(40).collect(),
+                bdev: bdev_name.clone(),
+                ns_uuid: ns_uuid.clone(),
+                address: self.address.clone(),
+                port,
+                hosts: req.allowed_hosts.clone(),
+            };
+            // Already exported (every reconcile of a ready volume comes here): check it and
+            // bring its host list up to date, without the creation lock.
+            let existing = nvmf::find_subsystem(&nqn).await.map_err(target_err)?;
+            if let Some(port) = existing.and_then(|s| s.listeners.first().map(|l| l.1)) {
+                let info = nvmf::create_subsystem(spec(port))
+                    .await
+                    .map_err(target_err)?;
+                return Ok(self.target(bdev_name, info, port, ns_uuid));
+            }
+            // A new subsystem: port choice and creation are serialised so that two volumes
+            // never pick the same port.
+            let _g = self.lock.lock().await;
+            nvmf::ensure_tcp_transport(&self.transport)
+                .await
+                .map_err(target_err)?;
             let preferred = preset.and_then(|t| t.svc_id.parse().ok());
             let mut last = None;
-            for port in self.pick_port(&nqn, preferred).await? {
-                let spec = SubsystemSpec {
-                    nqn: nqn.clone(),
-                    serial: serial.clone(),
-                    model: req.uuid.chars().take(40).collect(),
-                    bdev: bdev_name.clone(),
-                    ns_uuid: ns_uuid.clone(),
-                    address: self.address.clone(),
-                    port,
-                    hosts: req.allowed_hosts.clone(),
-                };
-                match nvmf::create_subsystem(spec).await {
+            for port in self.free_ports(preferred).await? {
+                match nvmf::create_subsystem(spec(port)).await {
                     Ok(info) => {
                         *self
                             .cursor
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) =
                             port.saturating_add(1);
-                        return Ok(SpdkTarget {
-                            bdev_name,
-                            subsys_nqn: info.nqn,
-                            svc_id: port.to_string(),
-                            sn: info.serial,
-                            trans_type: naming::TRANS_TYPE_TCP.into(),
-                            ns_uuid,
-                            address: self.address.clone(),
-                            addr_fam: naming::ADDR_FAM_IPV4.into(),
-                        });
+                        return Ok(self.target(bdev_name, info, port, ns_uuid));
                     }
                     // Another program holds the port: try the next one.
                     Err(e @ SpdkError::Errno { op: "listen", .. }) => last = Some(e),

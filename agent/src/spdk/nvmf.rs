@@ -212,6 +212,51 @@ pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
     .await
 }
 
+/// Whether the NVMe-oF target is up (a round trip to the reactor; no listing).
+pub async fn target_running() -> Result<()> {
+    on_reactor(|| tgt().map(|_| ())).await
+}
+
+/// One subsystem by NQN, or `None`. A single lookup, unlike [`subsystems`].
+pub async fn find_subsystem(nqn: &str) -> Result<Option<SubsystemInfo>> {
+    let nqn = nqn.to_string();
+    on_reactor(move || match subsystem(&nqn) {
+        Ok(ss) => Ok(Some(info(ss))),
+        Err(SpdkError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    })
+    .await
+}
+
+/// The TCP ports any subsystem listens on (only the ports: cheaper than [`subsystems`]).
+pub async fn listener_ports() -> Result<std::collections::HashSet<u16>> {
+    on_reactor(|| {
+        let t = tgt()?;
+        let mut out = std::collections::HashSet::new();
+        // SAFETY: iteration on the reactor; every pointer comes from SPDK's own lists and
+        // stays valid while we do not yield.
+        unsafe {
+            let mut ss = spdk_sys::spdk_nvmf_subsystem_get_first(t);
+            while !ss.is_null() {
+                let mut l = spdk_sys::spdk_nvmf_subsystem_get_first_listener(ss);
+                while !l.is_null() {
+                    let trid = spdk_sys::spdk_nvmf_subsystem_listener_get_trid(l);
+                    if let Some(Ok(port)) = trid
+                        .as_ref()
+                        .map(|t| super::runtime::from_c_array(&t.trsvcid).parse::<u16>())
+                    {
+                        out.insert(port);
+                    }
+                    l = spdk_sys::spdk_nvmf_subsystem_get_next_listener(ss, l);
+                }
+                ss = spdk_sys::spdk_nvmf_subsystem_get_next(ss);
+            }
+        }
+        Ok(out)
+    })
+    .await
+}
+
 fn validate(spec: &SubsystemSpec) -> Result<()> {
     if !spec.nqn.starts_with("nqn.") || spec.nqn.len() > 223 {
         return Err(SpdkError::InvalidArgument {

@@ -1,0 +1,145 @@
+//! T3: volumes created and exported side by side, as a burst of new AntstorVolumes makes the
+//! agent do: every lvol is created once with its own name, every export gets its own port of
+//! the range, repeated exports keep their port, and everything is removed cleanly.
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
+use liteio_agent::engine::{PoolEngine, VolumeOptions};
+use liteio_agent::exporter::{ExportRequest, Exporter, UnexportRequest};
+use liteio_agent::spdk::exporter::SpdkExporter;
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::{Spdk, SpdkOptions};
+use liteio_api::SpdkLvol;
+
+const MIB: u64 = 1 << 20;
+const N: usize = 24;
+const HOST: &str = "nqn.2021-03.com.alipay.host:uuid:node-1";
+
+/// `N` + 8 consecutive ports that were free a moment ago.
+fn free_range() -> std::ops::RangeInclusive<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = l.local_addr().unwrap().port().min(60_000);
+    drop(l);
+    p..=p + N as u16 + 8
+}
+
+fn uuid(i: usize) -> String {
+    format!("5a0c3e1d-0000-4000-8000-{i:012}")
+}
+
+#[test]
+fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
+    let spdk = Spdk::start(&SpdkOptions {
+        name: "t3-concurrent".into(),
+        ..SpdkOptions::small()
+    })
+    .unwrap();
+    let engine = Arc::new(SpdkLvsEngine::new(
+        "clvs",
+        BaseBdev::Malloc {
+            name: "cmalloc".into(),
+            size: 256 * MIB,
+        },
+        1 << 20,
+    ));
+    engine.ensure_pool().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let range = free_range();
+    let exp = Arc::new(SpdkExporter::new(
+        "127.0.0.1",
+        range.clone(),
+        TcpTransportOptions::default(),
+    ));
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), async {
+            // Creation and export of every volume at once, each on its own task.
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..N {
+                let (engine, exp) = (Arc::clone(&engine), Arc::clone(&exp));
+                tasks.spawn(async move {
+                    let name = format!("pvc-{i}");
+                    let n = name.clone();
+                    let info = tokio::task::spawn_blocking(move || {
+                        engine.create_volume(&n, 4 * MIB, &VolumeOptions::default())
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                    assert_eq!(info.size_bytes, 4 * MIB);
+                    let req = ExportRequest {
+                        volume: name.clone(),
+                        uuid: uuid(i),
+                        device: None,
+                        lvol: Some(SpdkLvol {
+                            name: name.clone(),
+                            lvs_name: "clvs".into(),
+                            thin: false,
+                        }),
+                        size_bytes: 4 * MIB,
+                        allowed_hosts: vec![HOST.into()],
+                        preset: None,
+                    };
+                    let first = exp.ensure_export(&req).await.unwrap();
+                    // Reconciles repeat the export: same target, no new port.
+                    let again = exp.ensure_export(&req).await.unwrap();
+                    assert_eq!(first, again, "{name}: a repeated export changed the target");
+                    (i, first)
+                });
+            }
+            let mut ports = HashSet::new();
+            let mut done = 0;
+            while let Some(r) = tasks.join_next().await {
+                let (i, t) = r.unwrap();
+                let port: u16 = t.svc_id.parse().unwrap();
+                assert!(
+                    range.contains(&port),
+                    "pvc-{i}: port {port} outside {range:?}"
+                );
+                assert!(ports.insert(port), "pvc-{i}: port {port} handed out twice");
+                done += 1;
+            }
+            assert_eq!(done, N);
+            let subsystems = nvmf::subsystems().await.unwrap();
+            assert_eq!(subsystems.len(), N, "one subsystem per volume");
+            let volumes = engine.list_volumes().unwrap();
+            assert_eq!(volumes.len(), N, "one lvol per volume: {volumes:?}");
+
+            // Removal side by side too.
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..N {
+                let (engine, exp) = (Arc::clone(&engine), Arc::clone(&exp));
+                tasks.spawn(async move {
+                    exp.remove_export(&UnexportRequest {
+                        volume: format!("pvc-{i}"),
+                        uuid: uuid(i),
+                        target: None,
+                    })
+                    .await
+                    .unwrap();
+                    tokio::task::spawn_blocking(move || engine.delete_volume(&format!("pvc-{i}")))
+                        .await
+                        .unwrap()
+                        .unwrap();
+                });
+            }
+            while let Some(r) = tasks.join_next().await {
+                r.unwrap();
+            }
+            assert!(nvmf::subsystems().await.unwrap().is_empty());
+            assert!(engine.list_volumes().unwrap().is_empty());
+        })
+        .await
+        .expect("timed out");
+    });
+    drop(rt);
+    spdk.stop();
+}
