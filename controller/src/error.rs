@@ -95,6 +95,23 @@ pub enum Error {
         #[source]
         source: rusqlite::Error,
     },
+    /// The PostgreSQL metadata mirror failed (connect, migrate or a statement).
+    #[error("metadata sync: {action} failed")]
+    Postgres {
+        /// What was attempted (`connect to PostgreSQL at postgres://liteio@db:5432/meta`).
+        action: String,
+        /// The cause.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A metadata-mirror operation did not finish in time (the connection is dropped).
+    #[error("metadata sync: {action} timed out after {after:?}")]
+    SqlTimeout {
+        /// What was attempted.
+        action: String,
+        /// The bound that ran out.
+        after: std::time::Duration,
+    },
     /// A local I/O operation failed.
     #[error("{action} failed")]
     Io {
@@ -124,7 +141,7 @@ impl Error {
                 _ => ErrorKind::Api,
             },
             Self::InvalidObject { .. } => ErrorKind::Invalid,
-            Self::Sql { .. } => ErrorKind::Sql,
+            Self::Sql { .. } | Self::Postgres { .. } | Self::SqlTimeout { .. } => ErrorKind::Sql,
             Self::Io { .. } => ErrorKind::Io,
             Self::LeadershipLost { .. } => ErrorKind::Leadership,
         }
