@@ -163,6 +163,19 @@ impl Error {
         }
     }
 
+    /// This error and its causes, `: `-separated, for logs (`Display` shows only the action
+    /// that failed).
+    pub fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(e) = src {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            src = e.source();
+        }
+        out
+    }
+
     /// True when the API answered 404.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Kube { source: kube::Error::Api(s), .. } if s.code == 404)
@@ -171,3 +184,18 @@ impl Error {
 
 /// Result with the controller's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_shows_the_cause() {
+        let e = Error::Io {
+            action: "listen on 0.0.0.0:9090".into(),
+            source: std::io::Error::other("address in use"),
+        };
+        assert_eq!(e.to_string(), "listen on 0.0.0.0:9090 failed");
+        assert_eq!(e.chain(), "listen on 0.0.0.0:9090 failed: address in use");
+    }
+}
