@@ -12,8 +12,9 @@
 //! (cluster, namespace, name) rather than ignoring the namespace, snapshots are mirrored too,
 //! and the sweep for vanished objects runs after every full relist instead of an hourly
 //! timer. Rows are upserted (written only when a column changed) and soft-deleted
-//! (`status = 'deleted'`, `deleted_at` = unix seconds). Any failure is an [`Error`](crate::Error) of kind
-//! `Sql` naming what failed; the reconcile that ran the step retries with back-off.
+//! (`status = 'deleted'`, `deleted_at` = unix seconds). Any failure is an
+//! [`Error`](crate::Error) of kind `Sql` naming what failed; the reconcile that ran the step
+//! retries with back-off.
 
 pub mod postgres;
 pub mod row;
