@@ -3,7 +3,8 @@
 # with -D warnings, and every test tier, and prints one summary line per tier.
 #
 #   T0  unit tests (lib and bin targets, tests/t0_*.rs): always
-#   T1  components against the test API server and the file engine (tests/t1_*.rs): always
+#   T1  components against the test API server and the file engine (tests/t1_*.rs): always;
+#       the PostgreSQL MetaSync tests use a private PostgreSQL started here (see pg_start)
 #   T2  against a real kube-apiserver (tests/t2_*.rs): when LITEIO_TEST_KUBECONFIG is set
 #   T3  against real SPDK (agent feature `spdk`, tests/t3_*.rs): when SPDK is found
 #       (SPDK_DIR, vendor/spdk, or pkg-config's spdk_nvmf)
@@ -20,7 +21,7 @@ say() { printf '==> %s\n' "$*"; }
 
 # --- what the checks need -------------------------------------------------------------
 need_pkgs=()
-for p in build-essential pkg-config libclang-dev clang util-linux xfsprogs e2fsprogs jq python3; do
+for p in build-essential pkg-config libclang-dev clang util-linux xfsprogs e2fsprogs jq python3 postgresql; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -63,6 +64,90 @@ if spdk_found; then
     cargo clippy -p liteio-agent --features spdk --all-targets --locked -- -D warnings 2>&1 | tail -n 60
     [ "${PIPESTATUS[0]}" = 0 ] || { say "FAILED: clippy (spdk)"; failed_checks=$((failed_checks + 1)); }
 fi
+
+# --- PostgreSQL for the MetaSync tests ------------------------------------------------
+# A LITEIO_TEST_POSTGRES_URL given by the caller is used when a server answers there.
+# Otherwise a private cluster is started: initdb into $pg_dir (trust authentication,
+# listening on 127.0.0.1 only, on a free port, fsync off), run as the postgres OS user when
+# we are root (the server refuses to run as root), with the database liteio_test. A server
+# left by an earlier run is stopped and the cluster reused; it is stopped when this script
+# exits. When none can be had, one line says why and the PostgreSQL tests print
+# "SKIP …: <why>" (from LITEIO_TEST_POSTGRES_SKIP) and count as skipped.
+pg_dir=${LITEIO_TEST_PG_DIR:-$root/target/pg}
+pg_bin="" pg_started="" pg_tmp=""
+pg_as() {
+    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+pg_skip() {
+    export LITEIO_TEST_POSTGRES_SKIP="$*"
+    unset LITEIO_TEST_POSTGRES_URL
+    say "PostgreSQL not started, its tests will be skipped: $*"
+}
+pg_stop() {
+    [ -n "$pg_started" ] || return 0
+    pg_as "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+    pg_started=""
+    [ -z "$pg_tmp" ] || rm -rf "$pg_tmp"
+}
+pg_start() {
+    pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    if [ -n "${LITEIO_TEST_POSTGRES_URL:-}" ]; then
+        if [ -n "$pg_bin" ] && "$pg_bin/pg_isready" -q -t 5 -d "$LITEIO_TEST_POSTGRES_URL"; then
+            say "PostgreSQL: using LITEIO_TEST_POSTGRES_URL from the environment"
+            return
+        fi
+        say "PostgreSQL: no server answers at LITEIO_TEST_POSTGRES_URL; starting a private one"
+        unset LITEIO_TEST_POSTGRES_URL
+    fi
+    if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ] || [ ! -x "$pg_bin/pg_ctl" ]; then
+        pg_skip "no PostgreSQL server binaries in /usr/lib/postgresql/*/bin (Debian package postgresql)"
+        return
+    fi
+    if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+        pg_skip "running as root and there is no postgres user to run the server as"
+        return
+    fi
+    mkdir -p "$pg_dir" 2>/dev/null
+    [ "$(id -u)" = 0 ] && chown postgres: "$pg_dir" 2>/dev/null
+    if ! pg_as test -w "$pg_dir" -a -x "$pg_dir"; then
+        # The postgres user cannot reach the work tree: use a directory it can.
+        pg_dir=$(mktemp -d /tmp/liteio-pg.XXXXXX) || { pg_skip "cannot make a data directory"; return; }
+        pg_tmp=$pg_dir
+        [ "$(id -u)" = 0 ] && chown postgres: "$pg_dir"
+    fi
+    if [ -f "$pg_dir/data/postmaster.pid" ]; then
+        pg_as "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+    fi
+    if [ ! -f "$pg_dir/data/PG_VERSION" ] || [ "$(cat "$pg_dir/data/PG_VERSION")" != "$(basename "$(dirname "$pg_bin")")" ]; then
+        rm -rf "$pg_dir/data"
+        if ! pg_as "$pg_bin/initdb" -D "$pg_dir/data" -A trust -U postgres -E UTF8 --no-sync \
+            >"$pg_dir/initdb.log" 2>&1; then
+            pg_skip "initdb failed (see $pg_dir/initdb.log)"
+            return
+        fi
+    fi
+    local port
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])') \
+        || { pg_skip "cannot find a free TCP port"; return; }
+    if ! pg_as "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k '$pg_dir' -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+        start >/dev/null 2>&1; then
+        pg_skip "the server did not start (see $pg_dir/server.log)"
+        return
+    fi
+    pg_started=1
+    if ! pg_as "$pg_bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qtAc \
+        "SELECT 1 FROM pg_database WHERE datname = 'liteio_test'" 2>/dev/null | grep -q 1 \
+        && ! pg_as "$pg_bin/createdb" -h 127.0.0.1 -p "$port" -U postgres liteio_test >/dev/null 2>&1; then
+        pg_stop
+        pg_skip "cannot create the database liteio_test"
+        return
+    fi
+    export LITEIO_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$port/liteio_test"
+    say "PostgreSQL $(basename "$(dirname "$pg_bin")") at $LITEIO_TEST_POSTGRES_URL (data in $pg_dir/data)"
+}
+trap pg_stop EXIT
+pg_start
 
 # --- tiers ----------------------------------------------------------------------------
 # Names of integration-test targets that start with a prefix, across the workspace.

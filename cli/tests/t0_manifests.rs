@@ -330,7 +330,7 @@ fn controller_keys_known(text: &str, what: &str) {
             "leaderElection",
             &["leaseName", "leaseDuration", "renewDeadline", "retryPeriod"][..],
         ),
-        ("metaSync", &["sqlitePath", "cluster"][..]),
+        ("metaSync", &["sqlitePath", "postgresUrl", "cluster"][..]),
         ("pluginConfigs", &[][..]),
     ]);
     for (k, body) in v.as_object().unwrap() {

@@ -17,6 +17,7 @@
 //! liveness: {unknownAfter: 3m, offlineAfter: 24h, tick: 15s}
 //! leaderElection: {leaseName: node-disk-controller, leaseDuration: 15s, renewDeadline: 10s, retryPeriod: 2s}
 //! metaSync: {sqlitePath: /var/lib/liteio/meta.db, cluster: prod}
+//! # or, in production: metaSync: {postgresUrl: "postgres://liteio:secret@db:5432/liteio", cluster: prod}
 //! pluginConfigs: {}
 //! ```
 //!
@@ -191,15 +192,70 @@ impl Default for LeaderElectionConfig {
     }
 }
 
-/// The SQL metadata mirror (`metaSync:`).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+/// The SQL metadata mirror (`metaSync:`): exactly one of `sqlitePath` and `postgresUrl`.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct MetaSyncConfig {
     /// SQLite database file (created with its schema when missing).
-    pub sqlite_path: PathBuf,
+    #[serde(default)]
+    pub sqlite_path: Option<PathBuf>,
+    /// PostgreSQL URL, `postgres://user:password@host:port/database` (libpq URL
+    /// parameters such as `connect_timeout`, `sslmode=disable` and
+    /// `options=-c%20search_path%3Dschema` are accepted; TLS is not supported).
+    #[serde(default)]
+    pub postgres_url: Option<String>,
     /// Cluster name written into every row.
     #[serde(default)]
     pub cluster: String,
+}
+
+impl std::fmt::Debug for MetaSyncConfig {
+    /// Shows the PostgreSQL URL without its password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = self.postgres_url.as_deref().map(|u| {
+            crate::metasync::postgres::parse_url(u)
+                .map(|c| crate::metasync::postgres::describe(&c))
+                .unwrap_or_else(|_| "<invalid>".into())
+        });
+        f.debug_struct("MetaSyncConfig")
+            .field("sqlite_path", &self.sqlite_path)
+            .field("postgres_url", &url)
+            .field("cluster", &self.cluster)
+            .finish()
+    }
+}
+
+/// Where the mirror goes, from a valid [`MetaSyncConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaSyncTarget {
+    /// `metaSync.sqlitePath`.
+    Sqlite(PathBuf),
+    /// `metaSync.postgresUrl` (checked: a `postgres://` URL tokio-postgres accepts).
+    Postgres(String),
+}
+
+impl MetaSyncConfig {
+    /// The one target this section names; the error names the field.
+    pub fn target(&self) -> Result<MetaSyncTarget> {
+        match (&self.sqlite_path, &self.postgres_url) {
+            (Some(_), Some(_)) => Err(Error::config(
+                "metaSync",
+                "set exactly one of sqlitePath and postgresUrl, not both",
+            )),
+            (None, None) => Err(Error::config(
+                "metaSync",
+                "set sqlitePath (embedded SQLite) or postgresUrl (PostgreSQL)",
+            )),
+            (Some(p), None) if p.as_os_str().is_empty() => {
+                Err(Error::config("metaSync.sqlitePath", "must not be empty"))
+            }
+            (Some(p), None) => Ok(MetaSyncTarget::Sqlite(p.clone())),
+            (None, Some(u)) => match crate::metasync::postgres::parse_url(u) {
+                Ok(_) => Ok(MetaSyncTarget::Postgres(u.clone())),
+                Err(reason) => Err(Error::config("metaSync.postgresUrl", reason)),
+            },
+        }
+    }
 }
 
 impl Config {
@@ -357,10 +413,8 @@ impl Config {
                 ),
             ));
         }
-        if let Some(m) = &self.meta_sync
-            && m.sqlite_path.as_os_str().is_empty()
-        {
-            return Err(Error::config("metaSync.sqlitePath", "must not be empty"));
+        if let Some(m) = &self.meta_sync {
+            m.target()?;
         }
         Ok(())
     }
@@ -549,11 +603,52 @@ pluginConfigs:
                 "leaderElection:\n  leaseDuration: 5s\n  renewDeadline: 10s\n",
                 "leaderElection.renewDeadline",
             ),
+            ("metaSync: {cluster: c}\n", "metaSync: set sqlitePath"),
+            (
+                "metaSync: {sqlitePath: /m.db, postgresUrl: \"postgres://h/db\"}\n",
+                "metaSync: set exactly one of sqlitePath and postgresUrl",
+            ),
+            ("metaSync: {sqlitePath: \"\"}\n", "metaSync.sqlitePath"),
+            (
+                "metaSync: {postgresUrl: \"mysql://h/db\"}\n",
+                "metaSync.postgresUrl: must be a URL starting with postgres://",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u:pw@h:port/db\"}\n",
+                "metaSync.postgresUrl: is not a valid PostgreSQL URL",
+            ),
+            ("metaSync: {postgresUrl: 5}\n", "metaSync.postgresUrl"),
         ];
         for (text, field) in cases {
             let err = Config::parse(text).expect_err(text).to_string();
             assert!(err.contains(field), "{text:?} gave {err:?}, wanted {field}");
         }
+    }
+
+    #[test]
+    fn meta_sync_targets() {
+        let c = Config::parse("metaSync: {sqlitePath: /var/lib/liteio/meta.db, cluster: prod}")
+            .unwrap();
+        let m = c.meta_sync.unwrap();
+        assert_eq!(
+            m.target().unwrap(),
+            MetaSyncTarget::Sqlite("/var/lib/liteio/meta.db".into())
+        );
+        assert_eq!(m.cluster, "prod");
+        let url = "postgres://liteio:s3cret@db:5432/liteio?sslmode=disable";
+        let c = Config::parse(&format!("metaSync: {{postgresUrl: \"{url}\"}}")).unwrap();
+        let m = c.meta_sync.unwrap();
+        assert_eq!(m.target().unwrap(), MetaSyncTarget::Postgres(url.into()));
+        let debug = format!("{m:?}");
+        assert!(
+            debug.contains("postgres://liteio@db:5432/liteio"),
+            "{debug}"
+        );
+        assert!(!debug.contains("s3cret"), "{debug}");
+        let err = Config::parse("metaSync: {postgresUrl: \"postgres://u:s3cret@h:x/db\"}")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("s3cret"), "{err}");
     }
 
     #[test]

@@ -95,6 +95,23 @@ pub enum Error {
         #[source]
         source: rusqlite::Error,
     },
+    /// The PostgreSQL metadata mirror failed (connect, migrate or a statement).
+    #[error("metadata sync: {action} failed")]
+    Postgres {
+        /// What was attempted (`connect to PostgreSQL at postgres://liteio@db:5432/meta`).
+        action: String,
+        /// The cause.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A metadata-mirror operation did not finish in time (the connection is dropped).
+    #[error("metadata sync: {action} timed out after {after:?}")]
+    SqlTimeout {
+        /// What was attempted.
+        action: String,
+        /// The bound that ran out.
+        after: std::time::Duration,
+    },
     /// A local I/O operation failed.
     #[error("{action} failed")]
     Io {
@@ -124,7 +141,7 @@ impl Error {
                 _ => ErrorKind::Api,
             },
             Self::InvalidObject { .. } => ErrorKind::Invalid,
-            Self::Sql { .. } => ErrorKind::Sql,
+            Self::Sql { .. } | Self::Postgres { .. } | Self::SqlTimeout { .. } => ErrorKind::Sql,
             Self::Io { .. } => ErrorKind::Io,
             Self::LeadershipLost { .. } => ErrorKind::Leadership,
         }
@@ -146,6 +163,19 @@ impl Error {
         }
     }
 
+    /// This error and its causes, `: `-separated, for logs (`Display` shows only the action
+    /// that failed).
+    pub fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut src = std::error::Error::source(self);
+        while let Some(e) = src {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            src = e.source();
+        }
+        out
+    }
+
     /// True when the API answered 404.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Kube { source: kube::Error::Api(s), .. } if s.code == 404)
@@ -154,3 +184,18 @@ impl Error {
 
 /// Result with the controller's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_shows_the_cause() {
+        let e = Error::Io {
+            action: "listen on 0.0.0.0:9090".into(),
+            source: std::io::Error::other("address in use"),
+        };
+        assert_eq!(e.to_string(), "listen on 0.0.0.0:9090 failed");
+        assert_eq!(e.chain(), "listen on 0.0.0.0:9090 failed: address in use");
+    }
+}

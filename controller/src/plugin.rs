@@ -44,6 +44,24 @@ pub enum PluginObject<'a> {
     Snapshot(&'a AntstorSnapshot),
 }
 
+impl<'a> From<&'a AntstorVolume> for PluginObject<'a> {
+    fn from(v: &'a AntstorVolume) -> Self {
+        Self::Volume(v)
+    }
+}
+
+impl<'a> From<&'a StoragePool> for PluginObject<'a> {
+    fn from(p: &'a StoragePool) -> Self {
+        Self::Pool(p)
+    }
+}
+
+impl<'a> From<&'a AntstorSnapshot> for PluginObject<'a> {
+    fn from(s: &'a AntstorSnapshot) -> Self {
+        Self::Snapshot(s)
+    }
+}
+
 /// A reconcile step contributed by a plug-in.
 pub trait Plugin: Send + Sync + std::fmt::Debug {
     /// Name, for logs and metrics.

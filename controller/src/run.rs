@@ -41,7 +41,9 @@ pub struct Options {
 pub fn plugins(config: &Config) -> Result<Vec<Arc<dyn Plugin>>> {
     let mut v: Vec<Arc<dyn Plugin>> = Vec::new();
     if let Some(m) = &config.meta_sync {
-        v.push(Arc::new(MetaSync::open_sqlite(&m.sqlite_path, &m.cluster)?));
+        let sync = MetaSync::open(m)?;
+        info!(backend = sync.backend_name(), "metadata sync enabled");
+        v.push(Arc::new(sync));
     }
     Ok(v)
 }

@@ -1,26 +1,22 @@
 //! T1: the controller against the in-process test API server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
-use std::sync::Arc;
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use liteio_api::keys::{finalizers, labels};
+use liteio_api::keys::finalizers;
 use liteio_api::pool::PoolStatus;
 use liteio_api::size::GIB;
-use liteio_api::{AntstorVolume, StoragePool};
-use liteio_controller::clock::{Clock, ManualClock};
+use liteio_controller::clock::Clock;
 use liteio_controller::config::Config;
 use liteio_controller::http::Health;
 use liteio_controller::metrics::Metrics;
-use liteio_controller::reconcile::Context;
 use liteio_controller::run::{self, Options};
 use liteio_controller::state::ObjectKey;
 use liteio_controller::testing::*;
@@ -28,187 +24,7 @@ use liteio_test_apiserver::{Matcher, TestApiServer, Verb};
 use tokio::sync::{oneshot, watch};
 use tokio::time::timeout;
 
-const NS: &str = "obnvmf";
-const LIMIT: Duration = Duration::from_secs(30);
-
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if f().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-struct Harness {
-    _server: TestApiServer,
-    server_faults: liteio_test_apiserver::Faults,
-    client: Client,
-    ctx: Arc<Context>,
-    clock: ManualClock,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<liteio_controller::Result<()>>,
-}
-
-fn test_config() -> Config {
-    let mut c = Config::default();
-    c.liveness.tick = Duration::from_millis(50);
-    c
-}
-
-async fn ensure_ns(client: &Client) {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-}
-
-async fn start(config: Config) -> Harness {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    ensure_ns(&client).await;
-    let clock = ManualClock::new();
-    let (stop, rx) = watch::channel(false);
-    let (tx, ctx_rx) = oneshot::channel();
-    let opts = Options {
-        config,
-        namespace: NS.into(),
-        leader_elect: false,
-        identity: "t1".into(),
-        health: Health::default(),
-        metrics: Metrics::new().unwrap(),
-        clock: Some(Arc::new(clock.clone())),
-    };
-    let task = tokio::spawn(run::run(client.clone(), opts, Vec::new(), rx, Some(tx)));
-    let ctx = ctx_rx.await.unwrap();
-    Harness {
-        server_faults: server.faults(),
-        _server: server,
-        client,
-        ctx,
-        clock,
-        stop,
-        task,
-    }
-}
-
-impl Harness {
-    fn pools(&self) -> Api<StoragePool> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-    fn volumes(&self) -> Api<AntstorVolume> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-    fn leases(&self) -> Api<Lease> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-
-    async fn add_pool(&self, p: PoolFixture) {
-        let p = p.build();
-        let name = p.metadata.name.clone().unwrap();
-        let status = p.status.clone();
-        self.pools()
-            .create(&PostParams::default(), &p)
-            .await
-            .unwrap();
-        self.pools()
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({ "status": status })),
-            )
-            .await
-            .unwrap();
-        self.renew(&name, self.clock.now()).await;
-    }
-
-    async fn renew(&self, node: &str, at: Timestamp) {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(node.into()),
-                namespace: Some(NS.into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(node.into()),
-                renew_time: Some(MicroTime(at)),
-                lease_duration_seconds: Some(40),
-                ..LeaseSpec::default()
-            }),
-        };
-        match self.leases().get_opt(node).await.unwrap() {
-            None => {
-                self.leases()
-                    .create(&PostParams::default(), &lease)
-                    .await
-                    .unwrap();
-            }
-            Some(_) => {
-                self.leases()
-                    .patch(
-                        node,
-                        &PatchParams::default(),
-                        &Patch::Merge(serde_json::json!({ "spec": lease.spec })),
-                    )
-                    .await
-                    .unwrap();
-            }
-        }
-    }
-
-    async fn add_volume(&self, v: VolumeFixture) {
-        self.volumes()
-            .create(&PostParams::default(), &v.build())
-            .await
-            .unwrap();
-    }
-
-    async fn volume(&self, name: &str) -> AntstorVolume {
-        self.volumes().get(name).await.unwrap()
-    }
-
-    async fn wait_bound(&self, name: &str, node: &str) {
-        eventually(&format!("{name} bound to {node}"), || async {
-            let v = self.volume(name).await;
-            v.spec.target_node_id == node
-                && v.labels().get(labels::TARGET_NODE_ID).map(String::as_str) == Some(node)
-                && v.finalizers().iter().any(|f| f == finalizers::IN_STATE)
-        })
-        .await;
-    }
-
-    async fn pool_status(&self, name: &str) -> Option<PoolStatus> {
-        self.pools()
-            .get(name)
-            .await
-            .unwrap()
-            .status
-            .and_then(|s| s.status)
-    }
-
-    async fn stop(self) {
-        self.stop.send_replace(true);
-        let r = timeout(LIMIT, self.task).await.unwrap().unwrap();
-        assert!(r.is_ok(), "{r:?}");
-    }
-}
-
+use common::*;
 use kube::ResourceExt;
 
 #[tokio::test]

@@ -386,7 +386,7 @@ impl Context {
         tokio::spawn(async move {
             for p in &ctx.plugins {
                 if let Err(e) = p.sweep(kind, live.clone()).await {
-                    warn!(plugin = p.name(), kind = kind.as_str(), error = %e, "sweep failed");
+                    warn!(plugin = p.name(), kind = kind.as_str(), error = %e.chain(), "sweep failed");
                 }
             }
         });
@@ -685,7 +685,7 @@ async fn worker(ctx: Arc<Context>, kind: Kind, mut shutdown: watch::Receiver<boo
                 if ek == ErrorKind::Conflict {
                     debug!(kind = kind.as_str(), object = %key, error = %e, "conflict; retrying");
                 } else {
-                    warn!(kind = kind.as_str(), object = %key, error = %e, attempt = n, ?delay, "reconcile failed; retrying");
+                    warn!(kind = kind.as_str(), object = %key, error = %e.chain(), attempt = n, ?delay, "reconcile failed; retrying");
                 }
                 queue.add_after(key.clone(), delay);
             }
