@@ -32,18 +32,41 @@ pub(crate) struct Shared {
     pub faults: Faults,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
+    /// Where every write is saved (`--state-file`), if anywhere.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl Shared {
+    /// Writes the state to the state file (under the state lock, so saves never reorder):
+    /// a temporary file renamed over the old one, so a crash leaves the old or the new.
+    pub fn save(&self, state: &State) {
+        let Some(path) = &self.state_file else {
+            return;
+        };
+        let tmp = path.with_extension("tmp");
+        let res = serde_json::to_vec(&state.snapshot())
+            .map_err(std::io::Error::other)
+            .and_then(|body| std::fs::write(&tmp, body))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = res {
+            tracing::error!(path = %path.display(), error = %e, "cannot save the state; a restart will lose the last writes");
+        }
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs a write and wakes watches.
+    /// Runs a write, saves the state when it changed and a state file is set, and wakes
+    /// watches.
     fn write<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let (out, rv) = {
             let mut s = self.lock();
+            let before = s.rv();
             let out = f(&mut s);
+            if s.rv() != before {
+                self.save(&s);
+            }
             (out, s.rv())
         };
         self.notify.send_replace(rv);

@@ -53,6 +53,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The state file could not be read or does not hold a state of this server.
+    #[error("state file {}: {message}", path.display())]
+    State {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        message: String,
+    },
     /// A built-in CRD could not be installed.
     #[error("cannot install CRD {name}: {message}")]
     InstallCrd {
@@ -84,8 +92,11 @@ pub struct Options {
     pub event_window: usize,
     /// Interval between BOOKMARK events on watches that allow them.
     pub bookmark_interval: Duration,
-    /// Install LiteIO's six CRDs.
+    /// Install LiteIO's six CRDs (those not there yet).
     pub install_crds: bool,
+    /// Keep the objects in this file across restarts (read at start when it exists, written
+    /// after every change); `None` keeps everything in memory only.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -95,6 +106,7 @@ impl Default for Options {
             event_window: 10_000,
             bookmark_interval: Duration::from_secs(1),
             install_crds: true,
+            state_file: None,
         }
     }
 }
@@ -124,7 +136,23 @@ impl TestApiServer {
             port: opts.port,
             source,
         })?;
-        let state = State::new(opts.event_window);
+        let state = match &opts.state_file {
+            Some(path) if path.exists() => {
+                let body = std::fs::read(path).map_err(|e| Error::State {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+                let snap = serde_json::from_slice(&body).map_err(|e| Error::State {
+                    path: path.clone(),
+                    message: format!("not a state file of this server: {e}"),
+                })?;
+                State::restore(opts.event_window, snap).map_err(|message| Error::State {
+                    path: path.clone(),
+                    message,
+                })?
+            }
+            _ => State::new(opts.event_window),
+        };
         let rv = state.rv();
         let (notify, _) = watch::channel(rv);
         let (shutdown, _) = watch::channel(false);
@@ -135,10 +163,12 @@ impl TestApiServer {
             faults: Faults::default(),
             addr,
             bookmark_interval: opts.bookmark_interval,
+            state_file: opts.state_file.clone(),
         });
         if opts.install_crds {
             install_liteio_crds(&shared)?;
         }
+        shared.save(&shared.lock());
         let task = tokio::spawn(serve(listener, Arc::clone(&shared)));
         tracing::info!(%addr, "test API server listening");
         Ok(TestApiServer {
@@ -301,6 +331,9 @@ fn install_liteio_crds(shared: &Shared) -> Result<(), Error> {
     };
     for crd in liteio_api::crd::all() {
         let name = crd.metadata.name.clone().unwrap_or_default();
+        if state.get(&res, "", &name).is_ok() {
+            continue;
+        }
         let value = serde_json::to_value(&crd).map_err(|e| Error::InstallCrd {
             name: name.clone(),
             message: e.to_string(),

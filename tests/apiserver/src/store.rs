@@ -175,6 +175,22 @@ fn initial_status(plural: &str) -> Option<Value> {
     }
 }
 
+/// What a restart keeps (`--state-file`): every object and the resourceVersion counter, like
+/// etcd's data. The watch history is not kept: a watch resuming from before the restart gets
+/// `410 Gone` and lists again.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    rv: u64,
+    objects: Vec<StoredObject>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredObject {
+    group: String,
+    plural: String,
+    object: Value,
+}
+
 /// Namespaces every cluster has.
 pub const SYSTEM_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
@@ -197,6 +213,70 @@ impl State {
             }
         }
         s
+    }
+
+    /// Every object and the resourceVersion counter.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut objects: Vec<StoredObject> = self
+            .objects
+            .iter()
+            .flat_map(|((group, plural), objs)| {
+                objs.values().map(move |o| StoredObject {
+                    group: group.clone(),
+                    plural: plural.clone(),
+                    object: o.clone(),
+                })
+            })
+            .collect();
+        // Deterministic order; CRDs first so that a restore serves their kinds before it
+        // meets their objects.
+        objects.sort_by(|a, b| {
+            let crd = |o: &StoredObject| o.plural != "customresourcedefinitions";
+            (crd(a), &a.group, &a.plural).cmp(&(crd(b), &b.group, &b.plural))
+        });
+        Snapshot {
+            rv: self.rv,
+            objects,
+        }
+    }
+
+    /// A store holding what `snap` recorded, retaining `window` events from now on. Objects
+    /// of a kind no CRD serves any more are an error naming them.
+    pub fn restore(window: usize, snap: Snapshot) -> Result<Self, String> {
+        let mut s = State {
+            rv: snap.rv,
+            resources: resources::builtins(),
+            objects: HashMap::new(),
+            log: VecDeque::new(),
+            compacted: snap.rv,
+            window: window.max(1),
+        };
+        for o in snap.objects {
+            if o.plural == "customresourcedefinitions" {
+                s.register_crd(&o.object);
+            }
+            if !s
+                .resources
+                .iter()
+                .any(|r| r.group == o.group && r.plural == o.plural)
+            {
+                return Err(format!(
+                    "stored object {} of {}/{} has no resource to serve it",
+                    meta_str(&o.object, "name"),
+                    o.group,
+                    o.plural
+                ));
+            }
+            let k = (
+                meta_str(&o.object, "namespace").to_string(),
+                meta_str(&o.object, "name").to_string(),
+            );
+            s.objects
+                .entry((o.group, o.plural))
+                .or_default()
+                .insert(k, o.object);
+        }
+        Ok(s)
     }
 
     /// The current (latest) resourceVersion.

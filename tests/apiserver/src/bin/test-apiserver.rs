@@ -11,8 +11,8 @@ use liteio_test_apiserver::{Options, TestApiServer};
 /// An in-process Kubernetes API server for local use and tests (plain HTTP on 127.0.0.1).
 ///
 /// It serves LiteIO's CRDs (group volume.antstor.alipay.com) and the core kinds LiteIO
-/// touches, keeps everything in memory, and forgets it on exit. Point kubectl at it with
-/// `kubectl --kubeconfig <PATH> get storagepools`.
+/// touches, and keeps everything in memory: it forgets it on exit unless `--state-file` is
+/// given. Point kubectl at it with `kubectl --kubeconfig <PATH> get storagepools`.
 #[derive(Debug, Parser)]
 #[command(name = "test-apiserver", version)]
 struct Args {
@@ -31,6 +31,11 @@ struct Args {
     /// Do not install LiteIO's CRDs at start-up.
     #[arg(long)]
     no_crds: bool,
+    /// Keep every object in FILE, so that a restarted server (even after kill -9) serves
+    /// what the last one held, like kube-apiserver over etcd. Without it, state is lost on
+    /// exit. Watches from before a restart get 410 Gone and list again.
+    #[arg(long, value_name = "FILE")]
+    state_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -47,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
         event_window: args.event_window,
         bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
         install_crds: !args.no_crds,
+        state_file: args.state_file.clone(),
     })
     .await
     .context("starting the test API server")?;
