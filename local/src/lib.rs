@@ -1,5 +1,6 @@
 //! The all-in-one local mode: every LiteIO component as its own process on this machine,
-//! against the in-process test API server's binary.
+//! against the test API server's binary (its state kept in a file, so that it can be
+//! restarted like a real one) or against an existing Kubernetes API server.
 #![forbid(unsafe_code)]
 
 pub mod demo;
@@ -10,7 +11,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus};
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use liteio_api::{StoragePool, keys};
 use tokio::process::{Child, Command};
@@ -108,7 +110,20 @@ pub struct Local {
     pub api_port: u16,
     /// The controller's probe/metrics port.
     pub controller_port: u16,
+    /// Whether the API server is ours (the test API server) or an existing one.
+    pub api: ApiSource,
     children: Vec<(Component, Child)>,
+}
+
+/// Which Kubernetes API server the components talk to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiSource {
+    /// Start the test API server as a component, its state in `<dir>/apiserver-state.json`
+    /// (a fresh cluster on every start; kept across restarts of the component).
+    Test,
+    /// An existing API server reached through this kubeconfig: LiteIO's CRDs are applied to
+    /// it and this node's Node object is created when missing.
+    External(PathBuf),
 }
 
 fn free_port() -> Result<u16, LocalError> {
@@ -166,19 +181,34 @@ impl Local {
         self.dir.join(format!("{}.log", c.binary()))
     }
 
-    /// Start every component and wait until each is ready.
+    /// Start every component, with the test API server, and wait until each is ready.
     pub async fn start(
         dir: &Path,
         bin_dir: &Path,
         node: &str,
         engine: Engine,
     ) -> Result<Self, LocalError> {
-        for c in [
-            Component::ApiServer,
-            Component::Controller,
-            Component::Agent,
-            Component::Csi,
-        ] {
+        Self::start_with(dir, bin_dir, node, engine, ApiSource::Test).await
+    }
+
+    /// Start every component against `api` and wait until each is ready.
+    pub async fn start_with(
+        dir: &Path,
+        bin_dir: &Path,
+        node: &str,
+        engine: Engine,
+        api: ApiSource,
+    ) -> Result<Self, LocalError> {
+        let components: &[Component] = match api {
+            ApiSource::Test => &[
+                Component::ApiServer,
+                Component::Controller,
+                Component::Agent,
+                Component::Csi,
+            ],
+            ApiSource::External(_) => &[Component::Controller, Component::Agent, Component::Csi],
+        };
+        for &c in components {
             let p = bin_dir.join(c.binary());
             if !p.exists() {
                 return Err(LocalError::MissingBinary(c.binary(), p));
@@ -195,18 +225,40 @@ impl Local {
             engine,
             api_port: free_port()?,
             controller_port: free_port()?,
+            api: api.clone(),
             children: Vec::new(),
         };
         me.write_configs()?;
-        for c in [
-            Component::ApiServer,
-            Component::Controller,
-            Component::Agent,
-            Component::Csi,
-        ] {
+        match &api {
+            // A fresh cluster: forget the state of an earlier run.
+            ApiSource::Test => match std::fs::remove_file(me.state_file()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(LocalError::Io {
+                        path: me.state_file(),
+                        source: e,
+                    });
+                }
+                _ => {}
+            },
+            ApiSource::External(kc) => {
+                std::fs::copy(kc, me.kubeconfig()).map_err(|source| LocalError::Io {
+                    path: kc.clone(),
+                    source,
+                })?;
+                let client = me.client().await?;
+                install_crds(&client).await?;
+                me.seed(&client).await?;
+            }
+        }
+        for &c in components {
             me.launch(c).await?;
         }
         Ok(me)
+    }
+
+    /// Where the test API server keeps its objects.
+    pub fn state_file(&self) -> PathBuf {
+        self.dir.join("apiserver-state.json")
     }
 
     fn write_configs(&self) -> Result<(), LocalError> {
@@ -249,7 +301,9 @@ impl Local {
                 cmd.arg("--port")
                     .arg(self.api_port.to_string())
                     .arg("--kubeconfig")
-                    .arg(&kc);
+                    .arg(&kc)
+                    .arg("--state-file")
+                    .arg(self.state_file());
             }
             Component::Controller => {
                 cmd.arg("--kubeconfig")
@@ -441,6 +495,40 @@ impl Local {
     pub async fn kube(&self) -> Result<Client, LocalError> {
         self.client().await
     }
+}
+
+/// Applies LiteIO's CRDs (server-side apply, so a re-run updates them) and waits until the
+/// API server serves them.
+async fn install_crds(client: &Client) -> Result<(), LocalError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("liteio-local").force();
+    let mut names = Vec::new();
+    for crd in liteio_api::crd::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &pp, &Patch::Apply(&crd)).await?;
+        names.push(name);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for name in names {
+        loop {
+            let established = api.get(&name).await?.status.is_some_and(|s| {
+                s.conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            if established {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LocalError::Config(format!(
+                    "the API server did not establish CRD {name} within 30 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
 }
 
 async fn terminate(child: &mut Child) {
