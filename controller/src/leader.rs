@@ -118,16 +118,14 @@ impl LeaderElector {
         }
     }
 
-    /// Renews every `retryPeriod` until `shutdown` (then releases and returns `Ok`) or until
-    /// renewal failed for `renewDeadline` or another holder appeared (`LeadershipLost`).
+    /// Renews every `retryPeriod` until `shutdown` (`Ok`; the Lease is still held, the caller
+    /// stops its work and then calls [`LeaderElector::release`]) or until renewal failed for
+    /// `renewDeadline` or another holder appeared (`LeadershipLost`).
     pub async fn hold(&self, shutdown: &mut watch::Receiver<bool>) -> Result<()> {
         let mut last_ok = Instant::now();
         loop {
             tokio::select! {
-                _ = shutdown.changed() => {
-                    self.release().await;
-                    return Ok(());
-                }
+                _ = shutdown.changed() => return Ok(()),
                 _ = tokio::time::sleep(self.cfg.retry_period) => {}
             }
             match self.try_acquire_or_renew().await {
@@ -150,7 +148,8 @@ impl LeaderElector {
         }
     }
 
-    /// Gives the Lease up so a standby takes over at once (best effort).
+    /// Gives the Lease up so a standby takes over at once (best effort). Call it only once
+    /// this instance stopped reconciling: the standby starts as soon as the Lease is free.
     pub async fn release(&self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.lease_name).await else {
             return;
@@ -179,5 +178,10 @@ impl LeaderElector {
     /// The configured retry period.
     pub fn retry_period(&self) -> Duration {
         self.cfg.retry_period
+    }
+
+    /// The configured renew deadline.
+    pub fn renew_deadline(&self) -> Duration {
+        self.cfg.renew_deadline
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use kube::Client;
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::config::Config;
@@ -48,8 +48,9 @@ pub fn plugins(config: &Config) -> Result<Vec<Arc<dyn Plugin>>> {
     Ok(v)
 }
 
-/// Runs until `shutdown` turns true (`Ok`) or leadership is lost (`LeadershipLost`; the
-/// process should exit and be restarted as a standby). `on_context` sees the reconcile
+/// Runs until `shutdown` turns true (`Ok`; a leader stops reconciling, then releases the
+/// Lease) or leadership is lost (`LeadershipLost`; the process should exit and be restarted
+/// as a standby). `on_context` sees the reconcile
 /// context once this instance starts reconciling (tests inspect the state through it).
 pub async fn run(
     client: Client,
@@ -114,9 +115,24 @@ pub async fn run(
     };
     stop_tx.send_replace(true);
     ready.abort();
-    let _ = runtime.await;
+    let mut runtime = runtime;
+    let grace = elector
+        .as_ref()
+        .map_or(opts.config.leader_election.renew_deadline, |e| {
+            e.renew_deadline()
+        });
+    if tokio::time::timeout(grace, &mut runtime).await.is_err() {
+        warn!(?grace, "reconcilers did not stop in time; aborting them");
+        runtime.abort();
+        let _ = runtime.await;
+    }
     opts.health.leader.store(false, Ordering::SeqCst);
     opts.metrics.leader.set(0);
+    // Only now that nothing reconciles any more may a standby start: a clean stop (rolling
+    // update) hands over at once instead of after `leaseDuration`.
+    if let (Some(e), Ok(())) = (&elector, &result) {
+        e.release().await;
+    }
     info!(ok = result.is_ok(), "controller stopped");
     result
 }

@@ -292,6 +292,20 @@ pub fn base_bytes(vol: &AntstorVolume) -> u64 {
     }
 }
 
+/// The snapshot a volume is cloned from (labels `obnvmf/volume-source-snap-name` and
+/// `obnvmf/volume-source-snap-ns`; the namespace defaults to `default_ns`).
+pub fn source_snapshot(vol: &AntstorVolume, default_ns: &str) -> Option<ObjectKey> {
+    let l = vol.metadata.labels.as_ref()?;
+    let name = l
+        .get(labels::VOLUME_SOURCE_SNAP_NAME)
+        .filter(|n| !n.is_empty())?;
+    let ns = l
+        .get(labels::VOLUME_SOURCE_SNAP_NS)
+        .filter(|n| !n.is_empty())
+        .map_or(default_ns, String::as_str);
+    Some(ObjectKey::new(ns, name.as_str()))
+}
+
 /// The snapshot reserve a volume asks for.
 pub fn snapshot_reserve(vol: &AntstorVolume) -> u64 {
     annotation_u64(vol, annotations::SNAPSHOT_RESERVED_BYTES)
@@ -576,6 +590,21 @@ impl State {
             .volumes
             .iter()
             .filter(|(_, e)| e.node.is_none() && e.vol.metadata.deletion_timestamp.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Unscheduled volumes cloned from the snapshot `snap` (labels
+    /// `obnvmf/volume-source-snap-name` and `-ns`, the namespace defaulting to the volume's).
+    pub fn clones_waiting_for(&self, snap: &ObjectKey) -> Vec<ObjectKey> {
+        let mut v: Vec<ObjectKey> = self
+            .volumes
+            .iter()
+            .filter(|(k, e)| {
+                e.node.is_none() && source_snapshot(&e.vol, &k.namespace).as_ref() == Some(snap)
+            })
             .map(|(k, _)| k.clone())
             .collect();
         v.sort();

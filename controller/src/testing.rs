@@ -225,6 +225,11 @@ impl VolumeFixture {
             .insert(k.into(), v.into());
         self
     }
+    /// Makes it a clone of snapshot `snap` in `obnvmf`, as the CSI driver labels one.
+    pub fn cloned_from(self, snap: &str) -> Self {
+        self.label(labels::VOLUME_SOURCE_SNAP_NAME, snap)
+            .label(labels::VOLUME_SOURCE_SNAP_NS, keys::DEFAULT_NAMESPACE)
+    }
     /// Adds a finalizer.
     pub fn finalizer(mut self, f: &str) -> Self {
         self.0

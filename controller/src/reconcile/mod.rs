@@ -1,8 +1,9 @@
 //! The reconcile runtime: watches feed the [`State`] and per-kind work queues; one worker per
 //! kind drains its queue; the liveness clock re-queues pools (and volumes being deleted on
 //! pools that are not ready) every `liveness.tick`. Nothing else runs on a timer: a volume
-//! that did not fit is retried when a pool changes or space is freed, a snapshot waiting
-//! for its origin when the origin changes.
+//! that did not fit is retried when a pool changes or space is freed, a clone waiting for
+//! its source snapshot when that snapshot appears, a snapshot waiting for its origin when
+//! the origin changes.
 //!
 //! Workers start only after the first full list of pools, volumes, snapshots and Leases, so
 //! the scheduler never decides on a partial view (a restarted controller places nothing
@@ -515,12 +516,21 @@ fn on_snapshot(
         }
         Event::Apply(snap) => {
             let origin = State::origin_of(&snap);
-            let siblings = {
+            let key = ObjectKey::of(&snap);
+            let (siblings, clones) = {
                 let mut s = ctx.state();
+                let new = s.snapshot(&key).is_none();
                 s.upsert_snapshot(Arc::new(snap));
-                s.snapshots_of(&origin)
+                // Clones that waited for this snapshot to exist.
+                let clones = if new {
+                    s.clones_waiting_for(&key)
+                } else {
+                    Vec::new()
+                };
+                (s.snapshots_of(&origin), clones)
             };
             ctx.enqueue_snapshots(siblings);
+            ctx.enqueue_volumes(clones);
         }
         Event::Delete(snap) => {
             let origin = State::origin_of(&snap);

@@ -14,18 +14,26 @@ use crate::clock::elapsed;
 use crate::error::Result;
 use crate::plugin::{Kind, PluginObject};
 use crate::scheduler::ScheduleError;
-use crate::state::ObjectKey;
+use crate::state::{self, ObjectKey};
 
 /// Prefix of messages this reconciler writes to `status.msg` (cleared once bound).
-const MSG_PREFIXES: [&str; 2] = ["NoStoragePoolAvailable", "invalid volume"];
+const MSG_PREFIXES: [&str; 3] = [
+    "NoStoragePoolAvailable",
+    "invalid volume",
+    SOURCE_SNAPSHOT_NOT_FOUND,
+];
+
+/// Prefix of the message on a clone whose source snapshot does not exist.
+const SOURCE_SNAPSHOT_NOT_FOUND: &str = "SourceSnapshotNotFound";
 
 /// Reconciles one AntstorVolume.
 ///
 /// Flow: a volume gone from the cluster is forgotten by the plug-ins. A volume with
 /// `spec.stopReconcile` is left alone. A volume being deleted goes to [`handle_deletion`].
 /// Otherwise the volume is validated (uuid, size, annotations, selectors, affinity terms);
-/// an invalid one gets the reason in `status.msg` and waits for a change. A volume without a
-/// target is scheduled ([`crate::scheduler`]) and bound in the state at once; when nothing
+/// an invalid one gets the reason in `status.msg` and waits for a change. An unscheduled
+/// clone whose source snapshot does not exist gets `SourceSnapshotNotFound` in `status.msg`
+/// and waits for the snapshot to appear. A volume without a target is scheduled ([`crate::scheduler`]) and bound in the state at once; when nothing
 /// fits, the per-reason counts go to `status.msg` and the volume waits until a pool changes
 /// or space is freed. A bound volume gets `spec.targetNodeId`, the label
 /// `obnvmf/target-node-id` and the finalizer `antstor.alipay.com/in-state` in one merge
@@ -59,6 +67,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
         .target_node()
         .map(str::to_string)
         .or_else(|| ctx.state().binding(key).map(str::to_string));
+    if bound.is_none()
+        && let Some(msg) = missing_source(ctx, key, &vol)
+    {
+        set_message(ctx, &vol, &msg).await?;
+        return Ok(Action::Done);
+    }
     let node = match bound {
         Some(n) => n,
         None => match schedule(ctx, key, &vol) {
@@ -83,6 +97,20 @@ fn check(ctx: &Context, vol: &AntstorVolume) -> std::result::Result<(), String> 
     ctx.scheduler
         .validate_volume(vol)
         .map_err(|e| e.to_string())
+}
+
+/// The message for a clone whose source snapshot is not in the cluster (the agent could
+/// never create it), if that is the case. A snapshot in a namespace this controller does
+/// not watch is not checked.
+fn missing_source(ctx: &Context, key: &ObjectKey, vol: &AntstorVolume) -> Option<String> {
+    let snap = state::source_snapshot(vol, &key.namespace)?;
+    if snap.namespace != ctx.namespace || ctx.state().snapshot(&snap).is_some() {
+        return None;
+    }
+    Some(format!(
+        "{SOURCE_SNAPSHOT_NOT_FOUND}: AntstorSnapshot {snap} does not exist; \
+         the volume is scheduled once it does"
+    ))
 }
 
 fn schedule(

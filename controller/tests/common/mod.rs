@@ -140,56 +140,11 @@ impl Harness {
     }
 
     pub async fn add_pool(&self, p: PoolFixture) {
-        let p = p.build();
-        let name = p.metadata.name.clone().unwrap();
-        let status = p.status.clone();
-        self.pools()
-            .create(&PostParams::default(), &p)
-            .await
-            .unwrap();
-        self.pools()
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({ "status": status })),
-            )
-            .await
-            .unwrap();
-        self.renew(&name, self.clock.now()).await;
+        create_pool(&self.client, p, self.clock.now()).await;
     }
 
     pub async fn renew(&self, node: &str, at: Timestamp) {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(node.into()),
-                namespace: Some(NS.into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(node.into()),
-                renew_time: Some(MicroTime(at)),
-                lease_duration_seconds: Some(40),
-                ..LeaseSpec::default()
-            }),
-        };
-        match self.leases().get_opt(node).await.unwrap() {
-            None => {
-                self.leases()
-                    .create(&PostParams::default(), &lease)
-                    .await
-                    .unwrap();
-            }
-            Some(_) => {
-                self.leases()
-                    .patch(
-                        node,
-                        &PatchParams::default(),
-                        &Patch::Merge(serde_json::json!({ "spec": lease.spec })),
-                    )
-                    .await
-                    .unwrap();
-            }
-        }
+        renew_lease(&self.client, node, at).await;
     }
 
     pub async fn add_volume(&self, v: VolumeFixture) {
@@ -204,13 +159,7 @@ impl Harness {
     }
 
     pub async fn wait_bound(&self, name: &str, node: &str) {
-        eventually(&format!("{name} bound to {node}"), || async {
-            let v = self.volume(name).await;
-            v.spec.target_node_id == node
-                && v.labels().get(labels::TARGET_NODE_ID).map(String::as_str) == Some(node)
-                && v.finalizers().iter().any(|f| f == finalizers::IN_STATE)
-        })
-        .await;
+        wait_bound(&self.client, name, node).await;
     }
 
     pub async fn pool_status(&self, name: &str) -> Option<PoolStatus> {
@@ -247,4 +196,67 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Creates a pool with its status and a fresh heartbeat Lease renewed `at`.
+pub async fn create_pool(client: &Client, p: PoolFixture, at: Timestamp) {
+    let pools: Api<StoragePool> = Api::namespaced(client.clone(), NS);
+    let p = p.build();
+    let name = p.metadata.name.clone().unwrap();
+    let status = p.status.clone();
+    pools.create(&PostParams::default(), &p).await.unwrap();
+    pools
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": status })),
+        )
+        .await
+        .unwrap();
+    renew_lease(client, &name, at).await;
+}
+
+/// Creates or renews the heartbeat Lease of pool `node`.
+pub async fn renew_lease(client: &Client, node: &str, at: Timestamp) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(node.into()),
+            namespace: Some(NS.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.into()),
+            renew_time: Some(MicroTime(at)),
+            lease_duration_seconds: Some(40),
+            ..LeaseSpec::default()
+        }),
+    };
+    match leases.get_opt(node).await.unwrap() {
+        None => {
+            leases.create(&PostParams::default(), &lease).await.unwrap();
+        }
+        Some(_) => {
+            leases
+                .patch(
+                    node,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({ "spec": lease.spec })),
+                )
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Waits until volume `name` is bound to `node` (spec, label and finalizer).
+pub async fn wait_bound(client: &Client, name: &str, node: &str) {
+    let volumes: Api<AntstorVolume> = Api::namespaced(client.clone(), NS);
+    eventually(&format!("{name} bound to {node}"), || async {
+        let v = volumes.get(name).await.unwrap();
+        v.spec.target_node_id == node
+            && v.labels().get(labels::TARGET_NODE_ID).map(String::as_str) == Some(node)
+            && v.finalizers().iter().any(|f| f == finalizers::IN_STATE)
+    })
+    .await;
 }

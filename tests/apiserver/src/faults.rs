@@ -77,6 +77,7 @@ struct Inner {
     delays: Vec<(Matcher, Duration)>,
     drop_next_watch: HashMap<String, usize>,
     counts: HashMap<(Verb, String), u64>,
+    named_counts: HashMap<(Verb, String, String), u64>,
 }
 
 /// What the server must do with one request.
@@ -152,6 +153,16 @@ impl Faults {
             .unwrap_or(0)
     }
 
+    /// Requests seen with this verb on this resource (`plural` or `plural/status`) for the
+    /// object `name` (a controller's retries of one object, for example).
+    pub fn requests_for(&self, verb: Verb, resource: &str, name: &str) -> u64 {
+        self.lock()
+            .named_counts
+            .get(&(verb, resource.to_string(), name.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Removes every pending failure, delay and watch drop (counters stay).
     pub fn clear(&self) {
         let mut g = self.lock();
@@ -178,6 +189,11 @@ impl Faults {
     pub(crate) fn decide(&self, verb: Verb, resource: &str, name: Option<&str>) -> Decision {
         let mut g = self.lock();
         *g.counts.entry((verb, resource.to_string())).or_default() += 1;
+        if let Some(n) = name {
+            *g.named_counts
+                .entry((verb, resource.to_string(), n.to_string()))
+                .or_default() += 1;
+        }
         let mut d = Decision::default();
         if let Some(f) = g
             .failures
