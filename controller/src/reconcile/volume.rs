@@ -325,6 +325,16 @@ pub async fn handle_deletion(
         left = ?out.metadata.finalizers,
         "volume released"
     );
-    store(ctx, out);
+    if out.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+        // The API server deleted it with this write. Its DELETE event may already have been
+        // handled: storing `out` would bring back a volume that no longer exists, and its
+        // pool would wait forever for it to leave.
+        ctx.state().remove_volume(key);
+        if let Some(node) = out.target_node() {
+            ctx.enqueue_pool(node);
+        }
+    } else {
+        store(ctx, out);
+    }
     Ok(Action::Done)
 }

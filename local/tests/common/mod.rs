@@ -91,6 +91,24 @@ impl Drop for XfsMount {
     }
 }
 
+/// The last lines of every component's log, for a failed run.
+fn print_logs(dir: &Path) {
+    for c in [
+        "test-apiserver",
+        "node-disk-controller",
+        "disk-agent",
+        "csi-driver",
+    ] {
+        if let Ok(log) = std::fs::read_to_string(dir.join(format!("{c}.log"))) {
+            let lines: Vec<&str> = log.lines().collect();
+            println!("---- {c}.log (last 40 lines) ----");
+            for l in &lines[lines.len().saturating_sub(40)..] {
+                println!("{l}");
+            }
+        }
+    }
+}
+
 fn write_synced(path: &Path, data: &[u8]) -> Result<(), String> {
     use std::io::Write;
     let mut f = std::fs::File::create(path).map_err(|e| e.to_string())?;
@@ -167,6 +185,9 @@ pub fn run_e2e(api: ApiSource, node: &str, tag: &str) {
         .expect("e2e timed out")
     });
     let left = leftovers(&mount.dir);
+    if result.is_err() {
+        print_logs(&mount.dir);
+    }
     drop(mount);
     let _ = std::fs::remove_dir_all(&base);
     result.unwrap();
