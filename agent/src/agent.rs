@@ -167,6 +167,7 @@ impl Agent {
             })?;
         info!(node = %opts.node, pool = %pool.name, kind = %engine.kind(), total = pool.total_bytes, free = pool.free_bytes, "pool ready");
         let metrics = Arc::new(Metrics::new(&opts.node).map_err(StartError::Metrics)?);
+        metrics.add_source(Arc::new(metrics::EngineSource(Arc::clone(&engine))));
         let ctx = Arc::new(Ctx {
             client,
             node: opts.node.clone(),

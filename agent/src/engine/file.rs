@@ -31,7 +31,8 @@ use rustix::io::Errno;
 
 use super::{
     CommandRunner, EngineError, EngineKind, PoolEngine, PoolInfo, SystemRunner, VolumeInfo,
-    VolumeOptions, argv, attach_loop_file, check_name, loop_devices_for, round_size, run_ok,
+    VolumeIo, VolumeOptions, argv, attach_loop_file, blkstat, check_name, loop_devices_for,
+    round_size, run_ok,
 };
 
 const VOLUMES: &str = "volumes";
@@ -607,5 +608,24 @@ impl PoolEngine for FileEngine {
             Some(_) => Ok(file),
             None => Err(Self::not_found("volume", name)),
         }
+    }
+
+    /// The counters of every loop device bound to a volume's file (sysfs only, no
+    /// `losetup`). A volume that is not attached has none.
+    fn io_stats(&self, names: &[String]) -> Result<Vec<(String, VolumeIo)>, EngineError> {
+        let sys = Path::new(blkstat::SYS_BLOCK);
+        let mut out = Vec::new();
+        for name in names {
+            // The kernel records the resolved path of the backing file.
+            let Ok(file) = fs::canonicalize(self.volume_file(name)) else {
+                continue;
+            };
+            for dev in blkstat::loop_devices_backed_by(sys, &file) {
+                if let Some(stat) = blkstat::read_stat(sys, &dev) {
+                    out.push((name.clone(), VolumeIo::Block { dev, stat }));
+                }
+            }
+        }
+        Ok(out)
     }
 }

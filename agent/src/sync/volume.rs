@@ -254,7 +254,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         info!("volume ready");
     }
     ctx.metrics
-        .set_volume(&vol.name_any(), &vol.spec.uuid, real_size);
+        .set_volume(&vol.name_any(), &vol.spec.uuid, &ename, real_size);
     Ok(Action::requeue(ctx.resync))
 }
 
