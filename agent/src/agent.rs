@@ -289,7 +289,7 @@ async fn supervise(
     set.spawn(Arc::clone(&reporter).run(Arc::clone(&ctx.pool_changed), shutdown.subscribe()));
     set.spawn(sync::run_controller(
         Arc::clone(&ctx),
-        "antstorvolume",
+        sync::volume::RESOURCE,
         sync::volume::reconcile,
         shutdown.subscribe(),
     ));
