@@ -453,7 +453,11 @@ pub async fn io_stats(name: &str) -> Result<IoStats> {
             if rc != 0 {
                 return reply.send(Err(SpdkError::errno("bdev io stat", name, rc)));
             }
-            let rate = s.ticks_rate.max(1);
+            // Not `s.ticks_rate`: spdk_bdev_get_device_stat copies it from the bdev's own stat,
+            // which SPDK 26.05 mallocs without ever setting that field (only channel stats set
+            // it), so it holds heap garbage. The tick rate is the same process-wide.
+            // SAFETY: a pure read of the TSC rate SPDK measured at start.
+            let rate = unsafe { spdk_sys::spdk_get_ticks_hz() }.max(1);
             let us = |ticks: u64| {
                 u64::try_from(u128::from(ticks) * 1_000_000 / u128::from(rate)).unwrap_or(u64::MAX)
             };
