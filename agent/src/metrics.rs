@@ -541,9 +541,14 @@ impl Metrics {
     }
 }
 
+/// Reads one counter out of a block device's stat.
+type BlkField = fn(&blkstat::BlockStat) -> u64;
+/// Reads one counter out of an lvol's stat.
+type LvolField = fn(&crate::engine::BdevIo) -> u64;
+
 /// `blk_*`: LiteIO's names for `/sys/block/<dev>/stat`.
 struct BlkFamilies {
-    counters: Vec<(IntCounterVec, fn(&blkstat::BlockStat) -> u64)>,
+    counters: Vec<(IntCounterVec, BlkField)>,
     inflight: IntGaugeVec,
 }
 
@@ -558,8 +563,7 @@ impl BlkFamilies {
         {
             return Ok(None);
         }
-        type Field = fn(&blkstat::BlockStat) -> u64;
-        let defs: [(&'static str, &'static str, Field); 14] = [
+        let defs: [(&'static str, &'static str, BlkField); 14] = [
             ("blk_read_req", "Reads completed", |s| s.read_ios),
             ("blk_read_merged", "Reads merged", |s| s.read_merges),
             ("blk_read_sectors", "512-byte sectors read", |s| {
@@ -629,7 +633,7 @@ impl BlkFamilies {
 
 /// `spdk_lvol_*`: LiteIO's names for an lvol bdev's counters.
 struct LvolFamilies {
-    counters: Vec<(IntCounterVec, fn(&crate::engine::BdevIo) -> u64)>,
+    counters: Vec<(IntCounterVec, LvolField)>,
 }
 
 impl LvolFamilies {
@@ -641,8 +645,7 @@ impl LvolFamilies {
         {
             return Ok(None);
         }
-        type Field = fn(&crate::engine::BdevIo) -> u64;
-        let defs: [(&'static str, &'static str, Field); 9] = [
+        let defs: [(&'static str, &'static str, LvolField); 9] = [
             ("spdk_lvol_read_bytes_total", "Bytes read", |s| s.bytes_read),
             ("spdk_lvol_read_reqs_total", "Reads completed", |s| {
                 s.read_ops
