@@ -6,6 +6,7 @@
 //! `/sys/block/loop*/loop/backing_file`. No commands run; a scrape costs a few small reads.
 
 use std::fs;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 /// Where the kernel lists block devices.
@@ -88,25 +89,37 @@ pub fn read_stat(sys_block: &Path, dev: &str) -> Option<BlockStat> {
     parse_stat(&text)
 }
 
-/// Loop devices (`loop3`, …) whose backing file is `file`, sorted. `file` should be
-/// canonical (the kernel records the resolved path); a backing file the kernel marks
-/// ` (deleted)` does not match.
-pub fn loop_devices_backed_by(sys_block: &Path, file: &Path) -> Vec<String> {
+/// Every bound loop device (`loop3`, …) with its backing file, sorted by device. A backing
+/// file the kernel marks ` (deleted)` is listed with that suffix, so it matches no volume.
+pub fn loop_backing_files(sys_block: &Path) -> Vec<(String, PathBuf)> {
     let Ok(entries) = fs::read_dir(sys_block) else {
         return Vec::new();
     };
-    let want = file.as_os_str().as_encoded_bytes();
-    let mut out: Vec<String> = entries
+    let mut out: Vec<(String, PathBuf)> = entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|name| name.starts_with("loop"))
-        .filter(|name| {
-            fs::read(sys_block.join(name).join("loop").join("backing_file"))
-                .is_ok_and(|b| b.strip_suffix(b"\n").unwrap_or(&b) == want)
+        .filter_map(|name| {
+            let mut b = fs::read(sys_block.join(&name).join("loop").join("backing_file")).ok()?;
+            if b.last() == Some(&b'\n') {
+                b.pop();
+            }
+            let path = PathBuf::from(std::ffi::OsString::from_vec(b));
+            Some((name, path))
         })
         .collect();
     out.sort();
     out
+}
+
+/// Loop devices whose backing file is `file`, sorted. `file` should be canonical (the
+/// kernel records the resolved path).
+pub fn loop_devices_backed_by(sys_block: &Path, file: &Path) -> Vec<String> {
+    loop_backing_files(sys_block)
+        .into_iter()
+        .filter(|(_, b)| b == file)
+        .map(|(dev, _)| dev)
+        .collect()
 }
 
 /// The kernel name (`dm-3`, `loop0`, `sda`) of block device node `dev`, following symlinks

@@ -611,18 +611,29 @@ impl PoolEngine for FileEngine {
     }
 
     /// The counters of every loop device bound to a volume's file (sysfs only, no
-    /// `losetup`). A volume that is not attached has none.
+    /// `losetup`; one scan of the loop devices per call). A volume that is not attached has
+    /// none.
     fn io_stats(&self, names: &[String]) -> Result<Vec<(String, VolumeIo)>, EngineError> {
         let sys = Path::new(blkstat::SYS_BLOCK);
+        let loops = blkstat::loop_backing_files(sys);
         let mut out = Vec::new();
+        if loops.is_empty() {
+            return Ok(out);
+        }
         for name in names {
             // The kernel records the resolved path of the backing file.
             let Ok(file) = fs::canonicalize(self.volume_file(name)) else {
                 continue;
             };
-            for dev in blkstat::loop_devices_backed_by(sys, &file) {
-                if let Some(stat) = blkstat::read_stat(sys, &dev) {
-                    out.push((name.clone(), VolumeIo::Block { dev, stat }));
+            for (dev, _) in loops.iter().filter(|(_, b)| *b == file) {
+                if let Some(stat) = blkstat::read_stat(sys, dev) {
+                    out.push((
+                        name.clone(),
+                        VolumeIo::Block {
+                            dev: dev.clone(),
+                            stat,
+                        },
+                    ));
                 }
             }
         }
