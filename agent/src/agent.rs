@@ -167,6 +167,7 @@ impl Agent {
             })?;
         info!(node = %opts.node, pool = %pool.name, kind = %engine.kind(), total = pool.total_bytes, free = pool.free_bytes, "pool ready");
         let metrics = Arc::new(Metrics::new(&opts.node).map_err(StartError::Metrics)?);
+        metrics.add_source(Arc::new(metrics::EngineSource(Arc::clone(&engine))));
         let ctx = Arc::new(Ctx {
             client,
             node: opts.node.clone(),
@@ -288,7 +289,7 @@ async fn supervise(
     set.spawn(Arc::clone(&reporter).run(Arc::clone(&ctx.pool_changed), shutdown.subscribe()));
     set.spawn(sync::run_controller(
         Arc::clone(&ctx),
-        "antstorvolume",
+        sync::volume::RESOURCE,
         sync::volume::reconcile,
         shutdown.subscribe(),
     ));

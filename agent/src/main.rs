@@ -153,6 +153,13 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     let agent = Agent::start(client, engine, exporter, opts)
         .await
         .context("cannot start the agent")?;
+    #[cfg(feature = "spdk")]
+    if spdk.is_some() {
+        agent
+            .ctx()
+            .metrics
+            .add_source(Arc::new(liteio_agent::spdk::stats::RuntimeSource));
+    }
     let sig = wait_for_signal().await?;
     tracing::info!(signal = sig, "shutting down");
     agent.shutdown(Duration::from_secs(15)).await;

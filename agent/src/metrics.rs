@@ -4,23 +4,52 @@
 //! constant label `node`. Labels are bounded: volume names and error *kinds*, never error
 //! text. [`serve`] answers `GET /metrics` (Prometheus text), `GET /healthz` (the process
 //! serves requests) and `GET /readyz` (the pool is registered).
+//!
+//! **Collected at scrape time.** Besides the metrics the control loop sets, each scrape asks
+//! the registered [`ScrapeSource`]s (the pool engine's per-volume I/O counters, the SPDK
+//! runtime's thread and reactor times) for fresh samples on the blocking pool, bounded by
+//! [`COLLECT_TIMEOUT`], and renders them into a registry built for that scrape only: a
+//! volume that is gone (or no longer attached) simply has no series in the next scrape. The
+//! heartbeat age is computed the same way from the last successful renewal.
+//!
+//! Per-volume families (labels `volume`, `uuid` as in `liteio_volume_size_bytes`, plus the
+//! device):
+//! - kernel engines, `dev` = `loop3` / `dm-2`, from `/sys/block/<dev>/stat` (LiteIO's names
+//!   and units): `blk_read_req`, `blk_read_merged`, `blk_read_sectors`, `blk_msec_read`,
+//!   `blk_write_req`, `blk_write_merged`, `blk_write_sectors`, `blk_msec_write`,
+//!   `blk_discard_req`, `blk_discard_merged`, `blk_discard_sectors`, `blk_msec_discard`,
+//!   `blk_io_inflight` (gauge), `blk_msec_total`, `blk_msec_weighted_total`;
+//! - SPDK, `lvol` = `lvs/name`, from the bdev's device stat: `spdk_lvol_{read,write,discard}_
+//!   {bytes,reqs}_total` and `spdk_lvol_{read,write,discard}_lat_microseconds` (latency summed
+//!   over every I/O; divide its rate by the reqs rate for the mean).
+//!
+//! SPDK runtime: `liteio_spdk_thread_{busy,idle}_seconds_total{thread}` (SPDK's own
+//! accounting, which only advances in poll mode) and
+//! `liteio_spdk_reactor_cpu_seconds_total{reactor}` (the reactor threads' CPU time, which is
+//! their busy time in interrupt mode and 100 % in poll mode).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use crate::engine::{PoolEngine, VolumeIo, blkstat};
 
 /// Why the metrics could not be set up or served.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +85,69 @@ impl MetricsError {
     }
 }
 
+/// Longest a scrape waits for its sources; past it the scrape answers without their
+/// samples and counts the timeout in `liteio_metrics_collect_errors_total{source="all"}`.
+pub const COLLECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Samples taken at scrape time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Scrape {
+    /// I/O counters by engine volume name.
+    pub volumes: Vec<(String, VolumeIo)>,
+    /// SPDK threads' own time accounting.
+    pub spdk_threads: Vec<SpdkThreadTime>,
+    /// CPU seconds of each reactor thread (`reactor_0`, …).
+    pub reactor_cpu: Vec<(String, f64)>,
+}
+
+/// How an SPDK thread spent its time, in seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpdkThreadTime {
+    /// SPDK's thread name.
+    pub thread: String,
+    /// Seconds doing work.
+    pub busy_seconds: f64,
+    /// Seconds polling without work.
+    pub idle_seconds: f64,
+}
+
+/// Why a source could not give its samples (logged, counted by source; never a label).
+pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Something asked for samples at every scrape. Runs on the blocking pool; must be cheap.
+pub trait ScrapeSource: Send + Sync + std::fmt::Debug {
+    /// A short, fixed name for logs and the error counter's `source` label.
+    fn name(&self) -> &'static str;
+
+    /// Adds samples to `out`. `volumes` are the engine names of the volumes the agent serves
+    /// right now.
+    fn scrape(&self, volumes: &[String], out: &mut Scrape) -> Result<(), SourceError>;
+}
+
+/// The pool engine's per-volume I/O counters ([`PoolEngine::io_stats`]).
+#[derive(Debug)]
+pub struct EngineSource(pub Arc<dyn PoolEngine>);
+
+impl ScrapeSource for EngineSource {
+    fn name(&self) -> &'static str {
+        "engine"
+    }
+
+    fn scrape(&self, volumes: &[String], out: &mut Scrape) -> Result<(), SourceError> {
+        out.volumes.extend(self.0.io_stats(volumes)?);
+        Ok(())
+    }
+}
+
+/// Clears the in-flight flag when a collection ends, however it ends.
+struct InFlight(Arc<AtomicBool>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// The agent's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -68,7 +160,13 @@ pub struct Metrics {
     heartbeat_failures: IntCounter,
     reconcile_errors: IntCounterVec,
     orphans: IntGaugeVec,
-    known_volumes: Mutex<BTreeSet<String>>,
+    collect_errors: IntCounterVec,
+    /// (volume, uuid) → engine volume name.
+    known_volumes: Mutex<BTreeMap<(String, String), String>>,
+    sources: Mutex<Vec<Arc<dyn ScrapeSource>>>,
+    collecting: Arc<AtomicBool>,
+    node: String,
+    started: SystemTime,
     ready: AtomicBool,
 }
 
@@ -152,10 +250,33 @@ impl Metrics {
                     &["kind"],
                 ),
             )?,
+            collect_errors: reg(
+                &r,
+                "liteio_metrics_collect_errors_total",
+                IntCounterVec::new(
+                    Opts::new(
+                        "liteio_metrics_collect_errors_total",
+                        "Scrapes that went without a source's samples (error, timeout, busy)",
+                    ),
+                    &["source"],
+                ),
+            )?,
             registry: r,
-            known_volumes: Mutex::new(BTreeSet::new()),
+            known_volumes: Mutex::new(BTreeMap::new()),
+            sources: Mutex::new(Vec::new()),
+            collecting: Arc::new(AtomicBool::new(false)),
+            node: node.to_string(),
+            started: SystemTime::now(),
             ready: AtomicBool::new(false),
         })
+    }
+
+    /// Asks `source` for samples at every scrape from now on.
+    pub fn add_source(&self, source: Arc<dyn ScrapeSource>) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(source);
     }
 
     /// Pool capacity and free space.
@@ -164,21 +285,25 @@ impl Metrics {
         self.pool_free.set(clamp(free));
     }
 
-    /// A volume exists with `size` bytes.
-    pub fn set_volume(&self, name: &str, uuid: &str, size: u64) {
+    /// Volume `name` (`uuid`) is served from engine volume `engine_name` with `size`
+    /// bytes; its I/O counters are reported from the next scrape on.
+    pub fn set_volume(&self, name: &str, uuid: &str, engine_name: &str, size: u64) {
         self.volume_size
             .with_label_values(&[name, uuid])
             .set(clamp(size));
         let mut known = self.known_volumes.lock().unwrap_or_else(|p| p.into_inner());
-        known.insert(format!("{name}\u{0}{uuid}"));
+        known.insert(
+            (name.to_string(), uuid.to_string()),
+            engine_name.to_string(),
+        );
         self.volumes.set(clamp(known.len() as u64));
     }
 
-    /// A volume is gone.
+    /// A volume is gone: its series disappear.
     pub fn remove_volume(&self, name: &str, uuid: &str) {
         let _ = self.volume_size.remove_label_values(&[name, uuid]);
         let mut known = self.known_volumes.lock().unwrap_or_else(|p| p.into_inner());
-        known.remove(&format!("{name}\u{0}{uuid}"));
+        known.remove(&(name.to_string(), uuid.to_string()));
         self.volumes.set(clamp(known.len() as u64));
     }
 
@@ -219,26 +344,403 @@ impl Metrics {
         self.ready.load(Ordering::Relaxed)
     }
 
-    /// The Prometheus text exposition.
+    /// Asks every source for samples, in this thread (blocking).
+    pub fn collect(&self) -> Scrape {
+        let volumes: Vec<String> = {
+            let known = self.known_volumes.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v: Vec<String> = known.values().cloned().collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let sources = self
+            .sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut out = Scrape::default();
+        for src in sources {
+            if let Err(e) = src.scrape(&volumes, &mut out) {
+                tracing::warn!(source = src.name(), error = %e, "metrics source failed");
+                self.collect_errors.with_label_values(&[src.name()]).inc();
+            }
+        }
+        out
+    }
+
+    /// Collects on the blocking pool (at most [`COLLECT_TIMEOUT`]; one collection at a time,
+    /// so a stuck source cannot pile up threads) and renders everything.
+    pub async fn scrape(self: &Arc<Self>) -> String {
+        let scrape = if self.collecting.swap(true, Ordering::AcqRel) {
+            self.collect_errors.with_label_values(&["all"]).inc();
+            Scrape::default()
+        } else {
+            let guard = InFlight(Arc::clone(&self.collecting));
+            let me = Arc::clone(self);
+            let job = tokio::task::spawn_blocking(move || {
+                let _guard = guard;
+                me.collect()
+            });
+            match tokio::time::timeout(COLLECT_TIMEOUT, job).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "metrics collection did not complete");
+                    self.collect_errors.with_label_values(&["all"]).inc();
+                    Scrape::default()
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        after_ms = COLLECT_TIMEOUT.as_millis() as u64,
+                        "metrics collection timed out; answering without it"
+                    );
+                    self.collect_errors.with_label_values(&["all"]).inc();
+                    Scrape::default()
+                }
+            }
+        };
+        self.render_with(&scrape, SystemTime::now())
+    }
+
+    /// The Prometheus text exposition of the metrics the control loop sets and the heartbeat
+    /// age (no sources asked).
     pub fn render(&self) -> String {
+        self.render_with(&Scrape::default(), SystemTime::now())
+    }
+
+    /// The Prometheus text exposition with `scrape`'s samples, as of `now`.
+    pub fn render_with(&self, scrape: &Scrape, now: SystemTime) -> String {
+        let mut families = self.registry.gather();
+        match self.scrape_families(scrape, now) {
+            Ok(f) => families.extend(f),
+            Err(e) => tracing::error!(error = %e, "cannot build the scrape-time metrics"),
+        }
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut buf = Vec::new();
         // Encoding into a Vec only fails for invalid metric families, which we never build.
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+        if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
             tracing::error!(error = %e, "cannot encode metrics");
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+
+    /// Seconds since the last successful heartbeat; since the agent started when there was
+    /// none yet (so an agent that never renewed shows a growing age, not nothing).
+    pub fn heartbeat_age(&self, now: SystemTime) -> f64 {
+        let last = self.heartbeat_last_success.get();
+        let since = if last > 0.0 {
+            UNIX_EPOCH + Duration::from_secs_f64(last)
+        } else {
+            self.started
+        };
+        now.duration_since(since).map_or(0.0, |d| d.as_secs_f64())
+    }
+
+    /// The families of one scrape, in a registry of their own: series of volumes that are
+    /// gone are simply not there.
+    fn scrape_families(
+        &self,
+        scrape: &Scrape,
+        now: SystemTime,
+    ) -> Result<Vec<MetricFamily>, MetricsError> {
+        let mut labels = HashMap::new();
+        labels.insert("node".to_string(), self.node.clone());
+        let r =
+            Registry::new_custom(None, Some(labels)).map_err(|source| MetricsError::Register {
+                name: "scrape registry",
+                source,
+            })?;
+        let age = reg(
+            &r,
+            "liteio_heartbeat_age_seconds",
+            Gauge::new(
+                "liteio_heartbeat_age_seconds",
+                "Seconds since the last successful Lease renewal (since start when none)",
+            ),
+        )?;
+        age.set(self.heartbeat_age(now));
+
+        // engine name → the (volume, uuid) pairs served from it.
+        let mut owners: HashMap<String, Vec<(String, String)>> = HashMap::new();
+        for ((name, uuid), ename) in self
+            .known_volumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            owners
+                .entry(ename.clone())
+                .or_default()
+                .push((name.clone(), uuid.clone()));
+        }
+        let blk = BlkFamilies::new(&r, scrape)?;
+        let lvol = LvolFamilies::new(&r, scrape)?;
+        for (ename, io) in &scrape.volumes {
+            for (name, uuid) in owners.get(ename).into_iter().flatten() {
+                match io {
+                    VolumeIo::Block { dev, stat } => {
+                        if let Some(f) = &blk {
+                            f.add(&[name, uuid, dev], stat);
+                        }
+                    }
+                    VolumeIo::Lvol { lvol: l, stat } => {
+                        if let Some(f) = &lvol {
+                            f.add(&[name, uuid, l], stat);
+                        }
+                    }
+                }
+            }
+        }
+
+        if !scrape.spdk_threads.is_empty() {
+            let busy = reg(
+                &r,
+                "liteio_spdk_thread_busy_seconds_total",
+                CounterVec::new(
+                    Opts::new(
+                        "liteio_spdk_thread_busy_seconds_total",
+                        "Time an SPDK thread spent doing work (advances in poll mode only)",
+                    ),
+                    &["thread"],
+                ),
+            )?;
+            let idle = reg(
+                &r,
+                "liteio_spdk_thread_idle_seconds_total",
+                CounterVec::new(
+                    Opts::new(
+                        "liteio_spdk_thread_idle_seconds_total",
+                        "Time an SPDK thread spent polling without work (poll mode only)",
+                    ),
+                    &["thread"],
+                ),
+            )?;
+            for t in &scrape.spdk_threads {
+                busy.with_label_values(&[&t.thread])
+                    .inc_by(t.busy_seconds.max(0.0));
+                idle.with_label_values(&[&t.thread])
+                    .inc_by(t.idle_seconds.max(0.0));
+            }
+        }
+        if !scrape.reactor_cpu.is_empty() {
+            let cpu = reg(
+                &r,
+                "liteio_spdk_reactor_cpu_seconds_total",
+                CounterVec::new(
+                    Opts::new(
+                        "liteio_spdk_reactor_cpu_seconds_total",
+                        "CPU time of an SPDK reactor thread (user + system)",
+                    ),
+                    &["reactor"],
+                ),
+            )?;
+            for (reactor, secs) in &scrape.reactor_cpu {
+                cpu.with_label_values(&[reactor]).inc_by(secs.max(0.0));
+            }
+        }
+        Ok(r.gather())
+    }
+}
+
+/// Reads one counter out of a block device's stat.
+type BlkField = fn(&blkstat::BlockStat) -> u64;
+/// Reads one counter out of an lvol's stat.
+type LvolField = fn(&crate::engine::BdevIo) -> u64;
+
+/// `blk_*`: LiteIO's names for `/sys/block/<dev>/stat`.
+struct BlkFamilies {
+    counters: Vec<(IntCounterVec, BlkField)>,
+    inflight: IntGaugeVec,
+}
+
+impl BlkFamilies {
+    const LABELS: [&'static str; 3] = ["volume", "uuid", "dev"];
+
+    fn new(r: &Registry, scrape: &Scrape) -> Result<Option<Self>, MetricsError> {
+        if !scrape
+            .volumes
+            .iter()
+            .any(|(_, io)| matches!(io, VolumeIo::Block { .. }))
+        {
+            return Ok(None);
+        }
+        let defs: [(&'static str, &'static str, BlkField); 14] = [
+            ("blk_read_req", "Reads completed", |s| s.read_ios),
+            ("blk_read_merged", "Reads merged", |s| s.read_merges),
+            ("blk_read_sectors", "512-byte sectors read", |s| {
+                s.read_sectors
+            }),
+            ("blk_msec_read", "Milliseconds spent reading", |s| {
+                s.read_ticks_ms
+            }),
+            ("blk_write_req", "Writes completed", |s| s.write_ios),
+            ("blk_write_merged", "Writes merged", |s| s.write_merges),
+            ("blk_write_sectors", "512-byte sectors written", |s| {
+                s.write_sectors
+            }),
+            ("blk_msec_write", "Milliseconds spent writing", |s| {
+                s.write_ticks_ms
+            }),
+            ("blk_discard_req", "Discards completed", |s| s.discard_ios),
+            ("blk_discard_merged", "Discards merged", |s| {
+                s.discard_merges
+            }),
+            ("blk_discard_sectors", "512-byte sectors discarded", |s| {
+                s.discard_sectors
+            }),
+            ("blk_msec_discard", "Milliseconds spent discarding", |s| {
+                s.discard_ticks_ms
+            }),
+            (
+                "blk_msec_total",
+                "Milliseconds the device had I/O in flight",
+                |s| s.io_ticks_ms,
+            ),
+            (
+                "blk_msec_weighted_total",
+                "Weighted milliseconds of I/O (time x queue depth)",
+                |s| s.time_in_queue_ms,
+            ),
+        ];
+        let mut counters = Vec::with_capacity(defs.len());
+        for (name, help, field) in defs {
+            let c = reg(
+                r,
+                name,
+                IntCounterVec::new(Opts::new(name, help), &Self::LABELS),
+            )?;
+            counters.push((c, field));
+        }
+        let inflight = reg(
+            r,
+            "blk_io_inflight",
+            IntGaugeVec::new(
+                Opts::new("blk_io_inflight", "I/Os in flight"),
+                &Self::LABELS,
+            ),
+        )?;
+        Ok(Some(Self { counters, inflight }))
+    }
+
+    fn add(&self, labels: &[&str], stat: &blkstat::BlockStat) {
+        for (c, field) in &self.counters {
+            c.with_label_values(labels).inc_by(field(stat));
+        }
+        self.inflight
+            .with_label_values(labels)
+            .add(clamp(stat.in_flight));
+    }
+}
+
+/// `spdk_lvol_*`: LiteIO's names for an lvol bdev's counters.
+struct LvolFamilies {
+    counters: Vec<(IntCounterVec, LvolField)>,
+}
+
+impl LvolFamilies {
+    fn new(r: &Registry, scrape: &Scrape) -> Result<Option<Self>, MetricsError> {
+        if !scrape
+            .volumes
+            .iter()
+            .any(|(_, io)| matches!(io, VolumeIo::Lvol { .. }))
+        {
+            return Ok(None);
+        }
+        let defs: [(&'static str, &'static str, LvolField); 9] = [
+            ("spdk_lvol_read_bytes_total", "Bytes read", |s| s.bytes_read),
+            ("spdk_lvol_read_reqs_total", "Reads completed", |s| {
+                s.read_ops
+            }),
+            (
+                "spdk_lvol_read_lat_microseconds",
+                "Sum of read latencies in microseconds",
+                |s| s.read_latency_us,
+            ),
+            ("spdk_lvol_write_bytes_total", "Bytes written", |s| {
+                s.bytes_written
+            }),
+            ("spdk_lvol_write_reqs_total", "Writes completed", |s| {
+                s.write_ops
+            }),
+            (
+                "spdk_lvol_write_lat_microseconds",
+                "Sum of write latencies in microseconds",
+                |s| s.write_latency_us,
+            ),
+            ("spdk_lvol_discard_bytes_total", "Bytes unmapped", |s| {
+                s.bytes_unmapped
+            }),
+            ("spdk_lvol_discard_reqs_total", "Unmaps completed", |s| {
+                s.unmap_ops
+            }),
+            (
+                "spdk_lvol_discard_lat_microseconds",
+                "Sum of unmap latencies in microseconds",
+                |s| s.unmap_latency_us,
+            ),
+        ];
+        let mut counters = Vec::with_capacity(defs.len());
+        for (name, help, field) in defs {
+            let c = reg(
+                r,
+                name,
+                IntCounterVec::new(Opts::new(name, help), &["volume", "uuid", "lvol"]),
+            )?;
+            counters.push((c, field));
+        }
+        Ok(Some(Self { counters }))
+    }
+
+    fn add(&self, labels: &[&str], stat: &crate::engine::BdevIo) {
+        for (c, field) in &self.counters {
+            c.with_label_values(labels).inc_by(field(stat));
+        }
+    }
+}
+
+/// Parses `/proc/<pid>/task/<tid>/stat` into (utime, stime) clock ticks. The command name
+/// (field 2) is in parentheses and may hold spaces or parentheses, so fields are counted
+/// after the last `)`.
+pub fn parse_task_stat(text: &str) -> Option<(u64, u64)> {
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut f = rest.split_ascii_whitespace();
+    // After `)`: state (field 3) … utime is field 14, stime field 15.
+    let utime = f.nth(11)?.parse().ok()?;
+    let stime = f.next()?.parse().ok()?;
+    Some((utime, stime))
+}
+
+/// CPU seconds (user + system) of the threads under `task_dir` (`/proc/self/task`) whose
+/// name starts with `prefix`, by name, sorted. Threads that end meanwhile are skipped.
+pub fn thread_cpu_seconds(task_dir: &Path, prefix: &str) -> Vec<(String, f64)> {
+    let Ok(entries) = std::fs::read_dir(task_dir) else {
+        return Vec::new();
+    };
+    let hz = rustix::param::clock_ticks_per_second().max(1) as f64;
+    let mut out: Vec<(String, f64)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let comm = comm.trim_end_matches('\n');
+            if !comm.starts_with(prefix) {
+                return None;
+            }
+            let (u, s) = parse_task_stat(&std::fs::read_to_string(e.path().join("stat")).ok()?)?;
+            Some((comm.to_string(), u.saturating_add(s) as f64 / hz))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
 }
 
 fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn respond(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn respond(metrics: &Arc<Metrics>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let (status, body, ctype) = match (req.method().as_str(), req.uri().path()) {
         ("GET", "/metrics") => (
             StatusCode::OK,
-            metrics.render(),
+            metrics.scrape().await,
             "text/plain; version=0.0.4",
         ),
         ("GET", "/healthz") => (StatusCode::OK, "ok\n".to_string(), "text/plain"),
@@ -298,8 +800,8 @@ pub async fn serve(
         let m = Arc::clone(&metrics);
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = respond(&m, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let m = Arc::clone(&m);
+                async move { Ok::<_, Infallible>(respond(&m, &req).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
@@ -308,5 +810,301 @@ pub async fn serve(
                 tracing::debug!(error = %e, "metrics connection ended");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::engine::BdevIo;
+    use crate::engine::blkstat::BlockStat;
+
+    fn block(dev: &str, read_ios: u64, write_sectors: u64, in_flight: u64) -> VolumeIo {
+        VolumeIo::Block {
+            dev: dev.into(),
+            stat: BlockStat {
+                read_ios,
+                write_ios: write_sectors / 8,
+                write_sectors,
+                in_flight,
+                time_in_queue_ms: 7,
+                ..BlockStat::default()
+            },
+        }
+    }
+
+    /// Sample lines of `text` that start with `name{`.
+    fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .collect()
+    }
+
+    /// The value of the sample `name` whose labels are exactly `labels` (any order).
+    fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        want.sort();
+        samples(text, name).into_iter().find_map(|l| {
+            let (head, v) = l.rsplit_once(' ')?;
+            let inner = head
+                .strip_prefix(name)?
+                .strip_prefix('{')?
+                .strip_suffix('}')?;
+            let mut got: Vec<String> = inner.split(',').map(str::to_string).collect();
+            got.sort();
+            if got == want { v.parse().ok() } else { None }
+        })
+    }
+
+    #[test]
+    fn block_counters_are_labelled_by_volume_uuid_and_dev() {
+        let m = Metrics::new("node-1").unwrap();
+        m.set_volume("pvc-a", "u-a", "pvc-a", 1 << 20);
+        m.set_volume("pvc-b", "u-b", "eng-b", 1 << 20);
+        let scrape = Scrape {
+            volumes: vec![
+                ("pvc-a".into(), block("loop3", 12, 4096, 1)),
+                ("eng-b".into(), block("dm-2", 5, 0, 0)),
+                // An engine volume no AntstorVolume maps to is not reported.
+                ("stray".into(), block("loop9", 1, 1, 0)),
+            ],
+            ..Scrape::default()
+        };
+        let text = m.render_with(&scrape, SystemTime::now());
+        let a = [
+            ("node", "node-1"),
+            ("volume", "pvc-a"),
+            ("uuid", "u-a"),
+            ("dev", "loop3"),
+        ];
+        let b = [
+            ("node", "node-1"),
+            ("volume", "pvc-b"),
+            ("uuid", "u-b"),
+            ("dev", "dm-2"),
+        ];
+        assert_eq!(value(&text, "blk_read_req", &a), Some(12.0), "{text}");
+        assert_eq!(value(&text, "blk_read_req", &b), Some(5.0), "{text}");
+        assert!(text.contains("# TYPE blk_write_sectors counter"), "{text}");
+        assert_eq!(value(&text, "blk_write_sectors", &a), Some(4096.0));
+        assert_eq!(value(&text, "blk_write_req", &a), Some(512.0));
+        assert!(text.contains("# TYPE blk_io_inflight gauge"));
+        assert_eq!(value(&text, "blk_io_inflight", &a), Some(1.0));
+        assert_eq!(value(&text, "blk_msec_weighted_total", &a), Some(7.0));
+        for name in [
+            "blk_read_merged",
+            "blk_read_sectors",
+            "blk_msec_read",
+            "blk_write_req",
+            "blk_write_merged",
+            "blk_msec_write",
+            "blk_discard_req",
+            "blk_discard_merged",
+            "blk_discard_sectors",
+            "blk_msec_discard",
+            "blk_msec_total",
+        ] {
+            assert_eq!(samples(&text, name).len(), 2, "{name}: {text}");
+        }
+        assert!(!text.contains("loop9"));
+        assert!(!text.contains("spdk_lvol_"), "no lvol, no lvol families");
+    }
+
+    #[test]
+    fn removed_volumes_disappear_from_the_next_scrape() {
+        let m = Metrics::new("n").unwrap();
+        m.set_volume("pvc-a", "u-a", "pvc-a", 1);
+        let scrape = Scrape {
+            volumes: vec![("pvc-a".into(), block("loop0", 1, 8, 0))],
+            ..Scrape::default()
+        };
+        assert!(
+            m.render_with(&scrape, SystemTime::now())
+                .contains("blk_read_req{")
+        );
+        m.remove_volume("pvc-a", "u-a");
+        let text = m.render_with(&scrape, SystemTime::now());
+        assert!(!text.contains("pvc-a"), "{text}");
+        assert!(!text.contains("blk_read_req"), "{text}");
+    }
+
+    #[test]
+    fn lvol_counters_use_liteio_names() {
+        let m = Metrics::new("n").unwrap();
+        m.set_volume("pvc-s", "u-s", "pvc-s", 1);
+        let stat = BdevIo {
+            read_ops: 3,
+            bytes_read: 12288,
+            read_latency_us: 90,
+            write_ops: 4,
+            bytes_written: 16384,
+            write_latency_us: 120,
+            unmap_ops: 1,
+            bytes_unmapped: 4096,
+            unmap_latency_us: 5,
+        };
+        let scrape = Scrape {
+            volumes: vec![(
+                "pvc-s".into(),
+                VolumeIo::Lvol {
+                    lvol: "lvs0/pvc-s".into(),
+                    stat,
+                },
+            )],
+            ..Scrape::default()
+        };
+        let text = m.render_with(&scrape, SystemTime::now());
+        let l = [
+            ("node", "n"),
+            ("volume", "pvc-s"),
+            ("uuid", "u-s"),
+            ("lvol", "lvs0/pvc-s"),
+        ];
+        for (name, v) in [
+            ("spdk_lvol_read_reqs_total", 3),
+            ("spdk_lvol_read_bytes_total", 12288),
+            ("spdk_lvol_read_lat_microseconds", 90),
+            ("spdk_lvol_write_reqs_total", 4),
+            ("spdk_lvol_write_bytes_total", 16384),
+            ("spdk_lvol_write_lat_microseconds", 120),
+            ("spdk_lvol_discard_reqs_total", 1),
+            ("spdk_lvol_discard_bytes_total", 4096),
+            ("spdk_lvol_discard_lat_microseconds", 5),
+        ] {
+            assert_eq!(value(&text, name, &l), Some(v as f64), "{name}: {text}");
+            assert!(text.contains(&format!("# TYPE {name} counter")), "{name}");
+        }
+        assert!(!text.contains("blk_"));
+    }
+
+    #[test]
+    fn reactor_and_thread_times() {
+        let m = Metrics::new("n").unwrap();
+        let scrape = Scrape {
+            spdk_threads: vec![SpdkThreadTime {
+                thread: "app_thread".into(),
+                busy_seconds: 0.5,
+                idle_seconds: 2.25,
+            }],
+            reactor_cpu: vec![("reactor_0".into(), 1.5)],
+            ..Scrape::default()
+        };
+        let text = m.render_with(&scrape, SystemTime::now());
+        let th = [("node", "n"), ("thread", "app_thread")];
+        assert_eq!(
+            value(&text, "liteio_spdk_thread_busy_seconds_total", &th),
+            Some(0.5)
+        );
+        assert_eq!(
+            value(&text, "liteio_spdk_thread_idle_seconds_total", &th),
+            Some(2.25)
+        );
+        let r = [("node", "n"), ("reactor", "reactor_0")];
+        assert_eq!(
+            value(&text, "liteio_spdk_reactor_cpu_seconds_total", &r),
+            Some(1.5),
+            "{text}"
+        );
+        assert!(
+            !m.render().contains("liteio_spdk_"),
+            "no SPDK, no SPDK families"
+        );
+    }
+
+    #[test]
+    fn heartbeat_age_from_the_last_success_or_from_start() {
+        let m = Metrics::new("n").unwrap();
+        let later = m.started + Duration::from_secs(7);
+        assert!((m.heartbeat_age(later) - 7.0).abs() < 1e-6);
+        m.heartbeat_ok(1_000_000.0);
+        let now = UNIX_EPOCH + Duration::from_secs_f64(1_000_002.5);
+        assert!((m.heartbeat_age(now) - 2.5).abs() < 1e-6);
+        let text = m.render_with(&Scrape::default(), now);
+        assert!(
+            text.contains("liteio_heartbeat_age_seconds{node=\"n\"} 2.5\n"),
+            "{text}"
+        );
+        // A clock that went back shows 0, not a negative age.
+        assert_eq!(m.heartbeat_age(UNIX_EPOCH), 0.0);
+    }
+
+    #[derive(Debug)]
+    struct Fixed(Result<VolumeIo, &'static str>);
+
+    impl ScrapeSource for Fixed {
+        fn name(&self) -> &'static str {
+            "fixed"
+        }
+        fn scrape(&self, volumes: &[String], out: &mut Scrape) -> Result<(), SourceError> {
+            let io = self.0.clone()?;
+            out.volumes
+                .extend(volumes.iter().map(|v| (v.clone(), io.clone())));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn sources_are_asked_at_scrape_time_and_failures_counted() {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let m = Arc::new(Metrics::new("n").unwrap());
+            m.set_volume("pvc-a", "u", "e-a", 1);
+            m.add_source(Arc::new(Fixed(Ok(block("loop1", 4, 8, 0)))));
+            m.add_source(Arc::new(Fixed(Err("boom"))));
+            let text = m.scrape().await;
+            let l = [
+                ("node", "n"),
+                ("volume", "pvc-a"),
+                ("uuid", "u"),
+                ("dev", "loop1"),
+            ];
+            assert_eq!(value(&text, "blk_read_req", &l), Some(4.0), "{text}");
+            let e = [("node", "n"), ("source", "fixed")];
+            assert_eq!(
+                value(&text, "liteio_metrics_collect_errors_total", &e),
+                Some(1.0),
+                "{text}"
+            );
+            assert!(
+                !m.collecting.load(Ordering::Acquire),
+                "in-flight flag cleared"
+            );
+        })
+        .await
+        .unwrap();
+    }
+
+    #[test]
+    fn task_stat_fields_after_the_command_name() {
+        // utime = 14th field, stime = 15th; the name holds a space and a parenthesis.
+        let line =
+            "4242 (reactor_0 (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 3 0 100 0 0";
+        assert_eq!(parse_task_stat(line), Some((250, 31)));
+        assert_eq!(parse_task_stat("4242 (x) S 1"), None);
+        assert_eq!(parse_task_stat("no parenthesis"), None);
+    }
+
+    #[test]
+    fn thread_cpu_of_this_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("101");
+        std::fs::create_dir(&t).unwrap();
+        std::fs::write(t.join("comm"), "reactor_1\n").unwrap();
+        std::fs::write(
+            t.join("stat"),
+            "101 (reactor_1) S 1 1 1 0 -1 0 0 0 0 0 300 100 0 0 20 0 1 0 1 0 0",
+        )
+        .unwrap();
+        let o = dir.path().join("102");
+        std::fs::create_dir(&o).unwrap();
+        std::fs::write(o.join("comm"), "tokio-runtime-w\n").unwrap();
+        let hz = rustix::param::clock_ticks_per_second() as f64;
+        assert_eq!(
+            thread_cpu_seconds(dir.path(), "reactor_"),
+            vec![("reactor_1".to_string(), 400.0 / hz)]
+        );
+        // The real /proc parses too (this test's threads are not reactors).
+        assert!(thread_cpu_seconds(Path::new("/proc/self/task"), "reactor_").is_empty());
+        assert!(!thread_cpu_seconds(Path::new("/proc/self/task"), "").is_empty());
     }
 }

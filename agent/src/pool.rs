@@ -513,6 +513,9 @@ impl PoolReporter {
             }
         }
         if let Err(e) = self.sync_once().await {
+            self.ctx
+                .metrics
+                .reconcile_error("storagepool", e.kind().as_str());
             warn!(node = %self.ctx.node, error = %e.chain(), "final pool status write failed");
         }
     }

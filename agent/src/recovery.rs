@@ -73,6 +73,9 @@ pub struct ScanReport {
     pub collected: Vec<Orphan>,
 }
 
+/// The `resource` label of the orphan scan's errors.
+const RESOURCE: &str = "recovery";
+
 /// Orphan detection and (optional) collection.
 #[derive(Debug)]
 pub struct Recovery {
@@ -160,6 +163,7 @@ impl Recovery {
                     collected.push(o);
                 }
                 Err(e) => {
+                    ctx.metrics.reconcile_error(RESOURCE, e.kind().as_str());
                     warn!(node = %ctx.node, name = %o.name, error = %e.chain(), "cannot collect orphan")
                 }
             }
@@ -174,6 +178,9 @@ impl Recovery {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             if let Err(e) = self.scan().await {
+                self.ctx
+                    .metrics
+                    .reconcile_error(RESOURCE, e.kind().as_str());
                 warn!(node = %self.ctx.node, error = %e.chain(), "orphan scan failed");
             }
             tokio::select! {

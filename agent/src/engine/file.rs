@@ -31,7 +31,8 @@ use rustix::io::Errno;
 
 use super::{
     CommandRunner, EngineError, EngineKind, PoolEngine, PoolInfo, SystemRunner, VolumeInfo,
-    VolumeOptions, argv, attach_loop_file, check_name, loop_devices_for, round_size, run_ok,
+    VolumeIo, VolumeOptions, argv, attach_loop_file, blkstat, check_name, loop_devices_for,
+    round_size, run_ok,
 };
 
 const VOLUMES: &str = "volumes";
@@ -607,5 +608,35 @@ impl PoolEngine for FileEngine {
             Some(_) => Ok(file),
             None => Err(Self::not_found("volume", name)),
         }
+    }
+
+    /// The counters of every loop device bound to a volume's file (sysfs only, no
+    /// `losetup`; one scan of the loop devices per call). A volume that is not attached has
+    /// none.
+    fn io_stats(&self, names: &[String]) -> Result<Vec<(String, VolumeIo)>, EngineError> {
+        let sys = Path::new(blkstat::SYS_BLOCK);
+        let loops = blkstat::loop_backing_files(sys);
+        let mut out = Vec::new();
+        if loops.is_empty() {
+            return Ok(out);
+        }
+        for name in names {
+            // The kernel records the resolved path of the backing file.
+            let Ok(file) = fs::canonicalize(self.volume_file(name)) else {
+                continue;
+            };
+            for (dev, _) in loops.iter().filter(|(_, b)| *b == file) {
+                if let Some(stat) = blkstat::read_stat(sys, dev) {
+                    out.push((
+                        name.clone(),
+                        VolumeIo::Block {
+                            dev: dev.clone(),
+                            stat,
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(out)
     }
 }

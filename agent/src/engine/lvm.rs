@@ -29,8 +29,8 @@ use crate::config::LvmPv;
 
 use super::{
     CommandRunner, EngineError, EngineKind, LvLayout, PoolEngine, PoolInfo, SystemRunner,
-    VolumeInfo, VolumeOptions, attach_loop_file, check_name, command_failed, round_size, run_ok,
-    run_raw,
+    VolumeInfo, VolumeIo, VolumeOptions, attach_loop_file, blkstat, check_name, command_failed,
+    round_size, run_ok, run_raw,
 };
 use report::{Lv, Vg};
 
@@ -553,5 +553,20 @@ impl PoolEngine for LvmEngine {
             name: name.to_string(),
         })?;
         Ok(self.lv_path(&lv))
+    }
+
+    /// The counters of each LV's device-mapper device, found through the `/dev/<vg>/<lv>`
+    /// link udev makes (no LVM command runs). An inactive or missing LV has none.
+    fn io_stats(&self, names: &[String]) -> Result<Vec<(String, VolumeIo)>, EngineError> {
+        let sys = Path::new(blkstat::SYS_BLOCK);
+        Ok(names
+            .iter()
+            .filter(|n| check_name(n).is_ok())
+            .filter_map(|n| {
+                let dev = blkstat::kernel_name(&Path::new("/dev").join(&self.vg).join(n))?;
+                let stat = blkstat::read_stat(sys, &dev)?;
+                Some((n.clone(), VolumeIo::Block { dev, stat }))
+            })
+            .collect())
     }
 }

@@ -13,6 +13,7 @@
 //! External commands go through [`CommandRunner`] as argv vectors (never a shell string), so
 //! tests can feed recorded output and assert the exact argv.
 
+pub mod blkstat;
 pub mod file;
 pub mod lvm;
 #[cfg(feature = "spdk")]
@@ -137,6 +138,49 @@ impl VolumeInfo {
     pub fn is_snapshot(&self) -> bool {
         self.snapshot_of.is_some()
     }
+}
+
+/// Cumulative I/O counters of an SPDK bdev (`spdk_bdev_get_device_stat`), latencies summed
+/// over every I/O and converted from ticks to microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BdevIo {
+    /// Read operations.
+    pub read_ops: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Sum of read latencies, µs.
+    pub read_latency_us: u64,
+    /// Write operations.
+    pub write_ops: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Sum of write latencies, µs.
+    pub write_latency_us: u64,
+    /// Unmap (discard) operations.
+    pub unmap_ops: u64,
+    /// Bytes unmapped.
+    pub bytes_unmapped: u64,
+    /// Sum of unmap latencies, µs.
+    pub unmap_latency_us: u64,
+}
+
+/// Where a volume's I/O counters come from, and the counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeIo {
+    /// A kernel block device (`loop3`, `dm-2`): `/sys/block/<dev>/stat`.
+    Block {
+        /// Kernel device name.
+        dev: String,
+        /// Its counters.
+        stat: blkstat::BlockStat,
+    },
+    /// An SPDK lvol bdev.
+    Lvol {
+        /// `lvs/lvol` alias.
+        lvol: String,
+        /// Its counters.
+        stat: BdevIo,
+    },
 }
 
 /// Small, stable classification of [`EngineError`]s: drives CSI codes, conditions and
@@ -401,6 +445,15 @@ pub trait PoolEngine: Send + Sync + fmt::Debug {
 
     /// Local path of a volume (LVM device, file engine image file).
     fn device_path(&self, name: &str) -> Result<PathBuf, EngineError>;
+
+    /// Cumulative I/O counters of volumes `names`, for metrics; called at every scrape, so
+    /// it must be cheap (no external commands). A volume without counters right now (not
+    /// attached, gone) is left out; a volume with several devices appears once per device.
+    /// The default has none.
+    fn io_stats(&self, names: &[String]) -> Result<Vec<(String, VolumeIo)>, EngineError> {
+        let _ = names;
+        Ok(Vec::new())
+    }
 }
 
 /// Longest volume or snapshot name accepted.

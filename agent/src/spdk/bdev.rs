@@ -46,6 +46,12 @@ pub struct IoStats {
     pub read_latency_us: u64,
     /// Sum of write latencies, in microseconds.
     pub write_latency_us: u64,
+    /// Bytes unmapped.
+    pub bytes_unmapped: u64,
+    /// Unmap operations.
+    pub unmap_ops: u64,
+    /// Sum of unmap latencies, in microseconds.
+    pub unmap_latency_us: u64,
 }
 
 pub(crate) fn bdev_by_name(name: &str) -> Result<*mut spdk_sys::spdk_bdev> {
@@ -447,8 +453,14 @@ pub async fn io_stats(name: &str) -> Result<IoStats> {
             if rc != 0 {
                 return reply.send(Err(SpdkError::errno("bdev io stat", name, rc)));
             }
-            let rate = s.ticks_rate.max(1);
-            let us = |ticks: u64| (u128::from(ticks) * 1_000_000 / u128::from(rate)) as u64;
+            // Not `s.ticks_rate`: spdk_bdev_get_device_stat copies it from the bdev's own stat,
+            // which SPDK 26.05 mallocs without ever setting that field (only channel stats set
+            // it), so it holds heap garbage. The tick rate is the same process-wide.
+            // SAFETY: a pure read of the TSC rate SPDK measured at start.
+            let rate = unsafe { spdk_sys::spdk_get_ticks_hz() }.max(1);
+            let us = |ticks: u64| {
+                u64::try_from(u128::from(ticks) * 1_000_000 / u128::from(rate)).unwrap_or(u64::MAX)
+            };
             reply.send(Ok(IoStats {
                 bytes_read: s.bytes_read,
                 read_ops: s.num_read_ops,
@@ -456,6 +468,9 @@ pub async fn io_stats(name: &str) -> Result<IoStats> {
                 write_ops: s.num_write_ops,
                 read_latency_us: us(s.read_latency_ticks),
                 write_latency_us: us(s.write_latency_ticks),
+                bytes_unmapped: s.bytes_unmapped,
+                unmap_ops: s.num_unmap_ops,
+                unmap_latency_us: us(s.unmap_latency_ticks),
             }))
         });
         extern "C" fn done(

@@ -11,6 +11,7 @@ pub mod lvol;
 pub mod nvmf;
 pub mod runtime;
 pub mod setup;
+pub mod stats;
 
 pub use error::{ErrorKind, Result, SpdkError};
 pub use runtime::{Spdk, SpdkOptions};

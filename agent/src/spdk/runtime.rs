@@ -241,9 +241,10 @@ struct StartCtx {
 }
 
 extern "C" fn on_started(arg: *mut c_void) {
-    // SAFETY: `arg` is the `StartCtx` leaked by `run_framework`; SPDK calls the start function
-    // once, on the application thread.
-    let ctx = unsafe { Box::from_raw(arg.cast::<StartCtx>()) };
+    // SAFETY: `arg` is the `StartCtx` that `run_framework` owns and frees only after
+    // spdk_app_start returned; SPDK calls the start function at most once, during that call,
+    // on the application thread.
+    let ctx = unsafe { &*arg.cast::<StartCtx>() };
     // SAFETY: called on an SPDK thread; returns that thread.
     let thread = unsafe { spdk_sys::spdk_get_thread() };
     APP_THREAD.store(thread as usize, Ordering::Release);
@@ -314,9 +315,13 @@ fn run_framework(opts: &SpdkOptions, ready: std::sync::mpsc::Sender<()>) -> i32 
     o.print_level = spdk_sys::SPDK_LOG_WARN;
     let ctx = Box::into_raw(Box::new(StartCtx { ready })).cast::<c_void>();
     // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs the
-    // framework on this thread until spdk_app_stop; `ctx` is reclaimed by `on_started` (or
-    // leaked once if SPDK fails before calling it).
+    // framework on this thread until spdk_app_stop; `ctx` stays valid for the whole call.
     let rc = unsafe { spdk_sys::spdk_app_start(&mut o, Some(on_started), ctx) };
+    // Freed here, not in `on_started`: when SPDK fails before starting (a core held by another
+    // SPDK process, no memory) it never calls `on_started`, and the `ready` sender must be
+    // dropped so that `Spdk::start` stops waiting and reports the exit code.
+    // SAFETY: `ctx` came from Box::into_raw above; SPDK no longer uses it after returning.
+    drop(unsafe { Box::from_raw(ctx.cast::<StartCtx>()) });
     APP_THREAD.store(0, Ordering::Release);
     // SAFETY: spdk_app_start returned; spdk_app_fini releases the framework on the thread
     // that ran it.

@@ -47,6 +47,9 @@ use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
 use crate::error::{AgentError, ErrorKind, Result, error_chain};
 use crate::exporter::{ExportError, ExportRequest, UnexportRequest};
 
+/// The `resource` label of this reconciler's errors (as `run_controller` is given).
+pub(crate) const RESOURCE: &str = "antstorvolume";
+
 /// The finalizers that mean "the engine volume exists" (current and legacy).
 const LOGIC_FINALIZERS: [&str; 3] = [
     finalizers::LOGIC_VOLUME,
@@ -124,6 +127,7 @@ async fn set_message(ctx: &Ctx, vol: &AntstorVolume, msg: &str) {
     }
     let status = json!({"status": vol.phase(), "msg": msg});
     if let Err(e) = patch_status(ctx, &api(ctx, vol), vol, status).await {
+        ctx.metrics.reconcile_error(RESOURCE, e.kind().as_str());
         warn!(volume = %vol.name_any(), error = %e.chain(), "cannot write the volume's status message");
     }
 }
@@ -153,6 +157,8 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         return Ok(Action::await_change());
     }
     if let Err(errs) = liteio_api::validate::volume(vol) {
+        ctx.metrics
+            .reconcile_error(RESOURCE, ErrorKind::InvalidObject.as_str());
         set_message(ctx, vol, &errs.to_string()).await;
         return Ok(Action::await_change());
     }
@@ -166,6 +172,8 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             "volume type {t} cannot be served by the {kind} pool {} on node {}",
             ctx.pool_name, ctx.node
         );
+        ctx.metrics
+            .reconcile_error(RESOURCE, ErrorKind::InvalidObject.as_str());
         set_message(ctx, vol, &msg).await;
         return Ok(Action::await_change());
     }
@@ -197,6 +205,10 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
                     ctx.pool_name, ctx.node
                 );
                 warn!("{msg}");
+                ctx.metrics.reconcile_error(
+                    RESOURCE,
+                    ErrorKind::Engine(crate::engine::ErrorKind::NotFound).as_str(),
+                );
                 set_message(ctx, &vol, &msg).await;
                 return Ok(Action::requeue(ctx.resync));
             }
@@ -236,6 +248,8 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
                 source: source @ ExportError::Unavailable { .. },
                 ..
             }) => {
+                ctx.metrics
+                    .reconcile_error(RESOURCE, ErrorKind::Export.as_str());
                 set_message(ctx, &vol, &error_chain(&source)).await;
                 return Ok(Action::requeue(ctx.resync));
             }
@@ -254,7 +268,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         info!("volume ready");
     }
     ctx.metrics
-        .set_volume(&vol.name_any(), &vol.spec.uuid, real_size);
+        .set_volume(&vol.name_any(), &vol.spec.uuid, &ename, real_size);
     Ok(Action::requeue(ctx.resync))
 }
 

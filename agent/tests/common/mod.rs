@@ -190,3 +190,23 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String
         body.to_string(),
     )
 }
+
+/// The value of sample `name` in a Prometheus text exposition whose labels are exactly
+/// `labels` (in any order); `None` when there is no such series.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    want.sort();
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let (head, v) = rest.rsplit_once(' ')?;
+        let inner = head.strip_prefix('{')?.strip_suffix('}')?;
+        let mut got: Vec<String> = inner.split(',').map(str::to_string).collect();
+        got.sort();
+        if got == want { v.parse().ok() } else { None }
+    })
+}
+
+/// Scrapes the agent's `/metrics`.
+pub async fn scrape(agent: &Agent) -> String {
+    http_get(agent.metrics_addr().unwrap(), "/metrics").await.1
+}

@@ -1,0 +1,238 @@
+//! T1: `/metrics` of an agent on the file engine reports a volume's block I/O counters
+//! (`blk_*`, read from the loop device its file is attached to), the heartbeat age, and
+//! reconcile errors of objects the agent refuses; a deleted volume's series disappear.
+//! Needs root and loop devices; otherwise prints one skip line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_api::keys::{self, finalizers, labels};
+use liteio_api::{AntstorVolume, AntstorVolumeSpec, VolumeStatus, VolumeType};
+
+const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
+
+fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn skip_reason() -> Option<String> {
+    if run("id", &["-u"]).ok().as_deref() != Some("0") {
+        return Some("not root".into());
+    }
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        return Some("no /dev/loop-control".into());
+    }
+    if run("losetup", &["--version"]).is_err() {
+        return Some("losetup not installed".into());
+    }
+    None
+}
+
+/// A loop device bound to a file; unbound on drop, even when the test panics.
+struct Loop(String);
+
+impl Loop {
+    fn attach(file: &str) -> Self {
+        Self(run("losetup", &["--find", "--show", file]).unwrap())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if let Err(e) = run("losetup", &["-d", &self.0]) {
+            eprintln!("cleanup: {e}");
+        }
+    }
+}
+
+fn volume(name: &str, uuid: &str, size: u64) -> AntstorVolume {
+    let mut v = AntstorVolume::new(
+        name,
+        AntstorVolumeSpec {
+            uuid: uuid.into(),
+            size_byte: size,
+            target_node_id: NODE.into(),
+            ..AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata = ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            NODE.to_string(),
+        )])),
+        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+        ..ObjectMeta::default()
+    };
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
+    if let Some(why) = skip_reason() {
+        println!("SKIP block_io_heartbeat_age_and_reconcile_errors_are_exported: {why}");
+        return;
+    }
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let agent = env.start_agent().await;
+        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        api.create(&PostParams::default(), &volume("pvc-io", UUID, 16 * MIB))
+            .await
+            .unwrap();
+        let v = eventually("volume ready", Duration::from_secs(5), || async {
+            let v = api.get_opt("pvc-io").await.unwrap()?;
+            (v.phase() == VolumeStatus::Ready).then_some(v)
+        })
+        .await;
+        let file = v.spec.kernel_lvol.clone().unwrap().dev_path;
+
+        // Not attached: no block counters for it (the size is reported).
+        let text = scrape(&agent).await;
+        let vol = [("node", NODE), ("volume", "pvc-io"), ("uuid", UUID)];
+        assert_eq!(
+            metric_value(&text, "liteio_volume_size_bytes", &vol),
+            Some((16 * MIB) as f64),
+            "{text}"
+        );
+        assert!(!text.contains("blk_write_req{"), "{text}");
+
+        let lo = Loop::attach(&file);
+        let dev = lo.0.trim_start_matches("/dev/").to_string();
+        let labels = [
+            ("node", NODE),
+            ("volume", "pvc-io"),
+            ("uuid", UUID),
+            ("dev", dev.as_str()),
+        ];
+        let before = eventually(
+            "blk_* series of the loop device",
+            Duration::from_secs(5),
+            || async {
+                let text = scrape(&agent).await;
+                Some((
+                    metric_value(&text, "blk_write_req", &labels)?,
+                    metric_value(&text, "blk_write_sectors", &labels)?,
+                    metric_value(&text, "blk_read_req", &labels)?,
+                ))
+            },
+        )
+        .await;
+
+        // 1 MiB of direct writes, then 1 MiB of direct reads, through the loop device.
+        let of = format!("of={}", lo.0);
+        run(
+            "dd",
+            &[
+                "if=/dev/zero",
+                &of,
+                "bs=4096",
+                "count=256",
+                "oflag=direct",
+                "status=none",
+            ],
+        )
+        .unwrap();
+        let inf = format!("if={}", lo.0);
+        run(
+            "dd",
+            &[
+                &inf,
+                "of=/dev/null",
+                "bs=4096",
+                "count=256",
+                "iflag=direct",
+                "status=none",
+            ],
+        )
+        .unwrap();
+        let after = eventually(
+            "write counters to grow by 1 MiB",
+            Duration::from_secs(5),
+            || async {
+                let text = scrape(&agent).await;
+                let w = metric_value(&text, "blk_write_req", &labels)?;
+                let s = metric_value(&text, "blk_write_sectors", &labels)?;
+                let r = metric_value(&text, "blk_read_req", &labels)?;
+                (s - before.1 >= 2048.0 && w > before.0 && r > before.2).then_some((w, s, r, text))
+            },
+        )
+        .await;
+        println!(
+            "blk_write_req {} -> {}, blk_write_sectors {} -> {}, blk_read_req {} -> {}",
+            before.0, after.0, before.1, after.1, before.2, after.2
+        );
+        let text = after.3;
+        for l in text
+            .lines()
+            .filter(|l| l.contains("pvc-io") || l.contains("heartbeat_age"))
+        {
+            println!("{l}");
+        }
+        assert!(text.contains("# TYPE blk_write_req counter"));
+        assert!(
+            metric_value(&text, "blk_io_inflight", &labels).is_some(),
+            "{text}"
+        );
+
+        // The heartbeat renews every 100 ms here: its age is small.
+        let age = metric_value(&text, "liteio_heartbeat_age_seconds", &[("node", NODE)]).unwrap();
+        assert!((0.0..5.0).contains(&age), "heartbeat age {age}");
+
+        // An object the agent must refuse (an SPDK volume on a file pool) counts a reconcile
+        // error of its kind.
+        let mut bad = volume("pvc-bad", "5d1f6c2a-8e3b-4a7c-9d10-0000000000bb", 16 * MIB);
+        bad.spec.type_ = Some(VolumeType::SpdkLVol);
+        api.create(&PostParams::default(), &bad).await.unwrap();
+        let errs = [
+            ("node", NODE),
+            ("resource", "antstorvolume"),
+            ("kind", "invalid_object"),
+        ];
+        eventually(
+            "invalid_object reconcile error",
+            Duration::from_secs(5),
+            || async {
+                let text = scrape(&agent).await;
+                (metric_value(&text, "liteio_reconcile_errors_total", &errs)? >= 1.0).then_some(())
+            },
+        )
+        .await;
+
+        // Detached and deleted: its series are gone.
+        drop(lo);
+        api.delete("pvc-io", &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually("agent finalizers gone", Duration::from_secs(5), || async {
+            let v = api.get("pvc-io").await.unwrap();
+            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
+        })
+        .await;
+        let text = scrape(&agent).await;
+        assert!(!text.contains("pvc-io"), "{text}");
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}

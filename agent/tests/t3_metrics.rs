@@ -1,0 +1,246 @@
+//! T3: `/metrics` of the agent on the embedded SPDK engine: writes through the NVMe/TCP
+//! export of a volume grow its `spdk_lvol_*` counters, the SPDK runtime reports its threads'
+//! busy/idle time and its reactors' CPU time, and a deleted volume's series disappear.
+//!
+//! SPDK 26.05's NVMe/TCP initiator refuses interrupt mode, so SPDK polls here (one core, a
+//! few seconds), which is also the mode in which SPDK's own busy/idle accounting advances.
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{MIB, NODE, eventually, metric_value, prepare_cluster, scrape, test_options};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_agent::agent::Agent;
+use liteio_agent::config::Config;
+use liteio_agent::engine::PoolEngine;
+use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
+use liteio_agent::spdk::exporter::SpdkExporter;
+use liteio_agent::spdk::nvmf::TcpTransportOptions;
+use liteio_agent::spdk::stats::RuntimeSource;
+use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
+use liteio_api::keys::{annotations, finalizers, labels};
+use liteio_api::{AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, keys};
+use liteio_test_apiserver::TestApiServer;
+
+const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
+const UUID: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+
+#[test]
+fn lvol_io_and_reactor_metrics() {
+    let spdk = Spdk::start(&SpdkOptions {
+        name: "t3-metrics".into(),
+        interrupt_mode: false,
+        ..SpdkOptions::small()
+    })
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(90), scenario())
+            .await
+            .expect("timed out");
+    });
+    drop(rt);
+    spdk.stop();
+}
+
+fn volume() -> AntstorVolume {
+    let mut v = AntstorVolume::new(
+        "pvc-m",
+        AntstorVolumeSpec {
+            uuid: UUID.into(),
+            size_byte: 16 * MIB,
+            target_node_id: NODE.into(),
+            host_node: Some(NodeInfo {
+                id: "node-b".into(),
+                ..NodeInfo::default()
+            }),
+            ..AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata = ObjectMeta {
+        name: Some("pvc-m".into()),
+        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            NODE.to_string(),
+        )])),
+        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+        ..ObjectMeta::default()
+    };
+    v
+}
+
+async fn scenario() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
+    let server = TestApiServer::start().await.unwrap();
+    let client = server.client().await.unwrap();
+    prepare_cluster(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::from_yaml(
+        "storage: {pooling: {name: lvs0, mode: SpdkLVStore}, bdev: {type: memBdev, name: mem0, size: 134217728}}",
+    )
+    .unwrap();
+    let engine: Arc<dyn PoolEngine> = Arc::new(SpdkLvsEngine::new(
+        "lvs0",
+        BaseBdev::Malloc {
+            name: "mem0".into(),
+            size: 128 * MIB,
+        },
+        0,
+    ));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exporter = Arc::new(SpdkExporter::new(
+        "127.0.0.1",
+        port..=port.saturating_add(5),
+        TcpTransportOptions::default(),
+    ));
+    let agent = Agent::start(
+        client.clone(),
+        engine,
+        exporter,
+        test_options(config, dir.path()),
+    )
+    .await
+    .unwrap();
+    agent.ctx().metrics.add_source(Arc::new(RuntimeSource));
+
+    // The consuming host publishes its NQN on its own pool object.
+    let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let mut host = StoragePool::new("node-b", Default::default());
+    host.metadata.annotations = Some(BTreeMap::from([(
+        annotations::HOST_NQN.to_string(),
+        HOST_B.to_string(),
+    )]));
+    host.spec.node_info.id = "node-b".into();
+    host.spec.kernel_lvm.name = "vg".into();
+    pools.create(&PostParams::default(), &host).await.unwrap();
+
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    vols.create(&PostParams::default(), &volume())
+        .await
+        .unwrap();
+    let v = eventually(
+        "the volume ready and exported",
+        Duration::from_secs(10),
+        || async {
+            let v = vols.get_opt("pvc-m").await.unwrap()?;
+            (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
+        },
+    )
+    .await;
+    let t = v.spec.spdk_target.clone().unwrap();
+
+    let lv = [
+        ("node", NODE),
+        ("volume", "pvc-m"),
+        ("uuid", UUID),
+        ("lvol", "lvs0/pvc-m"),
+    ];
+    let before = eventually(
+        "spdk_lvol_* series of the volume",
+        Duration::from_secs(5),
+        || async {
+            let text = scrape(&agent).await;
+            Some((
+                metric_value(&text, "spdk_lvol_write_reqs_total", &lv)?,
+                metric_value(&text, "spdk_lvol_write_bytes_total", &lv)?,
+                metric_value(&text, "spdk_lvol_read_reqs_total", &lv)?,
+            ))
+        },
+    )
+    .await;
+
+    // 256 KiB written and read back through the export, by SPDK's NVMe/TCP initiator.
+    let names = initiator::attach_tcp(
+        "m0",
+        "127.0.0.1",
+        t.svc_id.parse().unwrap(),
+        &t.subsys_nqn,
+        HOST_B,
+    )
+    .await
+    .unwrap();
+    assert_eq!(names, vec!["m0n1".to_string()]);
+    let data: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+    for chunk in 0..4u64 {
+        let off = chunk * 64 * 1024;
+        let part = data[off as usize..off as usize + 64 * 1024].to_vec();
+        io::write_at("m0n1", MIB + off, part).await.unwrap();
+    }
+    assert_eq!(io::read_at("m0n1", MIB, data.len()).await.unwrap(), data);
+
+    let text = eventually(
+        "the lvol's write counters to grow",
+        Duration::from_secs(5),
+        || async {
+            let text = scrape(&agent).await;
+            let w = metric_value(&text, "spdk_lvol_write_reqs_total", &lv)?;
+            let b = metric_value(&text, "spdk_lvol_write_bytes_total", &lv)?;
+            let r = metric_value(&text, "spdk_lvol_read_reqs_total", &lv)?;
+            (w >= before.0 + 4.0 && b >= before.1 + (256 * 1024) as f64 && r > before.2)
+                .then_some(text)
+        },
+    )
+    .await;
+    for l in text.lines().filter(|l| {
+        l.contains("pvc-m") || l.contains("liteio_spdk_") || l.contains("heartbeat_age")
+    }) {
+        println!("{l}");
+    }
+    assert!(
+        metric_value(&text, "spdk_lvol_write_lat_microseconds", &lv).is_some_and(|v| v > 0.0),
+        "{text}"
+    );
+
+    // Reactor utilisation: the reactor thread's CPU time and SPDK's own accounting, which
+    // advances in poll mode.
+    let cpu = metric_value(
+        &text,
+        "liteio_spdk_reactor_cpu_seconds_total",
+        &[("node", NODE), ("reactor", "reactor_0")],
+    );
+    assert!(cpu.is_some_and(|c| c > 0.0), "reactor CPU {cpu:?}: {text}");
+    let app = [("node", NODE), ("thread", "app_thread")];
+    let busy = metric_value(&text, "liteio_spdk_thread_busy_seconds_total", &app).unwrap();
+    let idle = metric_value(&text, "liteio_spdk_thread_idle_seconds_total", &app).unwrap();
+    assert!(busy > 0.0 && idle > 0.0, "busy {busy} idle {idle}");
+    let age = metric_value(&text, "liteio_heartbeat_age_seconds", &[("node", NODE)]).unwrap();
+    assert!((0.0..5.0).contains(&age), "heartbeat age {age}");
+
+    initiator::detach("m0").await.unwrap();
+    eventually(
+        "the initiator's bdev to go",
+        Duration::from_secs(10),
+        || async { bdev::get("m0n1").await.unwrap().is_none().then_some(()) },
+    )
+    .await;
+    vols.delete("pvc-m", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("agent finalizers gone", Duration::from_secs(10), || async {
+        let v = vols.get("pvc-m").await.unwrap();
+        (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
+    })
+    .await;
+    let text = scrape(&agent).await;
+    assert!(!text.contains("pvc-m"), "{text}");
+    assert!(text.contains("liteio_spdk_reactor_cpu_seconds_total"));
+    agent.shutdown(Duration::from_secs(5)).await;
+}
