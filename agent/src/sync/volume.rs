@@ -43,6 +43,7 @@ use super::{
     with_finalizer,
 };
 use crate::context::Ctx;
+use crate::crash::{self, CrashPoint};
 use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
 use crate::error::{AgentError, ErrorKind, Result, error_chain};
 use crate::exporter::{ExportError, ExportRequest, UnexportRequest};
@@ -179,7 +180,9 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         let Some(info) = provision(ctx, &vol, &ename).await? else {
             return Ok(Action::requeue(ctx.retry));
         };
+        crash::reached(CrashPoint::AfterCreate, &vol.name_any());
         vol = record_provisioned(ctx, &api, &vol, &info, want).await?;
+        crash::reached(CrashPoint::AfterFinalizer, &vol.name_any());
         ctx.pool_changed();
         info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
     } else {
@@ -210,6 +213,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             .engine_call("resize", &ename, move |e| e.resize_volume(&n, size))
             .await?;
         ctx.pool_changed();
+        crash::reached(CrashPoint::AfterResize, &vol.name_any());
         if vol.spec.spdk_target.is_some() {
             let req = export_request(ctx, &vol, &info, Vec::new()).await;
             ctx.exporter
@@ -244,6 +248,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     }
     let st = vol.status.as_ref();
     if vol.phase() != VolumeStatus::Ready || st.is_some_and(|s| !s.message.is_empty()) {
+        crash::reached(CrashPoint::BeforeReady, &vol.name_any());
         patch_status(
             ctx,
             &api,
@@ -409,6 +414,7 @@ async fn ensure_export(
                 volume: vol.name_any(),
                 source,
             })?;
+    crash::reached(CrashPoint::AfterExport, &vol.name_any());
     if vol.spec.spdk_target.as_ref() == Some(&target)
         && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
     {
@@ -445,6 +451,7 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
                 volume: vol.name_any(),
                 source,
             })?;
+        crash::reached(CrashPoint::AfterUnexport, &vol.name_any());
         match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
             Some(v) => vol = v,
             None => return Ok(Action::await_change()),
@@ -458,6 +465,7 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         let n = ename.clone();
         ctx.engine_call("delete", &ename, move |e| e.delete_volume(&n))
             .await?;
+        crash::reached(CrashPoint::AfterDelete, &vol.name_any());
         ctx.pool_changed();
         ctx.metrics.remove_volume(&vol.name_any(), &vol.spec.uuid);
         remove_finalizers(ctx, &api, &vol, &LOGIC_FINALIZERS).await?;
