@@ -12,8 +12,9 @@
 //!
 //! | point | the engine has | the API object has |
 //! |---|---|---|
-//! | `after-create` | the volume | no `logic-volume` finalizer, no `spec.kernelLvol`/`spdkLvol` |
-//! | `after-finalizer` | the volume | `logic-volume`; no export, not ready |
+//! | `after-finalizer` | nothing yet | `logic-volume`; no `spec.kernelLvol`/`spdkLvol` |
+//! | `after-create` | the volume | `logic-volume`; no `spec.kernelLvol`/`spdkLvol` |
+//! | `after-record` | the volume | `logic-volume`, `spec.kernelLvol`/`spdkLvol`; no export, not ready |
 //! | `after-export` | the volume, exported | no `spdk-tgt`, no `spec.spdkTarget`, not ready |
 //! | `before-ready` | the volume, exported when due | everything but `status.status = ready` |
 //! | `after-resize` | the grown volume | the expansion label, the old allocated size |
@@ -30,10 +31,12 @@ pub const ENV: &str = "LITEIO_AGENT_CRASH_AT";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CrashPoint {
-    /// The engine volume was created; its finalizer is not recorded.
-    AfterCreate,
-    /// `logic-volume` was recorded; the export is not made.
+    /// `logic-volume` was added; the engine volume is not made.
     AfterFinalizer,
+    /// The engine volume was created; it is not recorded in the spec.
+    AfterCreate,
+    /// The engine volume was recorded; the export is not made.
+    AfterRecord,
     /// The export exists; `spec.spdkTarget` and `spdk-tgt` are not recorded.
     AfterExport,
     /// Everything is done but the ready status.
@@ -48,9 +51,10 @@ pub enum CrashPoint {
 
 impl CrashPoint {
     /// Every point, in the order a volume meets them.
-    pub const ALL: [Self; 7] = [
-        Self::AfterCreate,
+    pub const ALL: [Self; 8] = [
         Self::AfterFinalizer,
+        Self::AfterCreate,
+        Self::AfterRecord,
         Self::AfterExport,
         Self::BeforeReady,
         Self::AfterResize,
@@ -61,8 +65,9 @@ impl CrashPoint {
     /// The name used in [`ENV`].
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::AfterCreate => "after-create",
             Self::AfterFinalizer => "after-finalizer",
+            Self::AfterCreate => "after-create",
+            Self::AfterRecord => "after-record",
             Self::AfterExport => "after-export",
             Self::BeforeReady => "before-ready",
             Self::AfterResize => "after-resize",

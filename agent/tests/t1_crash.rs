@@ -278,7 +278,10 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
     agent.expect_crash(point).await;
     let v = c.api.get("pvc-x").await.unwrap();
     assert_ne!(v.phase(), VolumeStatus::Ready, "killed before ready");
-    assert!(c.file("pvc-x").exists(), "the engine volume was made");
+    assert!(
+        has(&v, finalizers::LOGIC_VOLUME),
+        "the finalizer comes before the engine volume"
+    );
     check(&c, &v);
 
     let agent = c.spawn(None);
@@ -307,11 +310,11 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_create_the_restart_records_and_readies_the_volume() {
+async fn killed_after_the_finalizer_the_restart_creates_and_readies_the_volume() {
     tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-create", |_, v| {
-            assert!(!has(v, finalizers::LOGIC_VOLUME));
+        provisioning_crash("after-finalizer", |c, v| {
             assert!(v.spec.kernel_lvol.is_none());
+            assert!(!c.file("pvc-x").exists(), "killed before the create");
         })
         .await;
     })
@@ -320,10 +323,24 @@ async fn killed_after_create_the_restart_records_and_readies_the_volume() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_the_finalizer_the_restart_readies_the_volume() {
+async fn killed_after_create_the_restart_records_and_readies_the_volume() {
     tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-finalizer", |_, v| {
-            assert!(has(v, finalizers::LOGIC_VOLUME));
+        provisioning_crash("after-create", |c, v| {
+            assert!(v.spec.kernel_lvol.is_none(), "killed before the record");
+            assert!(c.file("pvc-x").exists(), "killed after the create");
+        })
+        .await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_record_the_restart_readies_the_volume() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        provisioning_crash("after-record", |c, v| {
+            assert!(v.spec.kernel_lvol.is_some());
+            assert!(c.file("pvc-x").exists());
         })
         .await;
     })
@@ -334,11 +351,48 @@ async fn killed_after_the_finalizer_the_restart_readies_the_volume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_before_ready_the_restart_readies_the_volume() {
     tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("before-ready", |_, v| {
-            assert!(has(v, finalizers::LOGIC_VOLUME));
+        provisioning_crash("before-ready", |c, v| {
             assert!(v.spec.kernel_lvol.is_some());
+            assert!(c.file("pvc-x").exists());
         })
         .await;
+    })
+    .await
+    .unwrap();
+}
+
+/// Killed after the file was made but before it was recorded, and the volume deleted while
+/// the agent was down: the controller must wait for the agent (its finalizer is already
+/// there), and the restarted agent must not leave the file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_create_then_deleted_while_down_leaves_no_file() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let mut c = Cluster::with_data().await;
+        let agent = c.spawn(Some("after-create:pvc-x"));
+        c.api
+            .create(&PostParams::default(), &volume("pvc-x", 2, 8 * MIB))
+            .await
+            .unwrap();
+        agent.expect_crash("after-create").await;
+        assert!(c.file("pvc-x").exists());
+        assert!(has(
+            &c.api.get("pvc-x").await.unwrap(),
+            finalizers::LOGIC_VOLUME
+        ));
+        c.api
+            .delete("pvc-x", &DeleteParams::default())
+            .await
+            .unwrap();
+
+        let agent = c.spawn(None);
+        c.finish_delete(&agent, "pvc-x").await;
+        c.converge(&agent, "no file of pvc-x", || async {
+            (!c.file("pvc-x").exists()).then_some(())
+        })
+        .await;
+        c.assert_pool_holds(&[DATA]);
+        c.assert_data_intact();
+        agent.kill().await;
     })
     .await
     .unwrap();
