@@ -13,11 +13,10 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
+use common::binary::{AgentProc, spawn_agent};
 use common::{Env, MIB, NODE, POOL_CAP};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -60,48 +59,6 @@ fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
     v
 }
 
-/// One `disk-agent` process; its output goes to a log file. Killed when dropped.
-struct AgentProc {
-    child: tokio::process::Child,
-    log: PathBuf,
-}
-
-impl AgentProc {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the process to kill itself at `point`; asserts it was SIGKILL.
-    async fn expect_crash(mut self, point: &str) {
-        let status = match tokio::time::timeout(CONVERGE, self.child.wait()).await {
-            Ok(s) => s.unwrap(),
-            Err(_) => panic!("the agent did not crash at {point}:\n{}", self.log()),
-        };
-        assert_eq!(
-            status.signal(),
-            Some(libc_sigkill()),
-            "the agent must die by SIGKILL at {point}, got {status}:\n{}",
-            self.log()
-        );
-        let log = self.log();
-        assert!(
-            log.contains("crash point reached") && log.contains(point),
-            "{log}"
-        );
-    }
-
-    /// SIGKILL from outside (a steady state is as good a moment as any).
-    async fn kill(mut self) {
-        self.child.start_kill().unwrap();
-        let status = self.child.wait().await.unwrap();
-        assert_eq!(status.signal(), Some(libc_sigkill()));
-    }
-}
-
-fn libc_sigkill() -> i32 {
-    rustix::process::Signal::KILL.as_raw()
-}
-
 struct Cluster {
     env: Env,
     api: Api<AntstorVolume>,
@@ -125,53 +82,16 @@ impl Cluster {
 
     fn spawn(&mut self, crash_at: Option<&str>) -> AgentProc {
         self.runs += 1;
-        let dir = self.env.dir.path();
-        let log = dir.join(format!("agent-{}.log", self.runs));
-        let out = std::fs::File::create(&log).unwrap();
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_disk-agent"));
-        cmd.arg("--config")
-            .arg(dir.join("agent.yaml"))
-            .arg("--node-id")
-            .arg(NODE)
-            .arg("--kubeconfig")
-            .arg(dir.join("kubeconfig"))
-            .arg("--host-nqn-file")
-            .arg(dir.join("hostnqn"))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .env_remove("NODE_ID")
-            .env_remove(liteio_agent::crash::ENV)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .kill_on_drop(true);
-        if let Some(c) = crash_at {
-            cmd.env(liteio_agent::crash::ENV, c);
-        }
-        AgentProc {
-            child: cmd.spawn().unwrap(),
-            log,
-        }
+        spawn_agent(self.env.dir.path(), self.runs, crash_at)
     }
 
     /// Polls `f` until it returns `Some`; on timeout panics with the agent's log.
-    async fn converge<T, F, Fut>(&self, agent: &AgentProc, what: &str, mut f: F) -> T
+    async fn converge<T, F, Fut>(&self, agent: &AgentProc, what: &str, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + CONVERGE;
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}:\n{}",
-                agent.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        agent.converge(what, CONVERGE, f).await
     }
 
     async fn ready(&self, agent: &AgentProc, name: &str) -> AntstorVolume {
@@ -275,7 +195,7 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
         .create(&PostParams::default(), &volume("pvc-x", 2, 10 * MIB + 1))
         .await
         .unwrap();
-    agent.expect_crash(point).await;
+    agent.expect_crash(point, CONVERGE).await;
     let v = c.api.get("pvc-x").await.unwrap();
     assert_ne!(v.phase(), VolumeStatus::Ready, "killed before ready");
     assert!(
@@ -373,7 +293,7 @@ async fn killed_after_create_then_deleted_while_down_leaves_no_file() {
             .create(&PostParams::default(), &volume("pvc-x", 2, 8 * MIB))
             .await
             .unwrap();
-        agent.expect_crash("after-create").await;
+        agent.expect_crash("after-create", CONVERGE).await;
         assert!(c.file("pvc-x").exists());
         assert!(has(
             &c.api.get("pvc-x").await.unwrap(),
@@ -415,7 +335,7 @@ async fn killed_in_the_middle_of_a_deletion_the_restart_finishes_it() {
             .delete("pvc-x", &DeleteParams::default())
             .await
             .unwrap();
-        agent.expect_crash("after-delete").await;
+        agent.expect_crash("after-delete", CONVERGE).await;
         let v = c.api.get("pvc-x").await.unwrap();
         assert!(
             has(&v, finalizers::LOGIC_VOLUME),
@@ -445,7 +365,7 @@ async fn killed_in_the_middle_of_an_expansion_the_restart_finishes_it() {
             .patch(DATA, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
-        agent.expect_crash("after-resize").await;
+        agent.expect_crash("after-resize", CONVERGE).await;
         assert_eq!(std::fs::metadata(c.file(DATA)).unwrap().len(), 24 * MIB);
         let v = c.api.get(DATA).await.unwrap();
         assert!(v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE));
