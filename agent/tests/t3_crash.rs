@@ -1,10 +1,11 @@
-//! T3: crash recovery of the `disk-agent` binary built with SPDK. The agent (its own SPDK, an
-//! lvstore on an aio file, NVMe/TCP exports) kills itself with SIGKILL at each crash point of
-//! the volume sync (`LITEIO_AGENT_CRASH_AT`, see `liteio_agent::crash`), is restarted without
-//! the hook, and must converge: the volume ready and exported (or gone when deleted), exactly
-//! one lvol and one subsystem per live volume and nothing else (read from the agent's SPDK
-//! over its JSON-RPC socket), and the data written through the export before the kills reads
-//! back through the export after them.
+//! T3: crash recovery of the `disk-agent` binary built with SPDK. The agent (its own SPDK and
+//! NVMe/TCP exports) kills itself with SIGKILL at each crash point of the volume sync
+//! (`LITEIO_AGENT_CRASH_AT`, see `liteio_agent::crash`), is restarted without the hook, and
+//! must converge: the volume ready and exported (or gone when deleted), exactly one engine
+//! object and one subsystem per live volume and nothing else (the SPDK side read from the
+//! agent's SPDK over its JSON-RPC socket), and the data written through the export before the
+//! kills reads back through the export after them. Twice: on an SPDK lvstore (an lvol per
+//! volume) and on a file pool (a file per volume, exported through an aio bdev).
 //!
 //! This test process runs a second SPDK, polling on the other core, for the NVMe/TCP
 //! initiator (SPDK 26.05's initiator refuses interrupt mode); the agent's runs in interrupt
@@ -31,6 +32,7 @@ use serde_json::{Value, json};
 
 const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 const LVS: &str = "lvs-crash";
+const BASE_AIO: &str = "crash-aio";
 const DATA: &str = "pvc-data";
 const DATA_OFFSET: u64 = MIB;
 /// Limit of one convergence (an agent start includes SPDK's and the lvstore's).
@@ -52,10 +54,11 @@ fn free_port() -> u16 {
 
 #[test]
 fn killed_at_every_step_the_spdk_agent_converges_without_orphans_or_data_loss() {
-    // The initiator's SPDK polls: keep it off the agent's core.
+    // The initiator's SPDK polls: keep it off the agent's core. The agent, started many
+    // times, gets core 1, which other SPDK tests (core 0) do not lock.
     let spdk = Spdk::start(&SpdkOptions {
         name: "t3-crash".into(),
-        core_mask: "0x2".into(),
+        core_mask: "0x1".into(),
         interrupt_mode: false,
         mem_size_mb: 512,
         ..SpdkOptions::small()
@@ -67,9 +70,12 @@ fn killed_at_every_step_the_spdk_agent_converges_without_orphans_or_data_loss() 
         .build()
         .unwrap();
     rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(480), scenario())
-            .await
-            .expect("timed out");
+        tokio::time::timeout(Duration::from_secs(480), async {
+            scenario(Pool::Lvs).await;
+            scenario(Pool::File).await;
+        })
+        .await
+        .expect("timed out");
     });
     drop(rt);
     spdk.stop();
@@ -79,7 +85,8 @@ fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
     let mut v = AntstorVolume::new(
         name,
         AntstorVolumeSpec {
-            uuid: format!("3f2e1d0c-5b6a-4978-8a9b-{uuid_tail:012}"),
+            // Serial numbers and aio bdev names are the first 20 hex digits: vary those.
+            uuid: format!("{uuid_tail:08x}-5b6a-4978-8a9b-3f2e1d0c5b6a"),
             size_byte: size,
             target_node_id: NODE.into(),
             host_node: Some(NodeInfo {
@@ -126,30 +133,57 @@ fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
     }
 }
 
-/// What the agent's SPDK holds: lvol names in the pool's lvstore, subsystem NQNs (the
-/// discovery subsystem left out) and the bdevs of its namespaces.
-#[derive(Debug, PartialEq, Eq)]
-struct TargetState {
-    lvols: BTreeSet<String>,
-    subsystems: BTreeSet<String>,
+/// The pool engine of a scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    /// An SPDK lvstore on an aio file; volumes are lvols.
+    Lvs,
+    /// A directory of files; volumes are exported through aio bdevs.
+    File,
 }
 
-async fn target_state(sock: &Path) -> Option<TargetState> {
-    let sock = sock.to_path_buf();
+/// What the node holds: engine objects (lvols of the lvstore, or files of the pool
+/// directory), subsystem NQNs (the discovery subsystem left out) and aio bdevs (the
+/// lvstore's base left out).
+#[derive(Debug, PartialEq, Eq)]
+struct TargetState {
+    engine: BTreeSet<String>,
+    subsystems: BTreeSet<String>,
+    aio_bdevs: BTreeSet<String>,
+}
+
+async fn target_state(pool: Pool, sock: &Path, pool_dir: &Path) -> Option<TargetState> {
+    let (sock, pool_dir) = (sock.to_path_buf(), pool_dir.to_path_buf());
     tokio::task::spawn_blocking(move || {
-        let lvols = rpc(&sock, "bdev_lvol_get_lvols", json!({"lvs_name": LVS})).ok()?;
-        let subsystems = rpc(&sock, "nvmf_get_subsystems", Value::Null).ok()?;
-        Some(TargetState {
-            lvols: lvols
+        let engine = match pool {
+            Pool::Lvs => rpc(&sock, "bdev_lvol_get_lvols", json!({"lvs_name": LVS}))
+                .ok()?
                 .as_array()?
                 .iter()
                 .filter_map(|l| l.get("name")?.as_str().map(str::to_string))
                 .collect(),
+            Pool::File => std::fs::read_dir(pool_dir.join("volumes"))
+                .ok()?
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .map(|n| n.strip_suffix(".img").map_or(n.clone(), str::to_string))
+                .collect(),
+        };
+        let subsystems = rpc(&sock, "nvmf_get_subsystems", Value::Null).ok()?;
+        let bdevs = rpc(&sock, "bdev_get_bdevs", Value::Null).ok()?;
+        Some(TargetState {
+            engine,
             subsystems: subsystems
                 .as_array()?
                 .iter()
                 .filter(|s| s.get("subtype").and_then(Value::as_str) != Some("Discovery"))
                 .filter_map(|s| s.get("nqn")?.as_str().map(str::to_string))
+                .collect(),
+            aio_bdevs: bdevs
+                .as_array()?
+                .iter()
+                .filter(|b| b.get("product_name").and_then(Value::as_str) == Some("AIO disk"))
+                .filter_map(|b| b.get("name")?.as_str().map(str::to_string))
+                .filter(|n| n != BASE_AIO)
                 .collect(),
         })
     })
@@ -158,6 +192,7 @@ async fn target_state(sock: &Path) -> Option<TargetState> {
 }
 
 struct Cluster {
+    pool: Pool,
     _server: TestApiServer,
     api: Api<AntstorVolume>,
     dir: tempfile::TempDir,
@@ -168,6 +203,10 @@ struct Cluster {
 }
 
 impl Cluster {
+    fn pool_dir(&self) -> PathBuf {
+        self.dir.path().join("pool")
+    }
+
     fn sock(&self) -> PathBuf {
         self.dir.path().join("spdk.sock")
     }
@@ -203,12 +242,20 @@ impl Cluster {
     /// Exactly one lvol and one subsystem per live volume, nothing else.
     async fn no_orphans(&self, agent: &AgentProc) {
         let want = TargetState {
-            lvols: self.live.keys().cloned().collect(),
+            engine: self.live.keys().cloned().collect(),
             subsystems: self.live.values().map(|u| naming::subsys_nqn(u)).collect(),
+            aio_bdevs: match self.pool {
+                Pool::Lvs => BTreeSet::new(),
+                Pool::File => self
+                    .live
+                    .values()
+                    .map(|u| naming::aio_bdev_name(u))
+                    .collect(),
+            },
         };
         let deadline = tokio::time::Instant::now() + CONVERGE;
         loop {
-            let seen = target_state(&self.sock()).await;
+            let seen = target_state(self.pool, &self.sock(), &self.pool_dir()).await;
             if seen.as_ref() == Some(&want) {
                 return;
             }
@@ -300,7 +347,7 @@ impl Cluster {
     }
 }
 
-async fn scenario() {
+async fn scenario(pool: Pool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("warn")
         .with_test_writer()
@@ -313,12 +360,21 @@ async fn scenario() {
         .write_kubeconfig(&dir.path().join("kubeconfig"))
         .unwrap();
     let port = free_port();
+    let storage = match pool {
+        Pool::Lvs => format!(
+            "storage:\n  pooling: {{name: {LVS}, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: {BASE_AIO}, size: {}, filePath: {}, createIfNotExist: true}}\n",
+            256 * MIB,
+            dir.path().join("pool.img").display(),
+        ),
+        Pool::File => format!(
+            "storage:\n  pooling: {{name: file-crash, mode: File}}\n  file: {{path: {}, size: {}}}\n",
+            dir.path().join("pool").display(),
+            256 * MIB,
+        ),
+    };
     let cfg = format!(
-        "storage:\n  pooling: {{name: {LVS}, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: crash-aio, size: {}, filePath: {}, createIfNotExist: true}}\n\
-         spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 512, rpcSocket: {}}}\n\
+        "{storage}spdk: {{coreMask: \"0x2\", interruptMode: true, noHuge: true, memSizeMiB: 512, rpcSocket: {}}}\n\
          nvmf: {{listenAddress: 127.0.0.1, portRange: {{start: {port}, end: {}}}}}\n",
-        256 * MIB,
-        dir.path().join("pool.img").display(),
         dir.path().join("spdk.sock").display(),
         port.saturating_add(40),
     );
@@ -334,6 +390,7 @@ async fn scenario() {
     host.spec.kernel_lvm.name = "vg".into();
     pools.create(&PostParams::default(), &host).await.unwrap();
     let mut c = Cluster {
+        pool,
         api: Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE),
         _server: server,
         dir,
@@ -381,10 +438,11 @@ async fn scenario() {
         let agent = c.spawn(None);
         c.converged(&agent).await;
         let v = c.ready(&agent, &name).await;
-        assert_eq!(
-            v.spec.spdk_lvol.as_ref().map(|l| l.name.as_str()),
-            Some(name.as_str())
-        );
+        let recorded = match pool {
+            Pool::Lvs => v.spec.spdk_lvol.as_ref().map(|l| l.name.as_str()),
+            Pool::File => v.spec.kernel_lvol.as_ref().map(|l| l.name.as_str()),
+        };
+        assert_eq!(recorded, Some(name.as_str()));
         assert!(
             v.finalizers()
                 .contains(&finalizers::SPDK_TARGET.to_string())
