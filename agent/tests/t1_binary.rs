@@ -38,6 +38,8 @@ fn missing_config_file_and_missing_node_exit_2() {
     );
 }
 
+/// Only a build without SPDK lacks the engine (with it the agent starts SPDK instead).
+#[cfg(not(feature = "spdk"))]
 #[test]
 fn spdk_mode_without_the_engine_exits_2() {
     let dir = tempfile::tempdir().unwrap();
