@@ -438,12 +438,12 @@ async fn ensure_export(
                 volume: vol.name_any(),
                 source,
             })?;
-    crash::reached(CrashPoint::AfterExport, &vol.name_any());
     if vol.spec.spdk_target.as_ref() == Some(&target)
         && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
     {
         return Ok(vol.clone());
     }
+    crash::reached(CrashPoint::AfterExport, &vol.name_any());
     let body = json!({
         "metadata": {"finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET)},
         "spec": {"spdkTarget": target},
