@@ -12,6 +12,7 @@ use super::NODE;
 pub struct AgentProc {
     pub child: tokio::process::Child,
     pub log: PathBuf,
+    pid: u32,
 }
 
 /// Spawns the agent with `dir/agent.yaml` and `dir/kubeconfig`, logging to
@@ -39,10 +40,16 @@ pub fn spawn_agent(dir: &Path, run: u32, crash_at: Option<&str>) -> AgentProc {
     if let Some(c) = crash_at {
         cmd.env(liteio_agent::crash::ENV, c);
     }
-    AgentProc {
-        child: cmd.spawn().unwrap(),
-        log,
-    }
+    let child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap();
+    AgentProc { child, log, pid }
+}
+
+/// Removes what a killed agent's SPDK leaves behind (its trace shared memory, 3.4 MiB of
+/// RAM each, and DPDK's runtime directory); SPDK removes them only on an orderly stop.
+fn remove_spdk_leftovers(pid: u32) {
+    let _ = std::fs::remove_file(format!("/dev/shm/liteio-agent_trace.pid{pid}"));
+    let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/spdk_pid{pid}"));
 }
 
 fn sigkill() -> i32 {
@@ -62,6 +69,7 @@ impl AgentProc {
             Ok(s) => s.unwrap(),
             Err(_) => panic!("the agent did not crash at {point}:\n{}", self.log()),
         };
+        remove_spdk_leftovers(self.pid);
         assert_eq!(
             status.signal(),
             Some(sigkill()),
@@ -79,6 +87,7 @@ impl AgentProc {
     pub async fn kill(mut self) {
         self.child.start_kill().unwrap();
         let status = self.child.wait().await.unwrap();
+        remove_spdk_leftovers(self.pid);
         assert_eq!(status.signal(), Some(sigkill()));
     }
 
