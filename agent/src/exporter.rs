@@ -116,7 +116,8 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     /// Removes the export of a volume; missing is success.
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()>;
 
-    /// Tells the export that the volume grew to `req.size_bytes`.
+    /// Tells the export that the volume grew to `req.size_bytes`. No export (a restarted
+    /// target) is success: the next `ensure_export` exports the grown volume.
     fn resize_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, ()> {
         let _ = req;
         Box::pin(async { Ok(()) })

@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod config;
 pub mod context;
+pub mod crash;
 pub mod engine;
 pub mod error;
 pub mod exporter;

@@ -184,6 +184,18 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    // Crash-recovery tests only; unset in production (see liteio_agent::crash).
+    match liteio_agent::crash::CrashSpec::from_env() {
+        Ok(Some(spec)) => {
+            tracing::warn!(point = %spec.point, volume = ?spec.volume, "crash point armed: this process kills itself with SIGKILL when it gets there");
+            liteio_agent::crash::arm(spec);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("disk-agent: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
     if args.node_id.trim().is_empty() {
         eprintln!("disk-agent: --node-id (or NODE_ID) must not be empty");
         return ExitCode::from(EXIT_CONFIG);

@@ -247,14 +247,24 @@ impl PoolEngine for SpdkLvsEngine {
                 what: "volume",
                 name: name.into(),
             })?;
-        if new_size < cur.size_bytes {
+        // SPDK rounds up to whole clusters: compare the rounded size, so asking again for a
+        // size this volume was already grown to (an agent killed before it recorded the
+        // expansion) is success, not a shrink.
+        let cluster = block_on(lvol::lvstore(&self.lvs))
+            .map_err(map)?
+            .map_or(1, |l| l.cluster_size.max(1));
+        let want = new_size.div_ceil(cluster).saturating_mul(cluster);
+        if want < cur.size_bytes {
             return Err(EngineError::Shrink {
                 name: name.into(),
                 current: cur.size_bytes,
                 requested: new_size,
             });
         }
-        let l = block_on(lvol::resize_lvol(&self.lvs, name, new_size)).map_err(map)?;
+        if want == cur.size_bytes {
+            return Ok(self.volume(&cur));
+        }
+        let l = block_on(lvol::resize_lvol(&self.lvs, name, want)).map_err(map)?;
         Ok(self.volume(&l))
     }
 

@@ -214,9 +214,13 @@ impl Exporter for SpdkExporter {
     fn resize_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, ()> {
         Box::pin(async move {
             if req.device.is_some() {
-                bdev::rescan_aio(&naming::aio_bdev_name(&req.uuid))
-                    .await
-                    .map_err(target_err)?;
+                match bdev::rescan_aio(&naming::aio_bdev_name(&req.uuid)).await {
+                    Ok(_) => {}
+                    // No aio bdev, no export to resize (after a restart the target starts
+                    // empty): the next ensure_export opens the file at its new size.
+                    Err(SpdkError::NotFound { .. }) => return Ok(()),
+                    Err(e) => return Err(target_err(e)),
+                }
             }
             // Let the namespace resize (a pause and resume of the subsystem) finish.
             let nqn = req

@@ -236,8 +236,11 @@ pub(crate) fn from_c_array(a: &[c_char]) -> String {
 
 // ---- start and stop -------------------------------------------------------------------
 
+/// `Ok` once the framework is up; `Err(rc)` when `spdk_app_start` returned first.
+type ReadySender = std::sync::mpsc::Sender<std::result::Result<(), i32>>;
+
 struct StartCtx {
-    ready: std::sync::mpsc::Sender<()>,
+    ready: ReadySender,
 }
 
 extern "C" fn on_started(arg: *mut c_void) {
@@ -248,13 +251,13 @@ extern "C" fn on_started(arg: *mut c_void) {
     // SAFETY: called on an SPDK thread; returns that thread.
     let thread = unsafe { spdk_sys::spdk_get_thread() };
     APP_THREAD.store(thread as usize, Ordering::Release);
-    let _ = ctx.ready.send(());
+    let _ = ctx.ready.send(Ok(()));
 }
 
 /// One run of SPDK's framework, executed by the SPDK main thread.
 struct Job {
     opts: SpdkOptions,
-    ready: std::sync::mpsc::Sender<()>,
+    ready: ReadySender,
     done: std::sync::mpsc::Sender<i32>,
 }
 
@@ -272,7 +275,11 @@ fn main_thread() -> Result<&'static Mutex<std::sync::mpsc::Sender<Job>>> {
         .name("spdk-main".into())
         .spawn(move || {
             for job in rx {
-                let rc = run_framework(&job.opts, job.ready);
+                let rc = run_framework(&job.opts, job.ready.clone());
+                // A framework that failed before it was ready never called `on_started`
+                // (its context, holding the other sender, is leaked): say so here, or
+                // `Spdk::start` would wait forever.
+                let _ = job.ready.send(Err(rc));
                 let _ = job.done.send(rc);
             }
         })
@@ -281,7 +288,7 @@ fn main_thread() -> Result<&'static Mutex<std::sync::mpsc::Sender<Job>>> {
 }
 
 /// Run SPDK's framework on this thread until `spdk_app_stop`; returns its exit code.
-fn run_framework(opts: &SpdkOptions, ready: std::sync::mpsc::Sender<()>) -> i32 {
+fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     let strings = (|| -> Result<_> {
         let rpc = opts
             .rpc_socket
@@ -371,7 +378,7 @@ impl Spdk {
             RUNNING.store(false, Ordering::Release);
             return Err(e);
         }
-        if ready_rx.recv().is_err() {
+        if !matches!(ready_rx.recv(), Ok(Ok(()))) {
             let rc = done_rx.recv().unwrap_or(-1);
             RUNNING.store(false, Ordering::Release);
             return Err(SpdkError::Start(format!(

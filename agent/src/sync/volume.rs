@@ -9,18 +9,22 @@
 //! 2. Wait for the controller's `in-state` finalizer and `spec.targetNodeId == node`.
 //! 3. Refuse bad objects with a status message (size below the minimum, a type this pool
 //!    cannot serve).
-//! 4. Provision when `logic-volume` is absent: create the volume (or clone it from the
-//!    snapshot named by `obnvmf/volume-source-snap-name/ns`), then record `spec.type`,
-//!    `spec.kernelLvol` / `spec.spdkLvol`, `obnvmf/allocated-bytes` (only when the rounded size
-//!    differs from `spec.sizeByte`) and add `logic-volume`.
-//! 5. With `logic-volume` present the engine volume must exist: a missing one is reported
-//!    and **never recreated** (that would hand out an empty disk as if it held data).
-//! 6. Expansion (label `obnvmf/expansion-original-size`, or `sizeByte` above the recorded
+//! 4. Add `logic-volume` **before** touching the engine. From then on the controller waits
+//!    for this agent before it releases a deleted object, so an engine volume can never
+//!    outlive its object, even when the agent is killed right after creating it.
+//! 5. Provision when no engine volume is recorded (`spec.kernelLvol` / `spec.spdkLvol`):
+//!    create the volume (or clone it from the snapshot named by
+//!    `obnvmf/volume-source-snap-name/ns`; both idempotent, so a create the agent was killed
+//!    after is found again), then record `spec.type`, `spec.kernelLvol` / `spec.spdkLvol` and
+//!    `obnvmf/allocated-bytes` (only when the rounded size differs from `spec.sizeByte`).
+//! 6. With the engine volume recorded it must exist: a missing one is reported and **never
+//!    recreated** (that would hand out an empty disk as if it held data).
+//! 7. Expansion (label `obnvmf/expansion-original-size`, or `sizeByte` above the recorded
 //!    allocated size): resize, tell the exporter, update `allocated-bytes`, drop the label.
-//! 7. Export when the volume is an SPDK lvol or its consumer runs on another node: the
+//! 8. Export when the volume is an SPDK lvol or its consumer runs on another node: the
 //!    exporter re-asserts it on every pass (so exports come back after a restart and follow a
 //!    change of host); `spec.spdkTarget` and `spdk-tgt` are written when they differ.
-//! 8. `status.status = ready`, `status.msg` cleared.
+//! 9. `status.status = ready`, `status.msg` cleared.
 //!
 //! **Guarantees.** Idempotent: a second pass writes nothing. Every engine change notifies
 //! the pool reporter. **Errors** are returned to the controller (requeued with a delay) and,
@@ -43,6 +47,7 @@ use super::{
     with_finalizer,
 };
 use crate::context::Ctx;
+use crate::crash::{self, CrashPoint};
 use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
 use crate::error::{AgentError, ErrorKind, Result, error_chain};
 use crate::exporter::{ExportError, ExportRequest, UnexportRequest};
@@ -91,6 +96,20 @@ pub fn needs_export(vol: &AntstorVolume, kind: EngineKind) -> bool {
             .host_node
             .as_ref()
             .is_some_and(|h| !h.id.is_empty() && h.id != vol.spec.target_node_id)
+}
+
+/// Whether the engine volume was created and recorded (`spec.kernelLvol` / `spec.spdkLvol`
+/// with a name). Only then is a missing engine volume a lost one.
+pub fn recorded(vol: &AntstorVolume) -> bool {
+    vol.spec
+        .kernel_lvol
+        .as_ref()
+        .is_some_and(|l| !l.name.is_empty())
+        || vol
+            .spec
+            .spdk_lvol
+            .as_ref()
+            .is_some_and(|l| !l.name.is_empty())
 }
 
 /// The allocated size recorded on the volume (annotation), if any.
@@ -179,15 +198,24 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     }
     let api = api(ctx, vol);
     let mut vol = vol.clone();
-    let provisioned = LOGIC_FINALIZERS
-        .iter()
-        .any(|f| has_finalizer(&vol.metadata, f));
     let ename = engine_name(&vol);
-    if !provisioned {
+    if !LOGIC_FINALIZERS
+        .iter()
+        .any(|f| has_finalizer(&vol.metadata, f))
+    {
+        let body = json!({"metadata": {
+            "finalizers": with_finalizer(&vol.metadata, finalizers::LOGIC_VOLUME),
+        }});
+        vol = patch_guarded(ctx, &api, &vol, body).await?;
+        crash::reached(CrashPoint::AfterFinalizer, &vol.name_any());
+    }
+    if !recorded(&vol) {
         let Some(info) = provision(ctx, &vol, &ename).await? else {
             return Ok(Action::requeue(ctx.retry));
         };
+        crash::reached(CrashPoint::AfterCreate, &vol.name_any());
         vol = record_provisioned(ctx, &api, &vol, &info, want).await?;
+        crash::reached(CrashPoint::AfterRecord, &vol.name_any());
         ctx.pool_changed();
         info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
     } else {
@@ -222,6 +250,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             .engine_call("resize", &ename, move |e| e.resize_volume(&n, size))
             .await?;
         ctx.pool_changed();
+        crash::reached(CrashPoint::AfterResize, &vol.name_any());
         if vol.spec.spdk_target.is_some() {
             let req = export_request(ctx, &vol, &info, Vec::new()).await;
             ctx.exporter
@@ -258,6 +287,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     }
     let st = vol.status.as_ref();
     if vol.phase() != VolumeStatus::Ready || st.is_some_and(|s| !s.message.is_empty()) {
+        crash::reached(CrashPoint::BeforeReady, &vol.name_any());
         patch_status(
             ctx,
             &api,
@@ -343,7 +373,6 @@ async fn record_provisioned(
     }
     let body = json!({
         "metadata": {
-            "finalizers": with_finalizer(&vol.metadata, finalizers::LOGIC_VOLUME),
             "annotations": {annotations::ALLOCATED_BYTES: allocated_annotation(vol, info.size_bytes)},
         },
         "spec": spec,
@@ -428,6 +457,7 @@ async fn ensure_export(
     {
         return Ok(vol.clone());
     }
+    crash::reached(CrashPoint::AfterExport, &vol.name_any());
     let body = json!({
         "metadata": {"finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET)},
         "spec": {"spdkTarget": target},
@@ -459,6 +489,7 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
                 volume: vol.name_any(),
                 source,
             })?;
+        crash::reached(CrashPoint::AfterUnexport, &vol.name_any());
         match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
             Some(v) => vol = v,
             None => return Ok(Action::await_change()),
@@ -472,6 +503,7 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         let n = ename.clone();
         ctx.engine_call("delete", &ename, move |e| e.delete_volume(&n))
             .await?;
+        crash::reached(CrashPoint::AfterDelete, &vol.name_any());
         ctx.pool_changed();
         ctx.metrics.remove_volume(&vol.name_any(), &vol.spec.uuid);
         remove_finalizers(ctx, &api, &vol, &LOGIC_FINALIZERS).await?;

@@ -2,6 +2,8 @@
 //! a Node, an agent over a file-engine pool in a temp dir, and condition polling.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
+pub mod binary;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
