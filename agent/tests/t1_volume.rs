@@ -405,3 +405,101 @@ async fn orphans_are_collected_only_when_enabled_after_the_grace_period() {
     .await
     .unwrap();
 }
+
+/// The consuming host moves: node-b → node-c (the allow-list follows, same export), then onto
+/// the volume's own node (the export is withdrawn: node-c loses access, the finalizer and
+/// `spec.spdkTarget` go), then back to node-b (exported anew, for node-b only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_host_changes_move_the_export() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeExporter::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let api = vols(&env);
+        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        for host in ["node-b", "node-c"] {
+            let mut p = StoragePool::new(host, Default::default());
+            p.metadata.annotations = Some(BTreeMap::from([(
+                annotations::HOST_NQN.to_string(),
+                format!("nqn.{host}"),
+            )]));
+            p.spec.node_info.id = host.into();
+            p.spec.kernel_lvm.name = "vg".into();
+            pools.create(&PostParams::default(), &p).await.unwrap();
+        }
+        let set_host = |host: &'static str| {
+            let api = api.clone();
+            async move {
+                let body = json!({"spec": {"hostNode": {"id": host}}});
+                api.patch("pvc-m", &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .unwrap();
+            }
+        };
+        let last_allowed = || {
+            fake.exports
+                .lock()
+                .unwrap()
+                .last()
+                .map(|r| r.allowed_hosts.clone())
+        };
+
+        let mut v = volume("pvc-m", 8 * MIB);
+        v.spec.host_node = Some(NodeInfo {
+            id: "node-b".into(),
+            ..NodeInfo::default()
+        });
+        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = wait_ready(&api, "pvc-m").await;
+        let target = v.spec.spdk_target.clone().unwrap();
+        assert_eq!(last_allowed(), Some(vec!["nqn.node-b".to_string()]));
+
+        set_host("node-c").await;
+        eventually("allow-list for node-c", Duration::from_secs(5), || async {
+            (last_allowed() == Some(vec!["nqn.node-c".to_string()])).then_some(())
+        })
+        .await;
+        assert_eq!(
+            api.get("pvc-m").await.unwrap().spec.spdk_target,
+            Some(target.clone())
+        );
+        assert!(
+            fake.removed.lock().unwrap().is_empty(),
+            "a host change must not unexport"
+        );
+
+        set_host(NODE).await;
+        let v = eventually("export withdrawn", Duration::from_secs(5), || async {
+            let v = api.get("pvc-m").await.unwrap();
+            (v.spec.spdk_target.is_none()
+                && !v
+                    .finalizers()
+                    .contains(&finalizers::SPDK_TARGET.to_string()))
+            .then_some(v)
+        })
+        .await;
+        assert_eq!(v.phase(), VolumeStatus::Ready);
+        let removed = fake.removed.lock().unwrap().clone();
+        assert!(!removed.is_empty() && removed.iter().all(|r| r.target.as_ref() == Some(&target)));
+        assert!(v.spec.kernel_lvol.is_some(), "the volume itself stays");
+
+        let exports_before = fake.exports.lock().unwrap().len();
+        set_host("node-b").await;
+        let v = eventually("exported again", Duration::from_secs(5), || async {
+            let v = api.get("pvc-m").await.unwrap();
+            v.finalizers()
+                .contains(&finalizers::SPDK_TARGET.to_string())
+                .then_some(v)
+        })
+        .await;
+        assert!(fake.exports.lock().unwrap().len() > exports_before);
+        assert_eq!(last_allowed(), Some(vec!["nqn.node-b".to_string()]));
+        assert_eq!(
+            v.spec.spdk_target.as_ref().map(|t| &t.subsys_nqn),
+            Some(&target.subsys_nqn)
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}

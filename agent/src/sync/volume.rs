@@ -284,6 +284,10 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             }
             Err(e) => return Err(e),
         }
+    } else if has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
+        || vol.spec.spdk_target.is_some()
+    {
+        vol = withdraw_export(ctx, &api, &vol).await?;
     }
     let st = vol.status.as_ref();
     if vol.phase() != VolumeStatus::Ready || st.is_some_and(|s| !s.message.is_empty()) {
@@ -464,6 +468,41 @@ async fn ensure_export(
     });
     let v = patch_guarded(ctx, api, vol, body).await?;
     info!(nqn = %target.subsys_nqn, port = %target.svc_id, "volume exported");
+    Ok(v)
+}
+
+/// The consumer moved to this node (an LVM or file volume is then used directly): remove
+/// the export, so that the previous remote host loses access, then the `spdk-tgt` finalizer
+/// and `spec.spdkTarget`. Moving away again exports it anew.
+async fn withdraw_export(
+    ctx: &Ctx,
+    api: &Api<AntstorVolume>,
+    vol: &AntstorVolume,
+) -> Result<AntstorVolume> {
+    let req = UnexportRequest {
+        volume: vol.name_any(),
+        uuid: vol.spec.uuid.clone(),
+        target: vol.spec.spdk_target.clone(),
+    };
+    ctx.exporter
+        .remove_export(&req)
+        .await
+        .map_err(|source| AgentError::Export {
+            op: "remove",
+            volume: vol.name_any(),
+            source,
+        })?;
+    let keep: Vec<&String> = vol
+        .finalizers()
+        .iter()
+        .filter(|f| f.as_str() != finalizers::SPDK_TARGET)
+        .collect();
+    let body = json!({
+        "metadata": {"finalizers": keep},
+        "spec": {"spdkTarget": Value::Null},
+    });
+    let v = patch_guarded(ctx, api, vol, body).await?;
+    info!("export withdrawn: the consumer is on this node");
     Ok(v)
 }
 
