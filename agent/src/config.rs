@@ -922,6 +922,19 @@ impl Config {
                 ));
             }
         }
+        if self
+            .storage
+            .bdev
+            .as_ref()
+            .is_some_and(|b| b.kind == BdevType::Raid)
+            && sp.nvme_pci_addresses.is_empty()
+        {
+            return Err(invalid(
+                "spdk.nvmePciAddresses",
+                "[]",
+                "must list the NVMe devices of a raidBdev pool",
+            ));
+        }
         Ok(())
     }
 }

@@ -215,6 +215,14 @@ fn mode_specific_fields_are_required() {
         "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: memBdev, name: m, size: 1000}\n",
     );
     assert_eq!(e.field(), Some("storage.bdev.size"));
+    let e = err(
+        "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: raidBdev, name: antstor_raid0}\n",
+    );
+    assert_eq!(e.field(), Some("spdk.nvmePciAddresses"), "{e}");
+    Config::from_yaml(
+        "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: raidBdev, name: antstor_raid0}\nspdk: {nvmePciAddresses: ['0000:01:00.0', '0000:02:00.0']}\n",
+    )
+    .expect("a raidBdev pool with its devices");
     let e = err("storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {size: 10}\n");
     assert_eq!(e.field(), Some("storage.pvs[0].filePath"));
     let e = err("storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f}\n");

@@ -271,3 +271,81 @@ fn raid0_over_two_bdevs_and_pci_address_checks() {
         assert!(e.to_string().contains("pci_address"), "{e}");
     });
 }
+
+/// A raidBdev pool: the config maps NVMe PCI addresses to controllers striped as RAID0 (one
+/// device: its namespace directly); the engine builds the stripe and the lvstore on it, and
+/// does so again idempotently at the next start. Malloc members stand in for NVMe devices,
+/// which this machine lacks; a device that is not there fails naming its address.
+#[test]
+fn raid_bdev_pool_over_striped_members() {
+    use liteio_agent::config::Config;
+    use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
+    use liteio_agent::engine::{PoolEngine, VolumeOptions};
+    use liteio_agent::spdk::setup;
+
+    spdk();
+    let yaml = |addrs: &str| {
+        format!(
+            "storage:\n  pooling: {{name: rlvs, mode: SpdkLVStore}}\n  bdev: {{type: raidBdev, name: antstor_raid0}}\nspdk: {{nvmePciAddresses: [{addrs}]}}\n"
+        )
+    };
+    let two = Config::from_yaml(&yaml("'0000:01:00.0', '0000:02:00.0'")).unwrap();
+    assert_eq!(
+        setup::base_bdev(&two).unwrap(),
+        Some(BaseBdev::Raid0 {
+            name: "antstor_raid0".into(),
+            members: vec![
+                BaseBdev::nvme("nvme0", "0000:01:00.0"),
+                BaseBdev::nvme("nvme1", "0000:02:00.0"),
+            ],
+            strip_kb: setup::RAID0_STRIP_KB,
+        })
+    );
+    assert!(setup::engine(&two).unwrap().is_some());
+    let one = Config::from_yaml(&yaml("'0000:01:00.0'")).unwrap();
+    let single = setup::base_bdev(&one).unwrap().unwrap();
+    assert_eq!(single, BaseBdev::nvme("nvme0", "0000:01:00.0"));
+    // No such device here: the error names the controller's address.
+    let e = SpdkLvsEngine::new("rlvs", single, 0)
+        .ensure_pool()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("0000:01:00.0"), "{e}");
+
+    let members = vec![
+        BaseBdev::Malloc {
+            name: "rm0".into(),
+            size: 32 * MIB,
+        },
+        BaseBdev::Malloc {
+            name: "rm1".into(),
+            size: 32 * MIB,
+        },
+    ];
+    let base = BaseBdev::Raid0 {
+        name: "rraid".into(),
+        members,
+        strip_kb: 128,
+    };
+    let engine = SpdkLvsEngine::new("rlvs2", base.clone(), 1 << 20);
+    let info = engine.ensure_pool().unwrap();
+    assert!(
+        info.total_bytes > 40 * MIB,
+        "striped over both members: {info:?}"
+    );
+    let v = engine
+        .create_volume("pvc-r", 8 * MIB, &VolumeOptions::default())
+        .unwrap();
+    assert_eq!(v.size_bytes, 8 * MIB);
+    // The next start finds the stripe and the lvstore with the volume in it.
+    let again = SpdkLvsEngine::new("rlvs2", base, 1 << 20);
+    assert_eq!(again.ensure_pool().unwrap().uuid, info.uuid);
+    assert_eq!(again.list_volumes().unwrap().len(), 1);
+    again.delete_volume("pvc-r").unwrap();
+    run(async {
+        lvol::destroy_lvstore("rlvs2").await.unwrap();
+        bdev::delete_raid("rraid").await.unwrap();
+        bdev::delete_malloc("rm0").await.unwrap();
+        bdev::delete_malloc("rm1").await.unwrap();
+    });
+}

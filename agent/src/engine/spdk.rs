@@ -14,7 +14,7 @@ use super::{
     BdevIo, EngineError, EngineKind, PoolEngine, PoolInfo, VolumeInfo, VolumeIo, VolumeOptions,
     check_name,
 };
-use crate::spdk::{ErrorKind as SpdkKind, SpdkError, bdev, lvol};
+use crate::spdk::{ErrorKind as SpdkKind, SpdkError, bdev, initiator, lvol};
 
 /// What the lvstore sits on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,13 +38,100 @@ pub enum BaseBdev {
         /// Size in bytes.
         size: u64,
     },
+    /// Namespace 1 of an NVMe controller taken over from the kernel (VFIO or UIO).
+    Nvme {
+        /// Namespace bdev name, `<ctrlr>n1` (SPDK's naming).
+        name: String,
+        /// Controller name.
+        ctrlr: String,
+        /// PCI address, `0000:01:00.0`.
+        pci_address: String,
+    },
+    /// RAID0 striped over `members` (a `raidBdev` pool's NVMe devices).
+    Raid0 {
+        /// Raid bdev name.
+        name: String,
+        /// The striped bdevs, created first.
+        members: Vec<BaseBdev>,
+        /// Strip size in KiB.
+        strip_kb: u32,
+    },
 }
 
 impl BaseBdev {
-    fn name(&self) -> &str {
+    /// The bdev the lvstore sits on.
+    pub fn name(&self) -> &str {
         match self {
-            Self::Aio { name, .. } | Self::Malloc { name, .. } => name,
+            Self::Aio { name, .. }
+            | Self::Malloc { name, .. }
+            | Self::Nvme { name, .. }
+            | Self::Raid0 { name, .. } => name,
         }
+    }
+
+    /// The controller at `pci_address` named `ctrlr`; its namespace 1 is the bdev.
+    pub fn nvme(ctrlr: &str, pci_address: &str) -> Self {
+        Self::Nvme {
+            name: format!("{ctrlr}n1"),
+            ctrlr: ctrlr.into(),
+            pci_address: pci_address.into(),
+        }
+    }
+
+    /// Create (or find) this bdev and what it is built on. Idempotent.
+    fn ensure(&self) -> Result<(), EngineError> {
+        match self {
+            Self::Aio {
+                name,
+                path,
+                size,
+                create,
+            } => {
+                if !path.exists() && *create {
+                    let f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(path)
+                        .map_err(|e| EngineError::io("create", path, e))?;
+                    f.set_len(*size)
+                        .map_err(|e| EngineError::io("size", path, e))?;
+                }
+                block_on(bdev::create_aio(name, path, 512)).map_err(map)?;
+            }
+            Self::Malloc { name, size } => {
+                block_on(bdev::create_malloc(name, *size, 512)).map_err(map)?;
+            }
+            Self::Nvme {
+                name,
+                ctrlr,
+                pci_address,
+            } => {
+                if block_on(bdev::get(name)).map_err(map)?.is_none() {
+                    let got = block_on(initiator::attach_pcie(ctrlr, pci_address)).map_err(map)?;
+                    if !got.iter().any(|b| b == name) {
+                        return Err(EngineError::NotFound {
+                            what: "NVMe namespace 1",
+                            name: format!(
+                                "{name} (controller {ctrlr} at {pci_address} has {got:?})"
+                            ),
+                        });
+                    }
+                }
+            }
+            Self::Raid0 {
+                name,
+                members,
+                strip_kb,
+            } => {
+                for m in members {
+                    m.ensure()?;
+                }
+                let names: Vec<String> = members.iter().map(|m| m.name().to_string()).collect();
+                block_on(bdev::create_raid0(name, &names, *strip_kb)).map_err(map)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -89,6 +176,11 @@ impl SpdkLvsEngine {
         }
     }
 
+    /// What the lvstore sits on.
+    pub fn base(&self) -> &BaseBdev {
+        &self.base
+    }
+
     /// The lvstore name.
     pub fn lvs_name(&self) -> &str {
         &self.lvs
@@ -126,30 +218,7 @@ impl SpdkLvsEngine {
     }
 
     fn ensure_base(&self) -> Result<(), EngineError> {
-        match &self.base {
-            BaseBdev::Aio {
-                name,
-                path,
-                size,
-                create,
-            } => {
-                if !path.exists() && *create {
-                    let f = std::fs::OpenOptions::new()
-                        .create(true)
-                        .truncate(false)
-                        .write(true)
-                        .open(path)
-                        .map_err(|e| EngineError::io("create", path, e))?;
-                    f.set_len(*size)
-                        .map_err(|e| EngineError::io("size", path, e))?;
-                }
-                block_on(bdev::create_aio(name, path, 512)).map_err(map)?;
-            }
-            BaseBdev::Malloc { name, size } => {
-                block_on(bdev::create_malloc(name, *size, 512)).map_err(map)?;
-            }
-        }
-        Ok(())
+        self.base.ensure()
     }
 }
 

@@ -18,7 +18,7 @@ extern "C" fn attached(arg: *mut c_void, count: usize, rc: i32) {
     let a = unsafe { Box::from_raw(arg.cast::<Attach>()) };
     if rc != 0 {
         return a.reply.send(Err(SpdkError::errno(
-            "attach NVMe/TCP controller",
+            "attach NVMe controller",
             a.ctrlr,
             rc,
         )));
@@ -117,7 +117,7 @@ async fn attach(ctrlr: &str, trid: String, hostnqn: &str) -> Result<Vec<String>>
         let mut a = Box::new(Attach {
             names: vec![std::ptr::null(); 32],
             _strings: (base, host),
-            ctrlr,
+            ctrlr: format!("{ctrlr} at {address}"),
             reply,
         });
         let names = a.names.as_mut_ptr();

@@ -24,8 +24,24 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
     }
 }
 
+/// Strip size of a raidBdev pool's RAID0, in KiB.
+pub const RAID0_STRIP_KB: u32 = 128;
+
 /// The lvstore engine of an `SpdkLVStore` pool, or `None` for other modes.
 pub fn engine(cfg: &Config) -> Result<Option<Arc<dyn PoolEngine>>, SpdkError> {
+    let Some(base) = base_bdev(cfg)? else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(SpdkLvsEngine::new(
+        &cfg.storage.pooling.name,
+        base,
+        0,
+    ))))
+}
+
+/// What the lvstore of an `SpdkLVStore` pool sits on (`storage.bdev`; for `raidBdev` the
+/// NVMe devices of `spdk.nvmePciAddresses`), or `None` for other modes.
+pub fn base_bdev(cfg: &Config) -> Result<Option<BaseBdev>, SpdkError> {
     let st = &cfg.storage;
     if st.pooling.mode != PoolingMode::SpdkLvStore {
         return Ok(None);
@@ -48,17 +64,34 @@ pub fn engine(cfg: &Config) -> Result<Option<Arc<dyn PoolEngine>>, SpdkError> {
             size: b.size,
         },
         BdevType::Raid => {
-            return Err(SpdkError::InvalidArgument {
-                field: "storage.bdev.type",
-                reason: "raidBdev (NVMe over VFIO) pools are not wired into the agent yet; use aioBdev over the device".into(),
-            });
+            let addrs = &cfg.spdk.nvme_pci_addresses;
+            let mut members: Vec<BaseBdev> = addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| BaseBdev::nvme(&format!("nvme{i}"), a))
+                .collect();
+            match members.len() {
+                0 => {
+                    return Err(SpdkError::InvalidArgument {
+                        field: "spdk.nvmePciAddresses",
+                        reason: "a raidBdev pool needs at least one NVMe PCI address".into(),
+                    });
+                }
+                // One device: the lvstore sits on its namespace directly.
+                1 => members.remove(0),
+                _ => BaseBdev::Raid0 {
+                    name: if b.name.is_empty() {
+                        crate::config::DEFAULT_RAID0_NAME.into()
+                    } else {
+                        b.name.clone()
+                    },
+                    members,
+                    strip_kb: RAID0_STRIP_KB,
+                },
+            }
         }
     };
-    Ok(Some(Arc::new(SpdkLvsEngine::new(
-        &st.pooling.name,
-        base,
-        0,
-    ))))
+    Ok(Some(base))
 }
 
 /// The NVMe-oF exporter listening on `address` with the configured port range.
