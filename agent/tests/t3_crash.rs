@@ -16,12 +16,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::binary::{AgentProc, spawn_agent};
-use common::{MIB, NODE, prepare_cluster};
+use common::{MIB, NODE, prepare_cluster, rpc};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
@@ -108,29 +107,6 @@ fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
         ..ObjectMeta::default()
     };
     v
-}
-
-/// One call on SPDK's JSON-RPC socket of the agent.
-fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
-    let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    let req = if params.is_null() {
-        json!({"jsonrpc": "2.0", "method": method, "id": 1})
-    } else {
-        json!({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
-    };
-    s.write_all(req.to_string().as_bytes())
-        .map_err(|e| e.to_string())?;
-    let reply: Value = serde_json::Deserializer::from_reader(&s)
-        .into_iter::<Value>()
-        .next()
-        .ok_or("no reply")?
-        .map_err(|e| e.to_string())?;
-    match reply.get("result") {
-        Some(r) => Ok(r.clone()),
-        None => Err(reply.to_string()),
-    }
 }
 
 /// The pool engine of a scenario.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -256,24 +257,33 @@ impl Local {
         Ok(me)
     }
 
+    /// The agent's SPDK JSON-RPC socket (when the agent runs SPDK).
+    pub fn spdk_rpc_socket(&self) -> PathBuf {
+        self.dir.join("spdk.sock")
+    }
+
     /// Where the test API server keeps its objects.
     pub fn state_file(&self) -> PathBuf {
         self.dir.join("apiserver-state.json")
     }
 
     fn write_configs(&self) -> Result<(), LocalError> {
+        // SPDK's JSON-RPC socket, for spdk_rpc.py / rpc.py -s and the tests.
+        let rpc = self.dir.join("spdk.sock");
         let agent = match self.engine {
             // An agent built with SPDK also starts it here (no hugepages, interrupt mode) to
             // export volumes over NVMe/TCP; without SPDK the `spdk` section is unused.
             Engine::File => format!(
                 "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: 4294967296}}\n\
-                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
-                self.dir.join("pool").display()
+                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768, rpcSocket: {}}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
+                self.dir.join("pool").display(),
+                rpc.display()
             ),
             Engine::Spdk => format!(
                 "storage:\n  pooling: {{name: local-lvs, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: local-aio, size: 4294967296, filePath: {}, createIfNotExist: true}}\n\
-                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
-                self.dir.join("pool/aio-lvs.img").display()
+                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768, rpcSocket: {}}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
+                self.dir.join("pool/aio-lvs.img").display(),
+                rpc.display()
             ),
         };
         write(&self.dir.join("agent-config.yaml"), &agent)?;
@@ -361,6 +371,10 @@ impl Local {
             path: log_path.clone(),
             source,
         })?;
+        // Lease times have microsecond precision: a heartbeat of this process is not earlier.
+        let launched = k8s_openapi::jiff::Timestamp::now()
+            .checked_sub(k8s_openapi::jiff::SignedDuration::from_millis(1))
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
         let child = self
             .command(c)
             .stdin(Stdio::null())
@@ -397,20 +411,35 @@ impl Local {
                 .await?;
             }
             Component::Agent => {
+                // Ready = its pool registered and a heartbeat from this process: the Lease
+                // renewed after the launch (a restarted agent's old pool object is there
+                // already).
                 let client = self.client().await?;
-                let pools: Api<StoragePool> = Api::namespaced(client, keys::DEFAULT_NAMESPACE);
+                let pools: Api<StoragePool> =
+                    Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+                let leases: Api<Lease> = Api::namespaced(client, keys::DEFAULT_NAMESPACE);
                 let node = self.node.clone();
-                wait_until("the disk-agent's StoragePool", 60, &log_path, || {
-                    let (pools, node) = (pools.clone(), node.clone());
-                    async move {
-                        pools
-                            .get_opt(&node)
-                            .await
-                            .ok()
-                            .flatten()
-                            .is_some_and(|p| p.total_bytes() > 0)
-                    }
-                })
+                wait_until(
+                    "the disk-agent's StoragePool and heartbeat",
+                    60,
+                    &log_path,
+                    || {
+                        let (pools, leases, node) = (pools.clone(), leases.clone(), node.clone());
+                        async move {
+                            let pool = pools
+                                .get_opt(&node)
+                                .await
+                                .ok()
+                                .flatten()
+                                .is_some_and(|p| p.total_bytes() > 0);
+                            let beat = leases.get_opt(&node).await.ok().flatten().and_then(|l| {
+                                let s = l.spec?;
+                                s.renew_time.or(s.acquire_time).map(|t| t.0)
+                            });
+                            pool && beat.is_some_and(|t| t >= launched)
+                        }
+                    },
+                )
                 .await?;
             }
             Component::Csi => {

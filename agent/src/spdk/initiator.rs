@@ -17,11 +17,9 @@ extern "C" fn attached(arg: *mut c_void, count: usize, rc: i32) {
     // SAFETY: `arg` is the `Attach` leaked by `attach_tcp`; called once.
     let a = unsafe { Box::from_raw(arg.cast::<Attach>()) };
     if rc != 0 {
-        return a.reply.send(Err(SpdkError::errno(
-            "attach NVMe controller",
-            a.ctrlr,
-            rc,
-        )));
+        return a
+            .reply
+            .send(Err(SpdkError::errno("attach NVMe controller", a.ctrlr, rc)));
     }
     let names = a
         .names

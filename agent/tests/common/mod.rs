@@ -20,6 +20,7 @@ use liteio_agent::exporter::{Exporter, NoExporter};
 use liteio_agent::heartbeat::HeartbeatOptions;
 use liteio_api::keys;
 use liteio_test_apiserver::TestApiServer;
+use serde_json::{Value, json};
 
 pub const NODE: &str = "node-1";
 pub const NODE_IP: &str = "10.0.0.11";
@@ -211,4 +212,28 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
 /// Scrapes the agent's `/metrics`.
 pub async fn scrape(agent: &Agent) -> String {
     http_get(agent.metrics_addr().unwrap(), "/metrics").await.1
+}
+
+/// One call on SPDK's JSON-RPC socket of the agent.
+pub fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let req = if params.is_null() {
+        json!({"jsonrpc": "2.0", "method": method, "id": 1})
+    } else {
+        json!({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
+    };
+    s.write_all(req.to_string().as_bytes())
+        .map_err(|e| e.to_string())?;
+    let reply: Value = serde_json::Deserializer::from_reader(&s)
+        .into_iter::<Value>()
+        .next()
+        .ok_or("no reply")?
+        .map_err(|e| e.to_string())?;
+    match reply.get("result") {
+        Some(r) => Ok(r.clone()),
+        None => Err(reply.to_string()),
+    }
 }
