@@ -160,17 +160,39 @@ impl Host {
         }
     }
 
+    /// `losetup -d dev`, then waits until the kernel has let it go: a device still open
+    /// somewhere (a scan by another process, a lazy unmount) is only marked for autoclear.
+    /// Still attached after 10 s: an error, so that the caller's retry detaches it later.
+    fn detach_loop(&self, dev: &str, file: Option<&Path>) -> Result<()> {
+        cmd::run_ok(self.runner.as_ref(), &argv(&["losetup", "-d", dev]))?;
+        let Some(file) = file else {
+            info!(device = %dev, "loop device detached");
+            return Ok(());
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while mount::loops_for(self.runner.as_ref(), file)?
+            .iter()
+            .any(|d| d.as_os_str() == dev)
+        {
+            if std::time::Instant::now() > deadline {
+                return Err(CsiError::Pending(format!(
+                    "loop device {dev} of {} is still in use 10 s after losetup -d; retry",
+                    file.display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        info!(device = %dev, "loop device detached");
+        Ok(())
+    }
+
     /// Detaches the volume: `losetup -d` for a loop-attached file, `nvme disconnect` for an
     /// export. Idempotent.
     pub fn detach(&self, plan: &Attach) -> Result<()> {
         match plan {
             Attach::Local(p) if is_file(p) => {
                 for dev in mount::loops_for(self.runner.as_ref(), p)? {
-                    cmd::run_ok(
-                        self.runner.as_ref(),
-                        &argv(&["losetup", "-d", &dev.display().to_string()]),
-                    )?;
-                    info!(device = %dev.display(), "loop device detached");
+                    self.detach_loop(&dev.display().to_string(), Some(p))?;
                 }
                 Ok(())
             }
@@ -419,7 +441,7 @@ impl NodeService {
                 None => {
                     // The volume object is gone: a loop device can still be found from the mount.
                     if let Some(m) = unmounted.filter(|m| m.source.starts_with("/dev/loop")) {
-                        cmd::run_ok(host.runner.as_ref(), &argv(&["losetup", "-d", &m.source]))?;
+                        host.detach_loop(&m.source, None)?;
                     }
                 }
             }
