@@ -370,6 +370,10 @@ impl PoolReporter {
         let spec = pool_spec(self.ctx.engine.kind(), info, cfg, node_info, addresses);
         let mut annos = serde_json::Map::new();
         annos.insert(annotations::HOST_NQN.into(), json!(self.opts.host_nqn));
+        annos.insert(
+            annotations::POOLING_MODE.into(),
+            json!(cfg.storage.pooling.mode.to_string()),
+        );
         if let ExporterHealth::Ok { version } = self.health().await {
             annos.insert(annotations::TGT_VERSION.into(), json!(version));
         }

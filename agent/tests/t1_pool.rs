@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use kube::Api;
+use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, annotations, labels};
 use liteio_api::pool::{ConditionStatus, PoolConditionType, PoolStatus};
 use liteio_api::{StoragePool, naming, size};
@@ -80,6 +80,13 @@ async fn pool_object_is_registered_within_two_seconds() {
                 .unwrap()
                 .contains_key(annotations::TGT_VERSION),
             "no target, no tgt-version"
+        );
+        assert_eq!(
+            pool.annotations()
+                .get(annotations::POOLING_MODE)
+                .map(String::as_str),
+            Some("File"),
+            "the pool says what it is, although its spec reads like KernelLVM"
         );
         // Status.
         let st = pool.status.as_ref().unwrap();

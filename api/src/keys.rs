@@ -137,6 +137,9 @@ pub mod annotations {
     pub const TGT_VERSION: &str = "obnvmf/tgt-version";
     /// StoragePool: the node's NVMe host NQN, used for target allow-lists.
     pub const HOST_NQN: &str = "obnvmf/hostnqn";
+    /// StoragePool: the agent's `storage.pooling.mode` (`File`, `KernelLVM`, `SpdkLVStore`).
+    /// A file pool is described to LiteIO's readers as a KernelLVM one; this says what it is.
+    pub const POOLING_MODE: &str = "obnvmf/pooling-mode";
     /// Volume: filesystem type.
     pub const FS_TYPE: &str = "obnvmf/fs-type";
     /// Volume: `linear` or `striped`.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use liteio_api::keys::labels;
+use liteio_api::keys::{annotations, labels};
 use liteio_api::size::format_bytes;
 use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
 use serde::Serialize;
@@ -22,7 +22,8 @@ pub const NONE: &str = "-";
 pub struct PoolRow {
     /// Pool name (= node name).
     pub node: String,
-    /// `KernelLVM`, `SpdkLVStore`, or empty when the agent has not reported yet.
+    /// The agent's pooling mode (`File`, `KernelLVM`, `SpdkLVStore`; from the spec when the
+    /// agent does not say), or empty when the agent has not reported yet.
     pub engine: String,
     /// Total bytes.
     pub total_bytes: u64,
@@ -196,7 +197,12 @@ pub fn pool_rows(
         .map(|p| {
             let name = p.name_any();
             PoolRow {
-                engine: p.mode().map(|m| m.to_string()).unwrap_or_default(),
+                engine: p
+                    .annotations()
+                    .get(annotations::POOLING_MODE)
+                    .cloned()
+                    .or_else(|| p.mode().map(|m| m.to_string()))
+                    .unwrap_or_default(),
                 total_bytes: p.total_bytes(),
                 free_bytes: p.reported_free_bytes(),
                 volumes: counts.get(name.as_str()).copied().unwrap_or(0),
@@ -332,6 +338,23 @@ pub fn snapshots_table(rows: &[SnapshotRow]) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_pool_is_shown_as_file_not_as_the_kernel_lvm_it_mimics() {
+        let mut p = StoragePool::new("n", liteio_api::StoragePoolSpec::default());
+        p.spec.kernel_lvm.name = "local-pool".into();
+        let engine = |p: &StoragePool| {
+            pool_rows(std::slice::from_ref(p), &[], &[], Timestamp::now())[0]
+                .engine
+                .clone()
+        };
+        assert_eq!(engine(&p), "KernelLVM");
+        p.metadata.annotations = Some(BTreeMap::from([(
+            annotations::POOLING_MODE.to_string(),
+            "File".to_string(),
+        )]));
+        assert_eq!(engine(&p), "File");
+    }
 
     #[test]
     fn ages_read_like_kubectl() {

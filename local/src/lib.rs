@@ -576,6 +576,45 @@ async fn terminate(child: &mut Child) {
     let _ = child.kill().await;
 }
 
+/// Undoes what volumes may have left on this host under `dir`: unmounts every mount below it
+/// (deepest first) and detaches every loop device backed by a file below it. The last resort
+/// when the teardown through CSI could not run (a component died); returns what it undid.
+pub fn release_host_resources(dir: &Path) -> Vec<String> {
+    let run = |cmd: &str, args: &[&str]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let prefix = format!("{}/", dir.display());
+    let mut done = Vec::new();
+    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m.starts_with(&prefix))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        if run("umount", &[&m]) || run("umount", &["-l", &m]) {
+            done.push(format!("unmounted {m}"));
+        }
+    }
+    if let Ok(o) = std::process::Command::new("losetup").arg("-a").output() {
+        for l in String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.contains(&prefix))
+        {
+            if let Some(dev) = l.split(':').next()
+                && run("losetup", &["-d", dev])
+            {
+                done.push(format!("detached {dev}"));
+            }
+        }
+    }
+    done
+}
+
 /// True when `GET http://addr/path` answers 200.
 pub async fn http_ok(addr: &str, path: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -95,6 +95,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let result = demo_and_wait(&mut local, &args).await;
     say("stopping components");
     local.stop().await;
+    // Normally nothing: the demo volume was unstaged through CSI. After a failed teardown
+    // (a component gone), no mount or loop device of ours stays behind.
+    for undone in liteio_local::release_host_resources(&args.dir) {
+        say(&format!("cleanup: {undone}"));
+    }
     if !args.keep {
         let _ = std::fs::remove_dir_all(&args.dir);
     }

@@ -63,27 +63,7 @@ impl XfsMount {
 impl Drop for XfsMount {
     fn drop(&mut self) {
         // After a failed run, volumes may still be mounted or loop-attached inside.
-        let d = self.dir.display().to_string();
-        let mut inner: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|m| m.starts_with(&format!("{d}/")))
-            .collect();
-        inner.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in inner {
-            let _ = run("umount", &[&m]);
-        }
-        if let Ok(o) = Command::new("losetup").arg("-a").output() {
-            for l in String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter(|l| l.contains(&format!("{d}/")))
-            {
-                if let Some(dev) = l.split(':').next() {
-                    let _ = run("losetup", &["-d", dev]);
-                }
-            }
-        }
+        liteio_local::release_host_resources(&self.dir);
         if !run("umount", &[self.dir.to_str().unwrap_or_default()]) {
             let _ = run("umount", &["-l", self.dir.to_str().unwrap_or_default()]);
         }
