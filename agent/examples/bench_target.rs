@@ -72,6 +72,7 @@ mod bench {
             mem_size_mb: a.mem_size,
             no_pci: true,
             rpc_socket: None,
+            trace_entries: 0,
         })?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

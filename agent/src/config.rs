@@ -14,6 +14,7 @@
 //!   noHuge: true
 //!   memSizeMiB: 1024
 //!   rpcSocket: /var/tmp/spdk.sock            # optional SPDK-compatible JSON-RPC socket
+//!   traceEntries: 0                          # SPDK trace buffer for spdk_trace; 0 = none
 //!   nvmePciAddresses: ["0000:00:04.0"]
 //! nvmf:
 //!   listenAddress: 192.168.0.10              # default: the node IP
@@ -409,6 +410,14 @@ pub struct SpdkConfig {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub nvme_pci_addresses: Vec<String>,
+    /// Entries of SPDK's trace buffer for `spdk_trace` (0, the default, keeps none: it takes
+    /// RAM in /dev/shm and is left behind when the agent is killed).
+    #[serde(rename = "traceEntries", default, skip_serializing_if = "is_zero")]
+    pub trace_entries: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn default_core_mask() -> String {
@@ -424,6 +433,7 @@ impl Default for SpdkConfig {
             mem_size_mib: None,
             rpc_socket: None,
             nvme_pci_addresses: Vec::new(),
+            trace_entries: 0,
         }
     }
 }

@@ -254,6 +254,14 @@ fn sizes_accept_quantities() {
 }
 
 #[test]
+fn spdk_trace_buffer_is_off_unless_asked() {
+    let c = Config::from_yaml(MINIMAL_FILE).unwrap();
+    assert_eq!(c.spdk.trace_entries, 0);
+    let c = Config::from_yaml(&format!("{MINIMAL_FILE}spdk: {{traceEntries: 4096}}\n")).unwrap();
+    assert_eq!(c.spdk.trace_entries, 4096);
+}
+
+#[test]
 fn spdk_options_are_checked() {
     for (spdk, field) in [
         ("{coreMask: '3'}", "spdk.coreMask"),

@@ -349,3 +349,12 @@ fn raid_bdev_pool_over_striped_members() {
         bdev::delete_malloc("rm1").await.unwrap();
     });
 }
+
+/// SPDK keeps no trace buffer in /dev/shm unless asked (`spdk.traceEntries`): it costs RAM
+/// and outlives a killed agent.
+#[test]
+fn no_trace_buffer_in_shared_memory_by_default() {
+    spdk();
+    let shm = format!("/dev/shm/t3-engine_trace.pid{}", std::process::id());
+    assert!(!std::path::Path::new(&shm).exists(), "{shm} exists");
+}

@@ -34,6 +34,9 @@ pub struct SpdkOptions {
     pub no_pci: bool,
     /// Serve SPDK's JSON-RPC on this unix socket for operators' tools; `None` = no socket.
     pub rpc_socket: Option<PathBuf>,
+    /// Entries of SPDK's trace buffer (`spdk_trace`); 0 = no trace buffer. It lives in
+    /// /dev/shm (megabytes of RAM) and outlives a killed process, so it is off by default.
+    pub trace_entries: u64,
 }
 
 impl Default for SpdkOptions {
@@ -46,6 +49,7 @@ impl Default for SpdkOptions {
             mem_size_mb: 0,
             no_pci: true,
             rpc_socket: None,
+            trace_entries: 0,
         }
     }
 }
@@ -318,6 +322,7 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
         o.mem_size = i32::try_from(opts.mem_size_mb).unwrap_or(i32::MAX);
     }
     o.no_pci = opts.no_pci;
+    o.num_entries = opts.trace_entries;
     o.disable_signal_handlers = true;
     o.print_level = spdk_sys::SPDK_LOG_WARN;
     let ctx = Box::into_raw(Box::new(StartCtx { ready })).cast::<c_void>();

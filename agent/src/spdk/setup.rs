@@ -21,6 +21,7 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         mem_size_mb: sp.mem_size_mib().unwrap_or(0),
         no_pci: sp.nvme_pci_addresses.is_empty(),
         rpc_socket: sp.rpc_socket.clone(),
+        trace_entries: sp.trace_entries,
     }
 }
 
