@@ -244,33 +244,8 @@ impl Cluster {
         }
     }
 
-    /// Waits until the agent dropped its finalizers of the deleting volume, does the
-    /// controller's part (drop `in-state`) and waits for the object to go.
     async fn finish_delete(&mut self, agent: &AgentProc, name: &str) {
-        let api = self.api.clone();
-        agent
-            .converge(&format!("{name}: agent finalizers gone"), CONVERGE, || {
-                let api = api.clone();
-                async move {
-                    let v = api.get(name).await.unwrap();
-                    (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-                }
-            })
-            .await;
-        self.api
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
-            )
-            .await
-            .unwrap();
-        agent
-            .converge(&format!("{name} gone"), CONVERGE, || {
-                let api = api.clone();
-                async move { api.get_opt(name).await.unwrap().is_none().then_some(()) }
-            })
-            .await;
+        agent.finish_delete(&self.api, name, CONVERGE).await;
         self.live.remove(name);
     }
 

@@ -110,4 +110,36 @@ impl AgentProc {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+
+    /// Waits until the agent dropped its finalizers of the deleting volume `name`, does the
+    /// controller's part (drop `in-state`) and waits for the object to go.
+    pub async fn finish_delete(
+        &self,
+        api: &kube::Api<liteio_api::AntstorVolume>,
+        name: &str,
+        within: Duration,
+    ) {
+        use kube::ResourceExt;
+        let fin = liteio_api::keys::finalizers::IN_STATE.to_string();
+        self.converge(
+            &format!("{name}: agent finalizers gone"),
+            within,
+            || async {
+                let v = api.get(name).await.unwrap();
+                (v.finalizers() == std::slice::from_ref(&fin)).then_some(())
+            },
+        )
+        .await;
+        api.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+        self.converge(&format!("{name} gone"), within, || async {
+            api.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
 }
