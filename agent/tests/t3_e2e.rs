@@ -82,19 +82,7 @@ fn every_component_as_a_process_on_the_spdk_engine() {
             .expect("e2e timed out")
     });
     if result.is_err() {
-        for c in [
-            "test-apiserver",
-            "node-disk-controller",
-            "disk-agent",
-            "csi-driver",
-        ] {
-            let log = std::fs::read_to_string(base.join(format!("{c}.log"))).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            println!("---- {c}.log (last 40 lines) ----");
-            for l in &lines[lines.len().saturating_sub(40)..] {
-                println!("{l}");
-            }
-        }
+        println!("{}", liteio_local::log_tails(&base, 40));
     }
     drop(rt);
     spdk.stop();
@@ -262,9 +250,8 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
     let name_a = vols_name(&vols, &a.volume_id).await?;
 
     // The controller crashes and comes back; the volume is still placed once and exported.
-    local.kill_component(Component::Controller).await;
     local
-        .launch(Component::Controller)
+        .crash_and_restart(Component::Controller)
         .await
         .map_err(|x| x.to_string())?;
     let va = wait_volume(&vols, &name_a, "ready and exported", ready_and_exported).await?;
@@ -278,9 +265,8 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
 
     // The agent (and its SPDK) crashes and comes back: the volume is exported again and the
     // data is there.
-    local.kill_component(Component::Agent).await;
     local
-        .launch(Component::Agent)
+        .crash_and_restart(Component::Agent)
         .await
         .map_err(|x| x.to_string())?;
     let va = wait_volume(&vols, &name_a, "re-exported", ready_and_exported).await?;
@@ -332,9 +318,8 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
         .into_inner()
         .snapshot
         .ok_or("no snapshot")?;
-    local.kill_component(Component::Csi).await;
     local
-        .launch(Component::Csi)
+        .crash_and_restart(Component::Csi)
         .await
         .map_err(|x| x.to_string())?;
     let mut csi = liteio_csi::client::connect(&local.csi_endpoint())
@@ -365,9 +350,8 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
     }
 
     // The API server crashes and comes back with its state; the teardown goes through.
-    local.kill_component(Component::ApiServer).await;
     local
-        .launch(Component::ApiServer)
+        .crash_and_restart(Component::ApiServer)
         .await
         .map_err(|x| x.to_string())?;
 

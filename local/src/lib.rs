@@ -513,6 +513,12 @@ impl Local {
         }
     }
 
+    /// Kill one component with SIGKILL (a crash) and start it again, ready.
+    pub async fn crash_and_restart(&mut self, c: Component) -> Result<(), LocalError> {
+        self.kill_component(c).await;
+        self.launch(c).await
+    }
+
     /// Stop every component, last started first.
     pub async fn stop(&mut self) {
         while let Some((_, mut child)) = self.children.pop() {
@@ -574,6 +580,32 @@ async fn terminate(child: &mut Child) {
         }
     }
     let _ = child.kill().await;
+}
+
+/// The last `lines` lines of every component's log in the state directory `dir`, for a
+/// failed run.
+pub fn log_tails(dir: &Path, lines: usize) -> String {
+    let mut out = String::new();
+    for c in [
+        Component::ApiServer,
+        Component::Controller,
+        Component::Agent,
+        Component::Csi,
+    ] {
+        let Ok(log) = std::fs::read_to_string(dir.join(format!("{}.log", c.binary()))) else {
+            continue;
+        };
+        let all: Vec<&str> = log.lines().collect();
+        out.push_str(&format!(
+            "---- {}.log (last {lines} lines) ----\n",
+            c.binary()
+        ));
+        for l in &all[all.len().saturating_sub(lines)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Undoes what volumes may have left on this host under `dir`: unmounts every mount below it

@@ -71,24 +71,6 @@ impl Drop for XfsMount {
     }
 }
 
-/// The last lines of every component's log, for a failed run.
-fn print_logs(dir: &Path) {
-    for c in [
-        "test-apiserver",
-        "node-disk-controller",
-        "disk-agent",
-        "csi-driver",
-    ] {
-        if let Ok(log) = std::fs::read_to_string(dir.join(format!("{c}.log"))) {
-            let lines: Vec<&str> = log.lines().collect();
-            println!("---- {c}.log (last 40 lines) ----");
-            for l in &lines[lines.len().saturating_sub(40)..] {
-                println!("{l}");
-            }
-        }
-    }
-}
-
 fn write_synced(path: &Path, data: &[u8]) -> Result<(), String> {
     use std::io::Write;
     let mut f = std::fs::File::create(path).map_err(|e| e.to_string())?;
@@ -166,7 +148,7 @@ pub fn run_e2e(api: ApiSource, node: &str, tag: &str) {
     });
     let left = leftovers(&mount.dir);
     if result.is_err() {
-        print_logs(&mount.dir);
+        println!("{}", liteio_local::log_tails(&mount.dir, 40));
     }
     drop(mount);
     let _ = std::fs::remove_dir_all(&base);
@@ -264,9 +246,8 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
         .ok_or("no volume")?;
 
     // The controller crashes and comes back; nothing changes for the volume.
-    local.kill_component(Component::Controller).await;
     local
-        .launch(Component::Controller)
+        .crash_and_restart(Component::Controller)
         .await
         .map_err(|x| x.to_string())?;
 
@@ -307,9 +288,8 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
     write_synced(&pub_a.join("data.txt"), b"written before the snapshot\n")?;
 
     // The agent crashes and comes back.
-    local.kill_component(Component::Agent).await;
     local
-        .launch(Component::Agent)
+        .crash_and_restart(Component::Agent)
         .await
         .map_err(|x| x.to_string())?;
 
@@ -368,9 +348,8 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
         .into_inner()
         .snapshot
         .ok_or("no snapshot")?;
-    local.kill_component(Component::Csi).await;
     local
-        .launch(Component::Csi)
+        .crash_and_restart(Component::Csi)
         .await
         .map_err(|x| x.to_string())?;
     let mut csi = liteio_csi::client::connect(&local.csi_endpoint())
@@ -424,9 +403,8 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
     // The API server crashes and comes back with what it held (when it is ours); every
     // component's watches list again and the teardown below goes through.
     if local.api == ApiSource::Test {
-        local.kill_component(Component::ApiServer).await;
         local
-            .launch(Component::ApiServer)
+            .crash_and_restart(Component::ApiServer)
             .await
             .map_err(|x| x.to_string())?;
     }
