@@ -13,15 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{MIB, NODE, eventually, metric_value, prepare_cluster, scrape, test_options};
+use common::{MIB, NODE, eventually, metric_value, prepare_cluster, scrape, start_spdk_agent};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
-use liteio_agent::agent::Agent;
-use liteio_agent::config::Config;
-use liteio_agent::engine::PoolEngine;
-use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
-use liteio_agent::spdk::exporter::SpdkExporter;
-use liteio_agent::spdk::nvmf::TcpTransportOptions;
 use liteio_agent::spdk::stats::RuntimeSource;
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
 use liteio_api::keys::{annotations, finalizers, labels};
@@ -89,36 +83,7 @@ async fn scenario() {
     let client = server.client().await.unwrap();
     prepare_cluster(&client).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::from_yaml(
-        "storage: {pooling: {name: lvs0, mode: SpdkLVStore}, bdev: {type: memBdev, name: mem0, size: 134217728}}",
-    )
-    .unwrap();
-    let engine: Arc<dyn PoolEngine> = Arc::new(SpdkLvsEngine::new(
-        "lvs0",
-        BaseBdev::Malloc {
-            name: "mem0".into(),
-            size: 128 * MIB,
-        },
-        0,
-    ));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let exporter = Arc::new(SpdkExporter::new(
-        "127.0.0.1",
-        port..=port.saturating_add(5),
-        TcpTransportOptions::default(),
-    ));
-    let agent = Agent::start(
-        client.clone(),
-        engine,
-        exporter,
-        test_options(config, dir.path()),
-    )
-    .await
-    .unwrap();
+    let agent = start_spdk_agent(&client, dir.path()).await;
     agent.ctx().metrics.add_source(Arc::new(RuntimeSource));
 
     // The consuming host publishes its NQN on its own pool object.

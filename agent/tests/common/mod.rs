@@ -237,3 +237,42 @@ pub fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
         None => Err(reply.to_string()),
     }
 }
+
+/// An agent over the SPDK lvstore `lvs0` on a 128 MiB malloc bdev (`mem0`), exporting on free
+/// ports of 127.0.0.1, against `client`. Needs a running SPDK runtime in this process.
+#[cfg(feature = "spdk")]
+pub async fn start_spdk_agent(client: &Client, state_dir: &Path) -> Agent {
+    use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
+    use liteio_agent::spdk::exporter::SpdkExporter;
+    use liteio_agent::spdk::nvmf::TcpTransportOptions;
+    let config = Config::from_yaml(
+        "storage: {pooling: {name: lvs0, mode: SpdkLVStore}, bdev: {type: memBdev, name: mem0, size: 134217728}}",
+    )
+    .unwrap();
+    let engine: Arc<dyn PoolEngine> = Arc::new(SpdkLvsEngine::new(
+        "lvs0",
+        BaseBdev::Malloc {
+            name: "mem0".into(),
+            size: 128 * MIB,
+        },
+        0,
+    ));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exporter = Arc::new(SpdkExporter::new(
+        "127.0.0.1",
+        port..=port.saturating_add(5),
+        TcpTransportOptions::default(),
+    ));
+    Agent::start(
+        client.clone(),
+        engine,
+        exporter,
+        test_options(config, state_dir),
+    )
+    .await
+    .unwrap()
+}
