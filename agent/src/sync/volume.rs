@@ -284,9 +284,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             }
             Err(e) => return Err(e),
         }
-    } else if has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
-        || vol.spec.spdk_target.is_some()
-    {
+    } else if is_exported(&vol) {
         vol = withdraw_export(ctx, &api, &vol).await?;
     }
     let st = vol.status.as_ref();
@@ -471,14 +469,13 @@ async fn ensure_export(
     Ok(v)
 }
 
-/// The consumer moved to this node (an LVM or file volume is then used directly): remove
-/// the export, so that the previous remote host loses access, then the `spdk-tgt` finalizer
-/// and `spec.spdkTarget`. Moving away again exports it anew.
-async fn withdraw_export(
-    ctx: &Ctx,
-    api: &Api<AntstorVolume>,
-    vol: &AntstorVolume,
-) -> Result<AntstorVolume> {
+/// Whether the volume has (or may have) an export: the finalizer or a recorded target.
+fn is_exported(vol: &AntstorVolume) -> bool {
+    has_finalizer(&vol.metadata, finalizers::SPDK_TARGET) || vol.spec.spdk_target.is_some()
+}
+
+/// Removes the volume's export (idempotent).
+async fn unexport(ctx: &Ctx, vol: &AntstorVolume) -> Result<()> {
     let req = UnexportRequest {
         volume: vol.name_any(),
         uuid: vol.spec.uuid.clone(),
@@ -491,7 +488,18 @@ async fn withdraw_export(
             op: "remove",
             volume: vol.name_any(),
             source,
-        })?;
+        })
+}
+
+/// The consumer moved to this node (an LVM or file volume is then used directly): remove
+/// the export, so that the previous remote host loses access, then the `spdk-tgt` finalizer
+/// and `spec.spdkTarget`. Moving away again exports it anew.
+async fn withdraw_export(
+    ctx: &Ctx,
+    api: &Api<AntstorVolume>,
+    vol: &AntstorVolume,
+) -> Result<AntstorVolume> {
+    unexport(ctx, vol).await?;
     let keep: Vec<&String> = vol
         .finalizers()
         .iter()
@@ -512,22 +520,8 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     let ours = finalizers::AGENT_VOLUME
         .iter()
         .any(|f| has_finalizer(&vol.metadata, f));
-    if ours
-        && (has_finalizer(&vol.metadata, finalizers::SPDK_TARGET) || vol.spec.spdk_target.is_some())
-    {
-        let req = UnexportRequest {
-            volume: vol.name_any(),
-            uuid: vol.spec.uuid.clone(),
-            target: vol.spec.spdk_target.clone(),
-        };
-        ctx.exporter
-            .remove_export(&req)
-            .await
-            .map_err(|source| AgentError::Export {
-                op: "remove",
-                volume: vol.name_any(),
-                source,
-            })?;
+    if ours && is_exported(&vol) {
+        unexport(ctx, &vol).await?;
         crash::reached(CrashPoint::AfterUnexport, &vol.name_any());
         match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
             Some(v) => vol = v,
