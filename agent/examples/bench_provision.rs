@@ -34,12 +34,13 @@ use liteio_test_apiserver::TestApiServer;
 const NODE: &str = "bench-node";
 const MIB: u64 = 1 << 20;
 
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+/// A memory field (`VmRSS:`, `VmHWM:`) of /proc/`pid`/status in MiB; `pid` may be "self".
+fn proc_mib(pid: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map_or(0.0, |kib| kib / 1024.0)
@@ -156,7 +157,7 @@ async fn run(
         lat.len(),
         p(0.5),
         p(0.99),
-        rss_mib()
+        proc_mib("self", "VmRSS:")
     );
     watch.abort();
     agent.shutdown(Duration::from_secs(10)).await;
@@ -203,16 +204,8 @@ async fn agent_process_memory(count: usize) -> anyhow::Result<()> {
     let pid = agent
         .id()
         .ok_or_else(|| anyhow::anyhow!("the agent exited at once"))?;
-    let status = |field: &str| -> f64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with(field))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-            })
-            .map_or(0.0, |kib| kib / 1024.0)
-    };
+    let pid = pid.to_string();
+    let status = |field: &str| proc_mib(&pid, field);
     let idle = {
         let pools: Api<liteio_api::StoragePool> =
             Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
