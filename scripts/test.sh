@@ -156,39 +156,8 @@ targets_with_prefix() {
         | jq -r --arg p "$1" '.packages[].targets[] | select(.kind == ["test"]) | select(.name | startswith($p)) | .name'
 }
 
-summary=()
-total_pass=0 total_fail=0 total_skip=0
-# run_tier NAME LABEL -- cargo test args...
-run_tier() {
-    local name=$1 label=$2; shift 3
-    local log="$log_dir/$name.log"
-    say "$name $label: cargo test $*"
-    cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log" | grep -E '^(test result|failures:|---- | *panicked|error(\[|:)|SKIP|T[0-9].* skipped)' || true
-    local status=${PIPESTATUS[0]}
-    local pass fail ign
-    pass=$(sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)
-    fail=$(sed -n 's/^test result: .* \([0-9]*\) failed.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)
-    ign=$(sed -n 's/^test result: .* \([0-9]*\) ignored.*/\1/p' "$log" | paste -sd+ | bc 2>/dev/null || echo 0)
-    pass=${pass:-0} fail=${fail:-0} ign=${ign:-0}
-    # A test that cannot run here passes after printing "SKIP <why>" (or "Tn … skipped"):
-    # count it as skipped, not passed. Its output is shown with --show-output.
-    local skips
-    skips=$(grep -cE '^(SKIP|T[0-9].* skipped)' "$log" || true)
-    skips=${skips:-0}
-    [ "$skips" -gt "$pass" ] && skips=$pass
-    pass=$((pass - skips)) ign=$((ign + skips))
-    if [ "$status" != 0 ] && [ "$fail" = 0 ]; then
-        fail=1 # build error or crashed test binary
-        say "FAILED: $name did not build or a test binary crashed; see $log"
-    fi
-    summary+=("$name: $pass passed, $fail failed, $ign skipped ($label)")
-    total_pass=$((total_pass + pass)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + ign))
-}
-skip_tier() {
-    summary+=("$1: 0 passed, 0 failed, 1 skipped ($2)")
-    total_skip=$((total_skip + 1))
-    say "$1 skipped: $2"
-}
+# run_tier / skip_tier and the accounting rules (what makes a tier fail) are in lib/tier.sh.
+source "$root/scripts/lib/tier.sh"
 
 t0_args=(--workspace --lib --bins)
 [ -n "$(targets_with_prefix t0_)" ] && t0_args+=(--test 't0_*')
