@@ -436,11 +436,8 @@ impl PoolEngine for FileEngine {
         let _g = self.guard();
         let file = self.volume_file(name);
         if Self::file_size(&file)?.is_none() {
-            if self.find_snapshot(name)?.is_some() {
-                return Err(EngineError::InvalidArgument(format!(
-                    "{name} is a snapshot; delete it with delete_snapshot"
-                )));
-            }
+            // Volumes and snapshots live in separate directories: a snapshot that has this
+            // name is another object and stays; deleting a volume that is not there is done.
             return Ok(());
         }
         self.detach_all(&file)?;
@@ -536,11 +533,8 @@ impl PoolEngine for FileEngine {
         check_name(snap)?;
         let _g = self.guard();
         let Some(found) = self.find_snapshot(snap)? else {
-            if Self::file_size(&self.volume_file(snap))?.is_some() {
-                return Err(EngineError::InvalidArgument(format!(
-                    "{snap} is a volume, not a snapshot"
-                )));
-            }
+            // Not there (a volume with this name is another object and stays): done. A
+            // snapshot whose creation was refused must not block its own deletion.
             return Ok(());
         };
         match fs::remove_file(&found.path) {
