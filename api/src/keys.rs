@@ -140,6 +140,11 @@ pub mod annotations {
     /// StoragePool: the agent's `storage.pooling.mode` (`File`, `KernelLVM`, `SpdkLVStore`).
     /// A file pool is described to LiteIO's readers as a KernelLVM one; this says what it is.
     pub const POOLING_MODE: &str = "obnvmf/pooling-mode";
+    /// Volume: `"true"` when the volume can be used only on its target node, because the
+    /// pool it was placed on cannot export it (no working SPDK target). Set by the controller
+    /// when it binds the volume; the CSI controller then returns the node as the volume's
+    /// accessible topology.
+    pub const LOCAL_ONLY: &str = "obnvmf/local-only";
     /// Volume: filesystem type.
     pub const FS_TYPE: &str = "obnvmf/fs-type";
     /// Volume: `linear` or `striped`.

@@ -6,6 +6,26 @@
 //! pool fits, the error counts the pools rejected per reason:
 //! `NoStoragePoolAvailable: PoolFreeSize: 2, PositionAdvice: 1`.
 //!
+//! ## Where the consumer is
+//!
+//! A volume is *remote* on a pool when its consumer runs on another node; then the pool's SPDK
+//! target must export it (a broken one rejects the pool: `SpdkUnhealthy`), it counts against
+//! `maxRemoteVolumeCount` and `minLocalStoragePct`, and `MustLocal` rejects the pool.
+//! - With `spec.hostNode` (the CO's requested topology, or the PVC's selected node), the
+//!   volume is local on the host's own pool and remote on every other.
+//! - **Without a requested topology** (no `spec.hostNode`: a CO that sent no accessibility
+//!   requirement) the volume is placed where it can be used: it is local on every pool, and
+//!   when the controller binds it, the chosen pool's node becomes its `spec.hostNode`. The
+//!   only exception is `MustRemote`, which stays host-less and remote on pools that can export
+//!   it (and is rejected by the others).
+//! - A volume bound local without a requested topology, or placed on a pool that cannot
+//!   export ([`can_export`]: a file or LVM pool whose agent has no working SPDK target; its
+//!   `Spdk` condition is `Error`), can be used only on that node: the controller sets
+//!   `obnvmf/local-only: "true"` when it binds it, and the CSI controller returns the node as
+//!   the volume's `accessible_topology`, so that the CO puts the consumer there (a PV's node
+//!   affinity). The data of such a volume does not move by itself when a consumer appears
+//!   elsewhere.
+//!
 //! Differences from LiteIO (its gaps 17 and 19): the free-space check includes the incoming
 //! volume's snapshot reserve, `LeastResource` uses the state's exact free space, ties are
 //! deterministic, a volume without a host node is remote everywhere instead of a nil
@@ -225,6 +245,27 @@ fn parse_selector(vol: &AntstorVolume, key: &str) -> Result<Option<Selector>, Sc
     }
 }
 
+/// Whether a pool can serve volumes to other nodes: every remote volume is exported by the
+/// node's SPDK target, whatever the pool's engine, so the pool's `Spdk` condition must not be
+/// `Error` (an agent without SPDK reports it so).
+pub fn can_export(pool: &StoragePool) -> bool {
+    !spdk_condition_error(pool)
+}
+
+/// Whether `vol` would be remote on `pool` (see the module documentation).
+pub fn is_remote(vol: &AntstorVolume, pool: &StoragePool, pool_name: &str) -> bool {
+    match vol
+        .spec
+        .host_node
+        .as_ref()
+        .map(|h| h.id.as_str())
+        .filter(|s| !s.is_empty())
+    {
+        Some(host) => host != pool_name,
+        None => vol.spec.position_advice == VolumePosition::MustRemote && can_export(pool),
+    }
+}
+
 fn spdk_condition_error(pool: &StoragePool) -> bool {
     pool.status.as_ref().is_some_and(|s| {
         s.conditions
@@ -354,7 +395,7 @@ impl Scheduler {
                 return Err(Reason::ThinOvercommit);
             }
         }
-        let remote = v.host.is_none_or(|h| h != p.name);
+        let remote = is_remote(v.vol, p.pool, p.name);
         let spdk = p.pool.mode() == Some(PoolMode::SpdkLVStore);
         if (spdk || remote) && spdk_condition_error(p.pool) {
             return Err(Reason::SpdkUnhealthy);
@@ -406,8 +447,7 @@ impl Scheduler {
     }
 
     fn min_local_storage(&self, p: &PoolView<'_>, v: &Prepared<'_>) -> Result<(), Reason> {
-        let remote = v.host.is_none_or(|h| h != p.name);
-        if !remote {
+        if !is_remote(v.vol, p.pool, p.name) {
             return Ok(());
         }
         let avail = i128::from(p.available());

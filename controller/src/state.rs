@@ -235,6 +235,8 @@ pub struct NodeFacts {
 pub struct State {
     pools: BTreeMap<String, PoolEntry>,
     volumes: HashMap<ObjectKey, VolumeEntry>,
+    /// Volumes by `spec.uuid` (several when users created duplicates).
+    by_uuid: HashMap<String, BTreeSet<ObjectKey>>,
     snapshots: HashMap<ObjectKey, SnapshotEntry>,
     snap_sum: HashMap<ObjectKey, u64>,
     nodes: HashMap<String, NodeFacts>,
@@ -502,6 +504,11 @@ impl State {
     pub fn upsert_volume(&mut self, vol: Arc<AntstorVolume>) {
         let key = ObjectKey::of(vol.as_ref());
         self.detach(&key);
+        self.forget_uuid(&key);
+        self.by_uuid
+            .entry(vol.spec.uuid.clone())
+            .or_default()
+            .insert(key.clone());
         let node = match vol.target_node() {
             Some(n) => Some(n.to_string()),
             None => self.volumes.get(&key).and_then(|e| e.node.clone()),
@@ -520,7 +527,42 @@ impl State {
     /// Forgets a volume and gives back what it took.
     pub fn remove_volume(&mut self, key: &ObjectKey) {
         self.detach(key);
+        self.forget_uuid(key);
         self.volumes.remove(key);
+    }
+
+    fn forget_uuid(&mut self, key: &ObjectKey) {
+        let Some(uuid) = self.volumes.get(key).map(|e| e.vol.spec.uuid.clone()) else {
+            return;
+        };
+        if let Some(set) = self.by_uuid.get_mut(&uuid) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_uuid.remove(&uuid);
+            }
+        }
+    }
+
+    /// The volume that owns the `spec.uuid` that `key` shares with other volumes, when that
+    /// is another one. CSI, the kubectl plug-in and the NQN all resolve a volume by its uuid,
+    /// so only one volume may have it: the one bound to a pool (the first bound, if several
+    /// already are), else the oldest (creation time, then namespace/name).
+    pub fn uuid_owner(&self, key: &ObjectKey) -> Option<ObjectKey> {
+        let uuid = &self.volumes.get(key)?.vol.spec.uuid;
+        let set = self.by_uuid.get(uuid)?;
+        if set.len() < 2 {
+            return None;
+        }
+        let rank = |k: &ObjectKey| {
+            let e = self.volumes.get(k);
+            let bound = e.is_some_and(|e| e.node.is_some());
+            let created = e.and_then(|e| e.vol.metadata.creation_timestamp.clone());
+            (!bound, created.map(|t| t.0), k.clone())
+        };
+        set.iter()
+            .min_by(|a, b| rank(a).cmp(&rank(b)))
+            .filter(|owner| *owner != key)
+            .cloned()
     }
 
     /// Replaces every volume after a (re)list; bindings made by [`State::bind`] survive

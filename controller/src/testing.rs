@@ -99,11 +99,13 @@ impl PoolFixture {
     }
     /// Marks the SPDK condition unhealthy.
     pub fn spdk_unhealthy(mut self) -> Self {
-        if let Some(st) = self.0.status.as_mut() {
-            for c in &mut st.conditions {
-                c.status = ConditionStatus::Error;
-            }
-        }
+        let st = self.0.status.get_or_insert_with(Default::default);
+        st.conditions.retain(|c| c.type_ != PoolConditionType::Spdk);
+        st.conditions.push(PoolCondition {
+            type_: PoolConditionType::Spdk,
+            status: ConditionStatus::Error,
+            message: "no SPDK target".to_string(),
+        });
         self
     }
     /// Sets the reported free size.

@@ -108,11 +108,42 @@ fn filters_case_by_case() {
                 .position(VolumePosition::MustLocal),
             Ok(()),
         ),
+        // Without a requested topology a volume is local to the pool it is placed on.
         (
             "must local without host",
             pool("n1", big),
             volume("v", GIB).position(VolumePosition::MustLocal),
+            Ok(()),
+        ),
+        (
+            "no host on a pool that cannot export",
+            pool("n1", big).lvm().spdk_unhealthy(),
+            volume("v", GIB),
+            Ok(()),
+        ),
+        (
+            "remote consumer on a pool that cannot export",
+            pool("n1", big).lvm().spdk_unhealthy(),
+            volume("v", GIB).host("h2"),
+            Err(Reason::SpdkUnhealthy),
+        ),
+        (
+            "must remote without host, pool can export",
+            pool("n1", big),
+            volume("v", GIB).position(VolumePosition::MustRemote),
+            Ok(()),
+        ),
+        (
+            "must remote without host, pool cannot export",
+            pool("n1", big).lvm().spdk_unhealthy(),
+            volume("v", GIB).position(VolumePosition::MustRemote),
             Err(Reason::PositionAdvice),
+        ),
+        (
+            "no host on an unhealthy spdk pool",
+            pool("n1", big).spdk_unhealthy(),
+            volume("v", GIB),
+            Err(Reason::SpdkUnhealthy),
         ),
         (
             "must remote here",
@@ -240,6 +271,9 @@ fn remote_volume_count() {
     );
     let local = volume("v", GIB).host("n1").build();
     assert_eq!(sched.check_pool(&s, "n1", &local).unwrap(), Ok(()));
+    // No requested topology: the volume will be local to the pool's node, not remote.
+    let hostless = volume("v", GIB).build();
+    assert_eq!(sched.check_pool(&s, "n1", &hostless).unwrap(), Ok(()));
     let ignored = volume("v", GIB)
         .host("h2")
         .annotate(annotations::REGARD_AS_REMOTE, "true")

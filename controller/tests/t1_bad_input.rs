@@ -287,3 +287,124 @@ async fn unknown_enum_values_are_rejected_by_the_api_server() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_second_volume_with_a_used_uuid_is_refused_naming_the_first() {
+    timeout(LIMIT, async {
+        let h = start(test_config()).await;
+        h.add_pool(pool("n1", 100 * GIB)).await;
+        h.add_volume(volume("first", GIB)).await;
+        h.wait_bound("first", "n1").await;
+        let mut dup = volume("second", GIB);
+        dup.0.spec.uuid = "uuid-first".to_string();
+        h.add_volume(dup).await;
+        let m = wait_message(&h, "second", |m| !m.is_empty()).await;
+        assert!(
+            m.starts_with("invalid volume: spec.uuid: uuid-first")
+                && m.contains("AntstorVolume obnvmf/first"),
+            "{m}"
+        );
+        eventually("InvalidVolume event on second", || async {
+            warnings_about(&h, "AntstorVolume", "second", "InvalidVolume")
+                .await
+                .iter()
+                .any(|n| n.contains("obnvmf/first"))
+        })
+        .await;
+        assert!(h.volume("second").await.spec.target_node_id.is_empty());
+        assert!(
+            message(&h, "first").await.is_empty(),
+            "the first is untouched"
+        );
+
+        // The first goes: the uuid is free and the second is scheduled.
+        h.volumes()
+            .delete("first", &Default::default())
+            .await
+            .unwrap();
+        h.wait_bound("second", "n1").await;
+        wait_message(&h, "second", str::is_empty).await;
+        h.stop().await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_preset_target_without_a_pool_gets_a_message_until_the_pool_appears() {
+    timeout(LIMIT, async {
+        let h = start(test_config()).await;
+        h.add_pool(pool("n1", 100 * GIB)).await;
+        h.add_volume(volume("pinned", GIB).scheduled_to("ghost"))
+            .await;
+        let m = wait_message(&h, "pinned", |m| !m.is_empty()).await;
+        assert!(
+            m.contains("spec.targetNodeId: node ghost has no StoragePool"),
+            "{m}"
+        );
+        eventually("InvalidVolume event on pinned", || async {
+            !warnings_about(&h, "AntstorVolume", "pinned", "InvalidVolume")
+                .await
+                .is_empty()
+        })
+        .await;
+        h.add_pool(pool("ghost", 100 * GIB)).await;
+        wait_message(&h, "pinned", str::is_empty).await;
+        eventually("pinned taken in", || async {
+            h.volume("pinned")
+                .await
+                .metadata
+                .finalizers
+                .is_some_and(|f| {
+                    f.iter()
+                        .any(|f| f == liteio_api::keys::finalizers::IN_STATE)
+                })
+        })
+        .await;
+        h.stop().await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_volume_without_a_requested_topology_is_bound_where_it_can_be_used() {
+    timeout(LIMIT, async {
+        let h = start(test_config()).await;
+        // A pool whose agent has no working SPDK target cannot export: local only.
+        h.add_pool(pool("n1", 100 * GIB).lvm().spdk_unhealthy())
+            .await;
+        h.add_volume(volume("plain", GIB)).await;
+        h.wait_bound("plain", "n1").await;
+        let v = h.volume("plain").await;
+        assert_eq!(v.spec.host_node.as_ref().map(|n| n.id.as_str()), Some("n1"));
+        assert!(v.is_local());
+        assert_eq!(
+            v.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(annotations::LOCAL_ONLY))
+                .map(String::as_str),
+            Some("true")
+        );
+        // A volume whose consumer is elsewhere cannot be placed there, and says why.
+        h.add_volume(volume("far", GIB).host("n9")).await;
+        let m = wait_message(&h, "far", |m| !m.is_empty()).await;
+        assert!(m.contains("SpdkUnhealthy: 1"), "{m}");
+        // A consumer on the pool's own node: local, pinned as well (nothing can export it).
+        h.add_volume(volume("here", GIB).host("n1")).await;
+        h.wait_bound("here", "n1").await;
+        let v = h.volume("here").await;
+        assert_eq!(
+            v.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(annotations::LOCAL_ONLY))
+                .map(String::as_str),
+            Some("true")
+        );
+        h.stop().await;
+    })
+    .await
+    .unwrap();
+}

@@ -11,9 +11,8 @@ mod common;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use liteio_api::keys::{annotations, finalizers, labels};
 use liteio_api::size::{GIB, MIB};
 use liteio_api::snapshot::SnapshotStatusName;
@@ -33,20 +32,7 @@ async fn start_probed() -> (Harness, MetaSync) {
 
 /// The notes of the Warning events about snapshot `name` with `reason`.
 async fn warnings(h: &Harness, name: &str, reason: &str) -> Vec<String> {
-    Api::<Event>::namespaced(h.client.clone(), NS)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.type_.as_deref() == Some("Warning")
-                && e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("AntstorSnapshot")
-        })
-        .filter_map(|e| e.note)
-        .collect()
+    warnings_about(h, "AntstorSnapshot", name, reason).await
 }
 
 async fn warned(h: &Harness, name: &str, reason: &str, says: &str) {

@@ -160,7 +160,11 @@ pub fn csi_volume(v: &AntstorVolume, extra_ctx: &HashMap<String, String>) -> Vol
     if let Some(m) = annotation(&v.metadata, keys::SC_PARAM_MKFS_PARAMS) {
         ctx.insert(keys::SC_PARAM_MKFS_PARAMS.into(), m.into());
     }
-    let accessible_topology = if v.spec.position_advice == VolumePosition::MustLocal {
+    // Usable only on its node: asked so (MustLocal), or placed on a pool that cannot export
+    // it (the controller's `obnvmf/local-only`; see the scheduler's rules).
+    let local_only = v.spec.position_advice == VolumePosition::MustLocal
+        || annotation(&v.metadata, annotations::LOCAL_ONLY) == Some("true");
+    let accessible_topology = if local_only {
         v.target_node()
             .map(|n| vec![hostname_topology(n)])
             .unwrap_or_default()
@@ -748,7 +752,7 @@ impl ControllerService {
         let mut snaps: Vec<Snapshot> = list
             .items
             .iter()
-            .filter(|s| !s.spec.uuid.is_empty())
+            .filter(|s| !s.spec.uuid.is_empty() && s.metadata.deletion_timestamp.is_none())
             .map(|s| {
                 let src = uuids
                     .get(&s.spec.origin_vol_name)
@@ -784,7 +788,9 @@ impl ControllerService {
         let mut vols: Vec<&AntstorVolume> = list
             .items
             .iter()
-            .filter(|v| !v.spec.uuid.is_empty())
+            // A volume being deleted is gone for the CO (DeleteVolume returned); only the
+            // agent's clean-up is left.
+            .filter(|v| !v.spec.uuid.is_empty() && v.metadata.deletion_timestamp.is_none())
             .collect();
         vols.sort_by(|a, b| a.spec.uuid.cmp(&b.spec.uuid));
         let start = params::page_offset(&req.starting_token, vols.len())?;
@@ -1106,6 +1112,15 @@ mod tests {
             csi_volume(&v, &HashMap::new())
                 .accessible_topology
                 .is_empty()
+        );
+        // Placed where only its node can use it: the controller says so.
+        v.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(annotations::LOCAL_ONLY.into(), "true".into());
+        assert_eq!(
+            csi_volume(&v, &HashMap::new()).accessible_topology,
+            vec![hostname_topology("n1")]
         );
     }
 }

@@ -28,7 +28,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
-use liteio_api::keys::managers;
+use liteio_api::keys::{finalizers, managers};
 use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
@@ -425,12 +425,16 @@ fn on_pool(ctx: &Arc<Context>, ev: Event<StoragePool>, buf: &mut Vec<Arc<Storage
                 } else {
                     Vec::new()
                 };
+                // Volumes on this node being deleted, and those preset to it
+                // (spec.targetNodeId) that waited for its pool to appear.
                 let deleting: Vec<ObjectKey> = s
                     .volumes_on(&name)
                     .into_iter()
                     .filter(|k| {
-                        s.volume(k)
-                            .is_some_and(|v| v.metadata.deletion_timestamp.is_some())
+                        s.volume(k).is_some_and(|v| {
+                            v.metadata.deletion_timestamp.is_some()
+                                || !v.finalizers().iter().any(|f| f == finalizers::IN_STATE)
+                        })
                     })
                     .collect();
                 (unscheduled, deleting)

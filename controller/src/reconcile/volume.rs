@@ -1,9 +1,12 @@
 //! The AntstorVolume reconciler: schedule, bind, report why nothing fits, and release
 //! volumes being deleted.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use liteio_api::keys::{finalizers, labels};
+use kube::ResourceExt;
+use liteio_api::common::NodeInfo;
+use liteio_api::keys::{annotations, finalizers, labels};
 use liteio_api::pool::PoolStatus;
 use liteio_api::{AntstorVolume, validate};
 use serde_json::json;
@@ -13,7 +16,7 @@ use super::{Action, Context};
 use crate::clock::elapsed;
 use crate::error::Result;
 use crate::plugin::{Kind, PluginObject};
-use crate::scheduler::ScheduleError;
+use crate::scheduler::{self, ScheduleError};
 use crate::state::{self, ObjectKey};
 
 /// Prefix of messages this reconciler writes to `status.msg` (cleared once bound).
@@ -37,7 +40,9 @@ const SOURCE_SNAPSHOT_NOT_FOUND: &str = "SourceSnapshotNotFound";
 /// fits, the per-reason counts go to `status.msg` and the volume waits until a pool changes
 /// or space is freed. A bound volume gets `spec.targetNodeId`, the label
 /// `obnvmf/target-node-id` and the finalizer `antstor.alipay.com/in-state` in one merge
-/// patch guarded by its resourceVersion, then `status.status=creating` if it had no status.
+/// patch guarded by its resourceVersion (with, on first binding, `spec.hostNode` and
+/// `obnvmf/local-only` for a volume without a requested topology that is usable only on
+/// its node: see [`crate::scheduler`]), then `status.status=creating` if it had no status.
 /// Plug-ins run last.
 ///
 /// Guarantees: idempotent (a second run writes nothing); a volume is never bound to two
@@ -59,7 +64,9 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
         ctx.run_plugin_deletions(PluginObject::Volume(&vol)).await?;
         return Ok(action);
     }
-    if let Err(msg) = check(ctx, &vol) {
+    if let Err(msg) = check(ctx, key, &vol) {
+        ctx.warn_once(vol.as_ref(), "InvalidVolume", msg.clone())
+            .await;
         set_message(ctx, &vol, &msg).await?;
         return Ok(Action::Done);
     }
@@ -90,13 +97,35 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     Ok(Action::Done)
 }
 
-fn check(ctx: &Context, vol: &AntstorVolume) -> std::result::Result<(), String> {
+/// Why the volume cannot be scheduled or kept as it is, if it cannot: an invalid field, a
+/// `spec.uuid` another volume already has, or a preset `spec.targetNodeId` that names no pool.
+fn check(ctx: &Context, key: &ObjectKey, vol: &AntstorVolume) -> std::result::Result<(), String> {
     if let Err(e) = validate::volume(vol) {
         return Err(format!("invalid volume: {e}"));
     }
     ctx.scheduler
         .validate_volume(vol)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    let state = ctx.state();
+    if let Some(owner) = state.uuid_owner(key) {
+        return Err(format!(
+            "invalid volume: spec.uuid: {} is already used by AntstorVolume {owner}; \
+             a volume is found by its uuid, so this one is not scheduled",
+            vol.spec.uuid
+        ));
+    }
+    // Preset by whoever created it (the controller has not taken it in yet).
+    let taken_in = vol.finalizers().iter().any(|f| f == finalizers::IN_STATE);
+    if let Some(node) = vol.target_node()
+        && !taken_in
+        && state.pool(node).is_none()
+    {
+        return Err(format!(
+            "invalid volume: spec.targetNodeId: node {node} has no StoragePool; \
+             set it to a pool's node or leave it empty for the scheduler"
+        ));
+    }
+    Ok(())
 }
 
 /// The message for a clone whose source snapshot is not in the cluster (the agent could
@@ -184,7 +213,7 @@ async fn ensure_bound(
     if !fin_ok {
         fins.push(finalizers::IN_STATE.to_string());
     }
-    let body = json!({
+    let mut body = json!({
         "metadata": {
             "resourceVersion": vol.metadata.resource_version,
             "labels": { labels::TARGET_NODE_ID: node },
@@ -192,6 +221,27 @@ async fn ensure_bound(
         },
         "spec": { "targetNodeId": node },
     });
+    if !fin_ok {
+        // First binding (the controller takes the volume in): record where a volume without a requested topology is usable
+        // (the rule is in the scheduler's module documentation).
+        let pool = ctx.state().pool(node).map(|p| p.pool.clone());
+        if let Some(pool) = pool {
+            let hostless = vol.spec.host_node.as_ref().is_none_or(|h| h.id.is_empty());
+            let bind_local = hostless && !scheduler::is_remote(&vol, &pool, node);
+            if bind_local {
+                let info = &pool.spec.node_info;
+                body["spec"]["hostNode"] = json!(NodeInfo {
+                    id: node.to_string(),
+                    ip: info.ip.clone(),
+                    hostname: info.hostname.clone(),
+                    labels: BTreeMap::new(),
+                });
+            }
+            if bind_local || !scheduler::can_export(&pool) {
+                body["metadata"]["annotations"] = json!({ annotations::LOCAL_ONLY: "true" });
+            }
+        }
+    }
     let out: AntstorVolume = ctx.patch(&key.namespace, &key.name, &body, false).await?;
     info!(node, "volume bound");
     Ok(store(ctx, out))

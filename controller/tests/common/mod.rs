@@ -260,3 +260,21 @@ pub async fn wait_bound(client: &Client, name: &str, node: &str) {
     })
     .await;
 }
+
+/// The notes of the Warning events with `reason` about the `kind` object `name`.
+pub async fn warnings_about(h: &Harness, kind: &str, name: &str, reason: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(h.client.clone(), NS)
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind)
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
