@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod demo;
+pub mod sanity;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -62,6 +63,9 @@ pub enum LocalError {
     Config(String),
 }
 
+/// The pool size when none is given: 4 GiB (sparse).
+pub const DEFAULT_POOL_BYTES: u64 = 4 << 30;
+
 /// Which storage engine the local agent uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -113,6 +117,8 @@ pub struct Local {
     pub controller_port: u16,
     /// Whether the API server is ours (the test API server) or an existing one.
     pub api: ApiSource,
+    /// Size of the node's pool in bytes.
+    pub pool_bytes: u64,
     children: Vec<(Component, Child)>,
 }
 
@@ -200,6 +206,19 @@ impl Local {
         engine: Engine,
         api: ApiSource,
     ) -> Result<Self, LocalError> {
+        Self::start_sized(dir, bin_dir, node, engine, api, DEFAULT_POOL_BYTES).await
+    }
+
+    /// Like [`Local::start_with`], with a pool of `pool_bytes` (the file engine's capacity or
+    /// the SPDK engine's aio file; both sparse).
+    pub async fn start_sized(
+        dir: &Path,
+        bin_dir: &Path,
+        node: &str,
+        engine: Engine,
+        api: ApiSource,
+        pool_bytes: u64,
+    ) -> Result<Self, LocalError> {
         let components: &[Component] = match api {
             ApiSource::Test => &[
                 Component::ApiServer,
@@ -227,6 +246,7 @@ impl Local {
             api_port: free_port()?,
             controller_port: free_port()?,
             api: api.clone(),
+            pool_bytes,
             children: Vec::new(),
         };
         me.write_configs()?;
@@ -274,14 +294,16 @@ impl Local {
             // An agent built with SPDK also starts it here (no hugepages, interrupt mode) to
             // export volumes over NVMe/TCP; without SPDK the `spdk` section is unused.
             Engine::File => format!(
-                "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: 4294967296}}\n\
+                "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: {}}}\n\
                  spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768, rpcSocket: {}}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
                 self.dir.join("pool").display(),
+                self.pool_bytes,
                 rpc.display()
             ),
             Engine::Spdk => format!(
-                "storage:\n  pooling: {{name: local-lvs, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: local-aio, size: 4294967296, filePath: {}, createIfNotExist: true}}\n\
+                "storage:\n  pooling: {{name: local-lvs, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: local-aio, size: {}, filePath: {}, createIfNotExist: true}}\n\
                  spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768, rpcSocket: {}}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
+                self.pool_bytes,
                 self.dir.join("pool/aio-lvs.img").display(),
                 rpc.display()
             ),

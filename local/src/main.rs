@@ -28,6 +28,10 @@ struct Args {
     /// NVMe/TCP initiator (needed to mount SPDK volumes here), else the file engine.
     #[arg(long, default_value = "auto", value_parser = ["auto", "file", "spdk"])]
     engine: String,
+    /// Size of the node's pool in GiB (a sparse file: the file engine's capacity, or the aio
+    /// file under the SPDK engine's lvstore).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pool_size_gib: u64,
     /// Run the demo, clean up and exit instead of waiting for a signal.
     #[arg(long)]
     once: bool,
@@ -87,7 +91,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.dir.display(),
         args.node
     ));
-    let mut local = Local::start(&args.dir, &bin_dir, &args.node, engine).await?;
+    let mut local = Local::start_sized(
+        &args.dir,
+        &bin_dir,
+        &args.node,
+        engine,
+        liteio_local::ApiSource::Test,
+        args.pool_size_gib << 30,
+    )
+    .await?;
     say(&format!(
         "test API server ready on 127.0.0.1:{}; controller, disk-agent and CSI driver ready",
         local.api_port

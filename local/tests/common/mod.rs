@@ -25,6 +25,7 @@ use liteio_csi::csi::{
     TopologyRequirement, VolumeContentSource,
 };
 use liteio_local::demo::mount_capability;
+use liteio_local::sanity::XfsScratch;
 use liteio_local::{ApiSource, Component, Engine, Local};
 
 const MIB: i64 = 1 << 20;
@@ -40,35 +41,6 @@ fn run(cmd: &str, args: &[&str]) -> bool {
         .args(args)
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// An XFS (reflink) filesystem in a sparse file, mounted at `dir`; undone on drop.
-struct XfsMount {
-    dir: PathBuf,
-    image: PathBuf,
-}
-
-impl XfsMount {
-    fn new(base: &Path) -> Option<Self> {
-        let image = base.join("pool.xfs");
-        let dir = base.join("state");
-        std::fs::create_dir_all(&dir).ok()?;
-        std::fs::File::create(&image).ok()?.set_len(3 << 30).ok()?;
-        let ok = run("mkfs.xfs", &["-q", "-m", "reflink=1", image.to_str()?])
-            && run("mount", &["-o", "loop", image.to_str()?, dir.to_str()?]);
-        ok.then_some(Self { dir, image })
-    }
-}
-
-impl Drop for XfsMount {
-    fn drop(&mut self) {
-        // After a failed run, volumes may still be mounted or loop-attached inside.
-        liteio_local::release_host_resources(&self.dir);
-        if !run("umount", &[self.dir.to_str().unwrap_or_default()]) {
-            let _ = run("umount", &["-l", self.dir.to_str().unwrap_or_default()]);
-        }
-        let _ = std::fs::remove_file(&self.image);
-    }
 }
 
 fn write_synced(path: &Path, data: &[u8]) -> Result<(), String> {
@@ -132,7 +104,7 @@ pub fn run_e2e(api: ApiSource, node: &str, tag: &str) {
     }
     let base = std::env::temp_dir().join(format!("liteio-e2e-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&base).unwrap();
-    let mount = XfsMount::new(&base).expect("cannot make the XFS pool filesystem");
+    let mount = XfsScratch::new(&base, 3 << 30).expect("cannot make the XFS pool filesystem");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
