@@ -12,10 +12,19 @@
 //! `spdk_internal/`; the shim needs them, so a source tree is required beside an install
 //! prefix. The shim was written against SPDK 26.05: any other version is refused.
 //!
-//! Linking: static archives (`lib/libspdk_*.a`) are linked whole-archive, because SPDK's
+//! Linking: the link line comes from SPDK's own pkg-config files, never from a list kept
+//! here, so that any SPDK configuration (with or without fsdev, uring, another DPDK) links as
+//! it was built. The files are `<lib>/pkgconfig/*.pc`: an install prefix has them from
+//! `make install`, a build tree from the build (`build/lib/pkgconfig`). `pkg-config --libs
+//! <the SPDK libraries the agent uses>` gives SPDK's libraries with their dependencies and
+//! DPDK's (`spdk_env_dpdk` requires `spdk_dpdklibs`); `pkg-config --libs --static
+//! spdk_syslibs` gives the system libraries. A missing `.pc` means SPDK was configured
+//! without a module the agent needs, and the build stops naming it.
+//!
+//! SPDK's libraries are linked whole-archive when static (`lib/libspdk_*.a`), because its
 //! modules register themselves from constructors that nothing references; shared libraries
-//! (`SPDK_LINK=shared`) are linked with `--no-as-needed` for the same reason. DPDK and the
-//! system libraries come from pkg-config (`libdpdk`) and SPDK's `spdk_syslibs` list.
+//! (`SPDK_LINK=shared`) are linked with `--no-as-needed` for the same reason, and so are
+//! DPDK's (its mempool ring and PCI bus drivers only register constructors).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -27,8 +36,9 @@ fn main() {
 mod link {
     use std::path::{Path, PathBuf};
 
-    /// SPDK libraries the agent uses, in link order (dependents before dependencies).
-    const SPDK_LIBS: &[&str] = &[
+    /// SPDK libraries the agent calls or whose modules it registers (pkg-config names);
+    /// pkg-config adds what each depends on, DPDK included.
+    const SPDK_PACKAGES: &[&str] = &[
         "spdk_event_nvmf",
         "spdk_event_bdev",
         "spdk_event_accel",
@@ -48,53 +58,11 @@ mod link {
         "spdk_bdev",
         "spdk_lvol",
         "spdk_blob_bdev",
-        "spdk_blob",
-        "spdk_accel",
         "spdk_accel_error",
-        "spdk_dma",
-        "spdk_nvme",
         "spdk_sock_posix",
-        "spdk_sock",
-        "spdk_keyring",
-        "spdk_vmd",
-        "spdk_init",
         "spdk_scheduler_dynamic",
-        "spdk_rpc",
-        "spdk_jsonrpc",
-        "spdk_json",
-        "spdk_notify",
-        "spdk_trace",
-        "spdk_thread",
-        "spdk_env_dpdk",
         "spdk_env_dpdk_rpc",
-        "spdk_util",
-        "spdk_log",
-    ];
-    /// DPDK libraries SPDK's environment uses (its `spdk_env_dpdk.pc`), drivers included.
-    const DPDK_LIBS: &[&str] = &[
-        "rte_bus_pci",
-        "rte_cryptodev",
-        "rte_dmadev",
-        "rte_eal",
-        "rte_ethdev",
-        "rte_hash",
-        "rte_kvargs",
-        "rte_mbuf",
-        "rte_mempool",
-        "rte_mempool_ring",
-        "rte_meter",
-        "rte_net",
-        "rte_pci",
-        "rte_power",
-        "rte_rcu",
-        "rte_ring",
-        "rte_telemetry",
-        "rte_timer",
-        "rte_vhost",
-    ];
-    /// System libraries of SPDK (its `spdk_syslibs.pc`).
-    const SYS_LIBS: &[&str] = &[
-        "isal", "uuid", "ssl", "crypto", "aio", "numa", "keyutils", "fuse3", "bsd", "rt", "dl", "m",
+        "spdk_env_dpdk",
     ];
     /// Module headers the shim and bindings need, relative to a source tree.
     const MODULE_DIRS: &[&str] = &[
@@ -220,46 +188,98 @@ mod link {
         }
     }
 
+    /// Runs pkg-config with SPDK's `.pc` directory first in its search path.
+    fn pkg_config(pc_dir: &Path, args: &[&str]) -> String {
+        let mut path = pc_dir.as_os_str().to_owned();
+        if let Some(rest) = std::env::var_os("PKG_CONFIG_PATH").filter(|v| !v.is_empty()) {
+            path.push(":");
+            path.push(rest);
+        }
+        let bin = std::env::var_os("PKG_CONFIG").unwrap_or_else(|| "pkg-config".into());
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .env("PKG_CONFIG_PATH", &path)
+            .output()
+            .unwrap_or_else(|e| {
+                fail(&format!(
+                    "cannot run {}: {e} (install pkg-config)",
+                    bin.to_string_lossy()
+                ))
+            });
+        if !out.status.success() {
+            fail(&format!(
+                "pkg-config {} failed with SPDK's files in {}: {}\n\
+                 A missing spdk_*.pc means this SPDK was configured without a module LiteIO needs \
+                 (it needs {}).",
+                args.join(" "),
+                pc_dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim(),
+                SPDK_PACKAGES.join(", ")
+            ));
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn link(spdk: &Spdk) {
         let shared = std::env::var("SPDK_LINK")
             .map(|v| v == "shared")
             .unwrap_or(false);
+        let pc_dir = env_path("SPDK_PKG_CONFIG_DIR").unwrap_or_else(|| spdk.lib.join("pkgconfig"));
+        if !pc_dir.join("spdk_syslibs.pc").exists() {
+            fail(&format!(
+                "{} has no spdk_syslibs.pc: SPDK's build (build/lib/pkgconfig) or `make install` \
+                 (<prefix>/lib/pkgconfig) writes it; set SPDK_PKG_CONFIG_DIR if it is elsewhere",
+                pc_dir.display()
+            ));
+        }
+        let mut args: Vec<&str> = vec!["--libs"];
+        args.extend_from_slice(SPDK_PACKAGES);
+        let spdk_libs = pkg_config(&pc_dir, &args);
+        let sys_libs = pkg_config(&pc_dir, &["--libs", "--static", "spdk_syslibs"]);
+
         println!("cargo:rustc-link-search=native={}", spdk.lib.display());
         // Arguments the final link needs that a library's build script cannot give it:
         // shared libraries whose only job is a constructor (DPDK's mempool ring and PCI bus
         // drivers, SPDK modules when shared) must be kept with --no-as-needed. Dependents read
         // them as DEP_SPDK_LINK_ARGS (see the agent's build.rs).
         let mut final_args = vec!["-Wl,--no-as-needed".to_string()];
-        for lib in SPDK_LIBS {
-            let archive = spdk.lib.join(format!("lib{lib}.a"));
-            if !shared && archive.exists() {
-                println!("cargo:rustc-link-lib=static:+whole-archive,-bundle={lib}");
+        let mut seen = std::collections::HashSet::new();
+        let mut system = Vec::new();
+        for (tok, is_sys) in spdk_libs
+            .split_whitespace()
+            .map(|t| (t, false))
+            .chain(sys_libs.split_whitespace().map(|t| (t, true)))
+        {
+            if !seen.insert(tok.to_string()) {
+                continue;
+            }
+            if let Some(dir) = tok.strip_prefix("-L") {
+                println!("cargo:rustc-link-search=native={dir}");
+            } else if let Some(lib) = tok.strip_prefix("-l") {
+                if is_sys {
+                    system.push(lib.to_string());
+                } else if lib.starts_with("spdk_")
+                    && !shared
+                    && spdk.lib.join(format!("lib{lib}.a")).exists()
+                {
+                    println!("cargo:rustc-link-lib=static:+whole-archive,-bundle={lib}");
+                } else {
+                    println!("cargo:rustc-link-lib=dylib={lib}");
+                    final_args.push(tok.to_string());
+                }
+            } else if tok == "-pthread" {
+                system.push("pthread".to_string());
             } else {
-                println!("cargo:rustc-link-lib=dylib={lib}");
-                final_args.push(format!("-l{lib}"));
+                // Any other linker flag (-Wl,…) goes to the final link as it is.
+                final_args.push(tok.to_string());
             }
         }
         if shared {
             final_args.push(format!("-Wl,-rpath,{}", spdk.lib.display()));
         }
-        match pkg_config::Config::new()
-            .cargo_metadata(false)
-            .probe("libdpdk")
-        {
-            Ok(dpdk) => {
-                for p in &dpdk.link_paths {
-                    println!("cargo:rustc-link-search=native={}", p.display());
-                }
-                for l in DPDK_LIBS {
-                    println!("cargo:rustc-link-lib=dylib={l}");
-                    final_args.push(format!("-l{l}"));
-                }
-            }
-            Err(e) => fail(&format!("DPDK (libdpdk.pc) not found: {e}")),
-        }
         final_args.push("-Wl,--as-needed".to_string());
         println!("cargo:link_args={}", final_args.join(" "));
-        for l in SYS_LIBS {
+        for l in system {
             println!("cargo:rustc-link-lib=dylib={l}");
         }
     }
@@ -271,7 +291,9 @@ mod link {
             "SPDK_LIB_DIR",
             "SPDK_SRC_DIR",
             "SPDK_LINK",
+            "SPDK_PKG_CONFIG_DIR",
             "PKG_CONFIG_PATH",
+            "PKG_CONFIG",
         ] {
             println!("cargo:rerun-if-env-changed={var}");
         }

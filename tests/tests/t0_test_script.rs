@@ -53,7 +53,11 @@ fn make_crate(dir: &Path, manifest_tail: &str, files: &[(&str, &str)]) -> PathBu
         .env("CARGO_TARGET_DIR", root.join("target"))
         .status()
         .unwrap();
-    assert!(st.success(), "cargo generate-lockfile failed in {}", root.display());
+    assert!(
+        st.success(),
+        "cargo generate-lockfile failed in {}",
+        root.display()
+    );
     root
 }
 
@@ -176,7 +180,10 @@ fn tier_that_does_not_compile_fails() {
         "",
         &[
             ("tests/ok.rs", "#[test] fn fine() {}\n"),
-            ("tests/broken.rs", "#[test] fn t() { let _: u32 = \"not a number\"; }\n"),
+            (
+                "tests/broken.rs",
+                "#[test] fn t() { let _: u32 = \"not a number\"; }\n",
+            ),
         ],
     );
     assert_fails(&run_tier(&root, 300), "did not build");
@@ -206,7 +213,10 @@ fn tier_whose_test_binary_aborts_fails() {
         "",
         &[
             ("tests/a_ok.rs", "#[test] fn fine() {}\n"),
-            ("tests/b_abort.rs", "#[test] fn t() { std::process::abort(); }\n"),
+            (
+                "tests/b_abort.rs",
+                "#[test] fn t() { std::process::abort(); }\n",
+            ),
         ],
     );
     let t = run_tier(&root, 300);
