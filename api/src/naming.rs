@@ -43,9 +43,30 @@ pub fn lvol_alias(lvs: &str, name: &str) -> String {
     format!("{lvs}/{name}")
 }
 
-/// Engine name of a snapshot of the volume `origin` when the snapshot object names none.
+/// Longest engine object name every engine takes (SPDK's lvol names: 63 bytes).
+pub const ENGINE_NAME_MAX: usize = 63;
+
+/// Engine name of a snapshot of the volume `origin` when the snapshot object names none:
+/// `<origin>_snap`, as LiteIO names it. When that would be longer than
+/// [`ENGINE_NAME_MAX`] (an origin of 59 bytes or more), the origin is cut and a hash of the
+/// whole origin name keeps it unique and stable: `<origin prefix>-<16 hex>_snap`.
 pub fn snapshot_name(origin: &str) -> String {
-    format!("{origin}{SNAPSHOT_SUFFIX}")
+    let plain = format!("{origin}{SNAPSHOT_SUFFIX}");
+    if plain.len() <= ENGINE_NAME_MAX {
+        return plain;
+    }
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in origin.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let tail = format!("-{h:016x}{SNAPSHOT_SUFFIX}");
+    let mut cut = ENGINE_NAME_MAX - tail.len();
+    while !origin.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{tail}", &origin[..cut])
 }
 
 /// Bdev created by attaching the NVMe controller `controller` (namespace 1).
@@ -87,6 +108,16 @@ mod tests {
     fn engine_names() {
         assert_eq!(lvol_alias("lvs", "pvc-1"), "lvs/pvc-1");
         assert_eq!(snapshot_name("pvc-1"), "pvc-1_snap");
+        // Long origins are cut and hashed: at most 63 bytes, stable, distinct.
+        let a = "sanity-controller-source-vol-e432c061-53f006db-681bef07ee4b3c02";
+        let b = "sanity-controller-source-vol-e432c061-53f006db-681bef07ee4b3c03";
+        assert_eq!(snapshot_name(a).len(), ENGINE_NAME_MAX);
+        assert!(snapshot_name(a).ends_with(SNAPSHOT_SUFFIX));
+        assert_eq!(snapshot_name(a), snapshot_name(a));
+        assert_ne!(snapshot_name(a), snapshot_name(b));
+        let exactly = "x".repeat(ENGINE_NAME_MAX - SNAPSHOT_SUFFIX.len());
+        assert_eq!(snapshot_name(&exactly), format!("{exactly}_snap"));
+        assert!(snapshot_name(&"é".repeat(40)).len() <= ENGINE_NAME_MAX);
         assert_eq!(nvme_ns_bdev("mig-1"), "mig-1n1");
         assert_eq!(data_control_vg("obnvmf", "dc"), "obnvmf-dc");
     }
