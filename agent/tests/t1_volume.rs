@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::*;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
+use liteio_agent::engine::PoolEngine;
 use liteio_agent::exporter::{
     ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
 };
@@ -497,6 +498,43 @@ async fn consumer_host_changes_move_the_export() {
         assert_eq!(
             v.spec.spdk_target.as_ref().map(|t| &t.subsys_nqn),
             Some(&target.subsys_nqn)
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// The engine volume was made at the old size, then an expansion raised `spec.sizeByte`
+/// before the agent recorded it (a race csi-sanity hits under load): the agent grows it and
+/// the volume becomes ready at the new size instead of failing forever with "exists with
+/// 8 MiB, asked 12 MiB".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_expanded_before_it_was_recorded_is_grown_not_stuck() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        // What the first attempt left: the file at the size asked then, nothing recorded.
+        env.engine().ensure_pool().unwrap();
+        env.engine()
+            .create_volume("pvc-race", 8 * MIB, &Default::default())
+            .unwrap();
+        let agent = env.start_agent().await;
+        let api = vols(&env);
+        api.create(&PostParams::default(), &volume("pvc-race", 12 * MIB))
+            .await
+            .unwrap();
+        let v = wait_ready(&api, "pvc-race").await;
+        let info = env
+            .engine()
+            .list_volumes()
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == "pvc-race")
+            .unwrap();
+        assert_eq!(info.size_bytes, 12 * MIB);
+        assert!(
+            v.status.as_ref().is_none_or(|s| s.message.is_empty()),
+            "{v:?}"
         );
         agent.shutdown(Duration::from_secs(5)).await;
     })

@@ -350,7 +350,24 @@ async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option
     };
     let n = ename.to_string();
     let info = ctx
-        .engine_call("create", ename, move |e| e.create_volume(&n, size, &opts))
+        .engine_call("create", ename, move |e| {
+            match e.create_volume(&n, size, &opts) {
+                Err(err) if err.kind() == crate::engine::ErrorKind::AlreadyExistsDifferent => {
+                    // Made at the old size before an expansion raised spec.sizeByte, and not
+                    // recorded yet (it is not recorded, or we would not create it): grow it.
+                    // Never shrink, never touch a snapshot or a volume of another kind.
+                    let ours = e
+                        .list_volumes()?
+                        .into_iter()
+                        .find(|v| v.name == n && !v.is_snapshot());
+                    match ours {
+                        Some(v) if v.size_bytes < size => e.resize_volume(&n, size),
+                        _ => Err(err),
+                    }
+                }
+                r => r,
+            }
+        })
         .await?;
     Ok(Some(info))
 }
