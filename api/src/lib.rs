@@ -9,6 +9,7 @@ pub mod crd;
 pub mod datacontrol;
 pub mod group;
 pub mod keys;
+pub mod meta;
 pub mod migration;
 pub mod naming;
 pub mod pool;

@@ -87,15 +87,7 @@ pub fn parse_enum<T: DeserializeOwned + schemars::JsonSchema>(
     })
 }
 
-fn annotation<'a>(
-    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    key: &str,
-) -> Option<&'a str> {
-    meta.annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
+use crate::meta::annotation;
 
 fn check_u64_annotation(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,

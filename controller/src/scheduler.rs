@@ -229,11 +229,7 @@ fn terms_match(terms: &Terms, name: &str, labels: &BTreeMap<String, String>) -> 
 }
 
 fn annotation<'a>(vol: &'a AntstorVolume, key: &str) -> Option<&'a str> {
-    vol.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
+    liteio_api::meta::annotation(&vol.metadata, key)
 }
 
 fn parse_selector(vol: &AntstorVolume, key: &str) -> Result<Option<Selector>, ScheduleError> {

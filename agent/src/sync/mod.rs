@@ -31,28 +31,7 @@ pub(crate) fn patch_params() -> PatchParams {
     }
 }
 
-/// Whether the object carries finalizer `f`.
-pub(crate) fn has_finalizer(meta: &ObjectMeta, f: &str) -> bool {
-    meta.finalizers
-        .as_ref()
-        .is_some_and(|v| v.iter().any(|x| x == f))
-}
-
-/// A label's value.
-pub(crate) fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-}
-
-/// An annotation's value.
-pub(crate) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.annotations
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-}
+pub(crate) use liteio_api::meta::{annotation, has_finalizer, label};
 
 /// `Kind ns/name` for messages.
 pub(crate) fn describe<K: Resource<DynamicType = ()>>(obj: &K) -> String {

@@ -16,11 +16,7 @@ use crate::plugin::{Kind, PluginObject};
 use crate::state::{self, ObjectKey, State};
 
 fn label<'a>(s: &'a AntstorSnapshot, k: &str) -> Option<&'a str> {
-    s.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(k))
-        .map(String::as_str)
+    liteio_api::meta::label(&s.metadata, k)
 }
 
 fn store(ctx: &Context, snap: AntstorSnapshot) -> Arc<AntstorSnapshot> {
