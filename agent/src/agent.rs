@@ -60,6 +60,9 @@ pub enum StartError {
     /// Metrics could not be set up.
     #[error("metrics")]
     Metrics(#[source] MetricsError),
+    /// The node's host NQN could not be read or written.
+    #[error("host NQN")]
+    HostNqn(#[source] pool::HostNqnError),
 }
 
 impl StartError {
@@ -69,6 +72,7 @@ impl StartError {
             Self::EngineUnavailable { .. } => "engine_unavailable",
             Self::Pool { .. } | Self::Join { .. } => "pool",
             Self::Metrics(_) => "metrics",
+            Self::HostNqn(_) => "host_nqn",
         }
     }
 }
@@ -189,7 +193,8 @@ impl Agent {
             metrics_addr = Some(local);
             tasks.spawn(metrics::serve(listener, metrics, shutdown.subscribe()));
         }
-        let host_nqn = pool::load_host_nqn(&opts.host_nqn_path, &opts.node);
+        let host_nqn =
+            pool::load_host_nqn(&opts.host_nqn_path, &opts.node).map_err(StartError::HostNqn)?;
         let reporter = Arc::new(PoolReporter::new(
             Arc::clone(&ctx),
             PoolOptions {

@@ -44,7 +44,8 @@ use liteio_api::pool::{
     ConditionStatus, KernelLvm, PoolCondition, PoolConditionType, PoolStatus, ReservedLvol,
     SpdkLvStore,
 };
-use liteio_api::{NodeInfo, StoragePool, StoragePoolSpec, StoragePoolStatus, naming, size};
+use liteio_api::{NodeInfo, StoragePool, StoragePoolSpec, StoragePoolStatus, size};
+pub use liteio_node::hostnqn::HostNqnError;
 use serde_json::json;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, instrument, warn};
@@ -56,30 +57,13 @@ use crate::error::{AgentError, Result, error_chain};
 use crate::exporter::ExporterHealth;
 
 /// Default path of the node's NVMe host NQN.
-pub const DEFAULT_HOST_NQN_PATH: &str = "/etc/nvme/hostnqn";
+pub const DEFAULT_HOST_NQN_PATH: &str = liteio_node::hostnqn::DEFAULT_PATH;
 
-/// Reads the node's host NQN from `path`; when the file is missing or empty, generates
-/// `nqn.2021-03.com.alipay.host:uuid:<node>` and tries to write it there (as LiteIO does).
-/// A failed write is logged, the generated NQN is still returned.
-pub fn load_host_nqn(path: &Path, node: &str) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(s) if !s.trim().is_empty() => return s.trim().to_string(),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!(path = %path.display(), error = %e, "cannot read the host NQN file"),
-    }
-    let nqn = naming::host_nqn(node);
-    let write = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| std::fs::write(path, format!("{nqn}\n")));
-    match write {
-        Ok(()) => info!(path = %path.display(), %nqn, "generated the host NQN"),
-        Err(e) => {
-            warn!(path = %path.display(), %nqn, error = %e, "cannot write the generated host NQN")
-        }
-    }
-    nqn
+/// The node's host NQN (see [`liteio_node::hostnqn::load`]): the first line of `path`, or
+/// `nqn.2021-03.com.alipay.host:uuid:<node>` written there when the file is missing or blank
+/// (as LiteIO does). A file that cannot be read or holds no NQN is an error, left untouched.
+pub fn load_host_nqn(path: &Path, node: &str) -> Result<String, HostNqnError> {
+    liteio_node::hostnqn::load(path, node)
 }
 
 /// Node info and addresses from the Node object.

@@ -264,7 +264,7 @@ fn host_nqn_is_read_or_generated() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("nvme/hostnqn");
     assert_eq!(
-        load_host_nqn(&p, "node-9"),
+        load_host_nqn(&p, "node-9").unwrap(),
         "nqn.2021-03.com.alipay.host:uuid:node-9"
     );
     assert_eq!(
@@ -272,7 +272,11 @@ fn host_nqn_is_read_or_generated() {
         "nqn.2021-03.com.alipay.host:uuid:node-9"
     );
     std::fs::write(&p, "nqn.custom\n").unwrap();
-    assert_eq!(load_host_nqn(&p, "node-9"), "nqn.custom");
+    assert_eq!(load_host_nqn(&p, "node-9").unwrap(), "nqn.custom");
+    // Not an NQN: refused, not overwritten (the node would change identity for targets).
+    std::fs::write(&p, "garbage\n").unwrap();
+    assert!(load_host_nqn(&p, "node-9").is_err());
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), "garbage\n");
 }
 
 #[test]

@@ -426,7 +426,7 @@ fn create_existing_is_idempotent_or_a_clear_error() {
 
 #[test]
 fn create_race_with_already_exists_rechecks_the_size() {
-    let mut fail = CmdOutput::failed(5, fixture("lvcreate-already-exists.stderr"));
+    let mut fail = CmdOutput::fail(5, fixture("lvcreate-already-exists.stderr"));
     fail.stdout.clear();
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
@@ -481,7 +481,7 @@ fn no_space_is_refused_before_and_by_lvcreate() {
                 "pvc-c",
                 "test-vg",
             ]),
-            CmdOutput::failed(5, fixture("lvcreate-no-space.stderr")),
+            CmdOutput::fail(5, fixture("lvcreate-no-space.stderr")),
         ),
     ]);
     let err = engine(&script)
@@ -498,7 +498,7 @@ fn other_lvcreate_failures_carry_argv_and_stderr() {
         (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
         (
             s(&["lvcreate", "-y", "-L", "4194304B", "-n", "pvc-x", "test-vg"]),
-            CmdOutput::failed(
+            CmdOutput::fail(
                 3,
                 "  device-mapper: reload ioctl on (253:3) failed: Invalid argument\n",
             ),

@@ -72,13 +72,7 @@ fn require<'a>(field: &str, v: &'a str) -> Result<&'a str> {
     }
 }
 
-fn label<'a>(m: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    m.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-fn annotation<'a>(m: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    m.annotations.as_ref()?.get(key).map(String::as_str)
-}
+use liteio_api::meta::{annotation, label};
 
 /// The filesystem recorded on a volume (label, then annotation, then xfs).
 pub fn volume_fs(v: &AntstorVolume) -> String {

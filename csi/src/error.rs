@@ -222,6 +222,25 @@ impl From<CsiError> for tonic::Status {
 /// Result of the driver's operations.
 pub type Result<T, E = CsiError> = std::result::Result<T, E>;
 
+impl From<liteio_node::losetup::LoopError> for CsiError {
+    fn from(e: liteio_node::losetup::LoopError) -> Self {
+        use liteio_node::losetup::LoopError;
+        match e {
+            LoopError::Run { argv, source } => CsiError::io(format!("cannot run {argv}"), source),
+            LoopError::Failed {
+                argv,
+                status,
+                stderr,
+            } => CsiError::Command {
+                command: argv,
+                status,
+                stderr,
+            },
+            e @ LoopError::BadOutput { .. } => CsiError::Internal(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

@@ -200,42 +200,16 @@ pub fn probe_fs(runner: &dyn CommandRunner, dev: &Path) -> Result<Option<String>
     }
 }
 
-/// Loop devices bound to `file`, from `losetup -j <file>` (`/dev/loop3: []: (/x)` lines).
-pub fn parse_losetup_j(stdout: &str) -> Vec<PathBuf> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split_once(':').map(|(d, _)| d.trim()))
-        .filter(|d| d.starts_with("/dev/"))
-        .map(PathBuf::from)
-        .collect()
-}
+pub use liteio_node::losetup::parse_losetup_j;
 
 /// Loop devices currently bound to `file`.
 pub fn loops_for(runner: &dyn CommandRunner, file: &Path) -> Result<Vec<PathBuf>> {
-    let out = cmd::run_ok(
-        runner,
-        &argv(&["losetup", "-j", &file.display().to_string()]),
-    )?;
-    Ok(parse_losetup_j(&out.stdout))
+    Ok(liteio_node::losetup::loops_for(runner, file)?)
 }
 
 /// The loop device of `file`, attaching one when none exists.
 pub fn attach_loop(runner: &dyn CommandRunner, file: &Path) -> Result<PathBuf> {
-    if let Some(dev) = loops_for(runner, file)?.into_iter().next() {
-        return Ok(dev);
-    }
-    let out = cmd::run_ok(
-        runner,
-        &argv(&["losetup", "--find", "--show", &file.display().to_string()]),
-    )?;
-    let dev = out.stdout.trim();
-    if !dev.starts_with("/dev/") {
-        return Err(CsiError::Internal(format!(
-            "losetup printed {dev:?} instead of a loop device for {}",
-            file.display()
-        )));
-    }
-    Ok(PathBuf::from(dev))
+    Ok(liteio_node::losetup::attach(runner, file)?)
 }
 
 /// Size in bytes of a block device (or a regular file).

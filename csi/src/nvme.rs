@@ -64,26 +64,21 @@ pub fn disconnect_argv(nqn: &str) -> Vec<String> {
     argv(&["nvme", "disconnect", "-n", nqn])
 }
 
-/// This node's host NQN: the first line of `path`, or `naming::host_nqn(node)` written to
-/// `path` when the file is missing or empty.
+/// This node's host NQN (see [`liteio_node::hostnqn::load`]: the first line of `path`, or
+/// `naming::host_nqn(node)` written there when the file is missing or blank).
 pub fn host_nqn(path: &Path, node: &str) -> Result<String> {
-    match std::fs::read_to_string(path) {
-        Ok(s) if !s.trim().is_empty() => {
-            return Ok(s.lines().next().unwrap_or_default().trim().to_string());
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(CsiError::io(format!("read {}", path.display()), e)),
+    liteio_node::hostnqn::load(path, node).map_err(|e| CsiError::Internal(error_chain(&e)))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
     }
-    let nqn = liteio_api::naming::host_nqn(node);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| CsiError::io(format!("create {}", dir.display()), e))?;
-    }
-    std::fs::write(path, format!("{nqn}\n"))
-        .map_err(|e| CsiError::io(format!("write {}", path.display()), e))?;
-    tracing::info!(path = %path.display(), nqn = %nqn, "generated this node's host NQN");
-    Ok(nqn)
+    s
 }
 
 fn read_trim(p: &Path) -> Option<String> {

@@ -634,11 +634,13 @@ pub fn log_tails(dir: &Path, lines: usize) -> String {
 /// (deepest first) and detaches every loop device backed by a file below it. The last resort
 /// when the teardown through CSI could not run (a component died); returns what it undid.
 pub fn release_host_resources(dir: &Path) -> Vec<String> {
+    use liteio_node::cmd::{CommandRunner, SystemRunner, argv};
+    // A stuck umount or losetup must not hang the teardown: the runner's timeout applies.
+    let runner = SystemRunner::with_timeout(Duration::from_secs(60));
     let run = |cmd: &str, args: &[&str]| {
-        std::process::Command::new(cmd)
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
+        let mut a = vec![cmd];
+        a.extend_from_slice(args);
+        runner.run(&argv(&a)).is_ok_and(|o| o.success())
     };
     let prefix = format!("{}/", dir.display());
     let mut done = Vec::new();
@@ -654,11 +656,8 @@ pub fn release_host_resources(dir: &Path) -> Vec<String> {
             done.push(format!("unmounted {m}"));
         }
     }
-    if let Ok(o) = std::process::Command::new("losetup").arg("-a").output() {
-        for l in String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter(|l| l.contains(&prefix))
-        {
+    if let Ok(o) = runner.run(&argv(&["losetup", "-a"])) {
+        for l in o.stdout.lines().filter(|l| l.contains(&prefix)) {
             if let Some(dev) = l.split(':').next()
                 && run("losetup", &["-d", dev])
             {

@@ -5,7 +5,6 @@
 //! or on `PATH` (build it from csi-test v5.3.1 with Go: `cmd/csi-sanity`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 /// The `csi-sanity` binary: `CSI_SANITY` when it names a file, else the first on `PATH`.
@@ -127,10 +126,12 @@ pub struct XfsScratch {
 }
 
 fn run_ok(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd)
-        .args(args)
-        .status()
-        .is_ok_and(|s| s.success())
+    use liteio_node::cmd::{CommandRunner, SystemRunner, argv};
+    let mut a = vec![cmd];
+    a.extend_from_slice(args);
+    SystemRunner::with_timeout(Duration::from_secs(120))
+        .run(&argv(&a))
+        .is_ok_and(|o| o.success())
 }
 
 impl XfsScratch {

@@ -54,7 +54,7 @@ pub struct FileEngine {
 impl FileEngine {
     /// A pool `name` in `dir`, capped at `cap` bytes (0 = the filesystem's size).
     pub fn new(name: impl Into<String>, dir: impl Into<PathBuf>, cap: u64) -> Self {
-        Self::with_runner(name, dir, cap, Arc::new(SystemRunner))
+        Self::with_runner(name, dir, cap, Arc::new(SystemRunner::new()))
     }
 
     /// Like [`FileEngine::new`] with a command runner for `losetup`.

@@ -51,7 +51,7 @@ pub struct LvmEngine {
 impl LvmEngine {
     /// VG `vg` built from `pvs` when missing, running real commands.
     pub fn new(vg: impl Into<String>, pvs: Vec<LvmPv>) -> Self {
-        Self::with_runner(vg, pvs, Arc::new(SystemRunner))
+        Self::with_runner(vg, pvs, Arc::new(SystemRunner::new()))
     }
 
     /// Like [`LvmEngine::new`] with another command runner (tests).

@@ -488,75 +488,8 @@ pub fn round_size(name: &str, size: u64, unit: u64) -> Result<u64, EngineError> 
         .map_err(|e| EngineError::InvalidArgument(format!("size of {name}: {e}")))
 }
 
-/// What a finished command printed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CmdOutput {
-    /// Exit code; `None` when killed by a signal.
-    pub code: Option<i32>,
-    /// Standard output.
-    pub stdout: String,
-    /// Standard error.
-    pub stderr: String,
-}
-
-impl CmdOutput {
-    /// Exit code 0.
-    pub fn success(&self) -> bool {
-        self.code == Some(0)
-    }
-
-    /// A successful output with `stdout`.
-    pub fn ok(stdout: impl Into<String>) -> Self {
-        Self {
-            code: Some(0),
-            stdout: stdout.into(),
-            stderr: String::new(),
-        }
-    }
-
-    /// A failed output with exit `code` and `stderr`.
-    pub fn failed(code: i32, stderr: impl Into<String>) -> Self {
-        Self {
-            code: Some(code),
-            stdout: String::new(),
-            stderr: stderr.into(),
-        }
-    }
-}
-
-/// Runs external commands. Production uses [`SystemRunner`]; tests replay recordings.
-pub trait CommandRunner: Send + Sync + fmt::Debug {
-    /// Runs `argv[0]` with the rest as arguments and waits for it.
-    fn run(&self, argv: &[String]) -> io::Result<CmdOutput>;
-}
-
-/// Runs commands with `std::process::Command`, stdin closed, `LC_ALL=C` so messages are
-/// the English ones we match.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemRunner;
-
-impl CommandRunner for SystemRunner {
-    fn run(&self, argv: &[String]) -> io::Result<CmdOutput> {
-        let Some((program, args)) = argv.split_first() else {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
-        };
-        let out = std::process::Command::new(program)
-            .args(args)
-            .env("LC_ALL", "C")
-            .stdin(std::process::Stdio::null())
-            .output()?;
-        Ok(CmdOutput {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
-    }
-}
-
-/// Builds an argv from string-likes.
-pub fn argv<S: AsRef<str>>(items: &[S]) -> Vec<String> {
-    items.iter().map(|s| s.as_ref().to_string()).collect()
-}
+pub use liteio_node::cmd::{CommandRunner, Output as CmdOutput, SystemRunner, argv};
+pub use liteio_node::losetup::parse_losetup_j;
 
 /// Runs `argv`; a spawn failure becomes [`EngineError::Spawn`]. Non-zero exits are returned
 /// as outputs for the caller to interpret.
@@ -585,7 +518,7 @@ pub(crate) fn run_ok(
 
 pub(crate) fn command_failed(argv: &[String], out: &CmdOutput) -> EngineError {
     EngineError::CommandFailed {
-        argv: argv.join(" "),
+        argv: liteio_node::cmd::argv_line(argv),
         status: out
             .code
             .map_or_else(|| "a signal".to_string(), |c| c.to_string()),
@@ -593,24 +526,37 @@ pub(crate) fn command_failed(argv: &[String], out: &CmdOutput) -> EngineError {
     }
 }
 
-/// Loop devices bound to `file`, from `losetup -j <file>` (`/dev/loop0: []: (/path)` lines).
+impl From<liteio_node::losetup::LoopError> for EngineError {
+    fn from(e: liteio_node::losetup::LoopError) -> Self {
+        use liteio_node::losetup::LoopError;
+        match e {
+            LoopError::Run { argv, source } => EngineError::Spawn {
+                program: argv,
+                source,
+            },
+            LoopError::Failed {
+                argv,
+                status,
+                stderr,
+            } => EngineError::CommandFailed {
+                argv,
+                status,
+                stderr,
+            },
+            LoopError::BadOutput { argv, printed } => EngineError::BadOutput {
+                argv,
+                message: format!("expected a /dev path, got {printed:?}"),
+            },
+        }
+    }
+}
+
+/// Loop devices bound to `file` (`losetup -j`).
 pub(crate) fn loop_devices_for(
     runner: &dyn CommandRunner,
     file: &std::path::Path,
 ) -> Result<Vec<PathBuf>, EngineError> {
-    let cmd = argv(&["losetup", "-j", &file.to_string_lossy()]);
-    let out = run_ok(runner, &cmd)?;
-    Ok(parse_losetup_j(&out.stdout))
-}
-
-/// Parses `losetup -j` output into device paths.
-pub fn parse_losetup_j(stdout: &str) -> Vec<PathBuf> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split_once(':').map(|(dev, _)| dev.trim()))
-        .filter(|dev| dev.starts_with("/dev/"))
-        .map(PathBuf::from)
-        .collect()
+    Ok(liteio_node::losetup::loops_for(runner, file)?)
 }
 
 /// Binds `file` to a loop device, or returns the one already bound (idempotent).
@@ -618,19 +564,7 @@ pub(crate) fn attach_loop_file(
     runner: &dyn CommandRunner,
     file: &std::path::Path,
 ) -> Result<PathBuf, EngineError> {
-    if let Some(dev) = loop_devices_for(runner, file)?.into_iter().next() {
-        return Ok(dev);
-    }
-    let cmd = argv(&["losetup", "--find", "--show", &file.to_string_lossy()]);
-    let out = run_ok(runner, &cmd)?;
-    let dev = out.stdout.trim();
-    if !dev.starts_with("/dev/") {
-        return Err(EngineError::BadOutput {
-            argv: cmd.join(" "),
-            message: format!("expected a /dev path, got {dev:?}"),
-        });
-    }
-    Ok(PathBuf::from(dev))
+    Ok(liteio_node::losetup::attach(runner, file)?)
 }
 
 #[cfg(test)]
@@ -650,16 +584,6 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn losetup_j_output() {
-        let out = "/dev/loop3: [2049]:131 (/var/pool/volumes/a.img)\n/dev/loop7: []: (/x)\n";
-        assert_eq!(
-            parse_losetup_j(out),
-            vec![PathBuf::from("/dev/loop3"), PathBuf::from("/dev/loop7")]
-        );
-        assert!(parse_losetup_j("").is_empty());
     }
 
     #[test]

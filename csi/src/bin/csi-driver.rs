@@ -149,7 +149,7 @@ async fn main() -> Result<()> {
             NodeService::new(
                 client.clone(),
                 Arc::clone(&cfg),
-                Arc::new(SystemRunner),
+                Arc::new(SystemRunner::new()),
                 metrics.clone(),
             )
         }),

@@ -244,7 +244,7 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
             NodeService::new(
                 client.clone(),
                 Arc::clone(&cfg),
-                Arc::new(SystemRunner),
+                Arc::new(SystemRunner::new()),
                 None,
             )
         }),
