@@ -29,27 +29,26 @@
 //! their busy time in interrupt mode and 100 % in poll mode).
 
 use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus::proto::MetricFamily;
 use prometheus::{
     CounterVec, Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
-use crate::engine::{PoolEngine, VolumeIo, blkstat};
+use crate::engine::{PoolEngine, VolumeIo};
+
+mod families;
+mod http;
+mod proc;
+
+use families::{BlkFamilies, LvolFamilies};
+pub use http::{bind, serve};
+pub use proc::{parse_task_stat, thread_cpu_seconds};
 
 /// Why the metrics could not be set up or served.
 #[derive(Debug, thiserror::Error)]
@@ -541,276 +540,8 @@ impl Metrics {
     }
 }
 
-/// Reads one counter out of a block device's stat.
-type BlkField = fn(&blkstat::BlockStat) -> u64;
-/// Reads one counter out of an lvol's stat.
-type LvolField = fn(&crate::engine::BdevIo) -> u64;
-
-/// `blk_*`: LiteIO's names for `/sys/block/<dev>/stat`.
-struct BlkFamilies {
-    counters: Vec<(IntCounterVec, BlkField)>,
-    inflight: IntGaugeVec,
-}
-
-impl BlkFamilies {
-    const LABELS: [&'static str; 3] = ["volume", "uuid", "dev"];
-
-    fn new(r: &Registry, scrape: &Scrape) -> Result<Option<Self>, MetricsError> {
-        if !scrape
-            .volumes
-            .iter()
-            .any(|(_, io)| matches!(io, VolumeIo::Block { .. }))
-        {
-            return Ok(None);
-        }
-        let defs: [(&'static str, &'static str, BlkField); 14] = [
-            ("blk_read_req", "Reads completed", |s| s.read_ios),
-            ("blk_read_merged", "Reads merged", |s| s.read_merges),
-            ("blk_read_sectors", "512-byte sectors read", |s| {
-                s.read_sectors
-            }),
-            ("blk_msec_read", "Milliseconds spent reading", |s| {
-                s.read_ticks_ms
-            }),
-            ("blk_write_req", "Writes completed", |s| s.write_ios),
-            ("blk_write_merged", "Writes merged", |s| s.write_merges),
-            ("blk_write_sectors", "512-byte sectors written", |s| {
-                s.write_sectors
-            }),
-            ("blk_msec_write", "Milliseconds spent writing", |s| {
-                s.write_ticks_ms
-            }),
-            ("blk_discard_req", "Discards completed", |s| s.discard_ios),
-            ("blk_discard_merged", "Discards merged", |s| {
-                s.discard_merges
-            }),
-            ("blk_discard_sectors", "512-byte sectors discarded", |s| {
-                s.discard_sectors
-            }),
-            ("blk_msec_discard", "Milliseconds spent discarding", |s| {
-                s.discard_ticks_ms
-            }),
-            (
-                "blk_msec_total",
-                "Milliseconds the device had I/O in flight",
-                |s| s.io_ticks_ms,
-            ),
-            (
-                "blk_msec_weighted_total",
-                "Weighted milliseconds of I/O (time x queue depth)",
-                |s| s.time_in_queue_ms,
-            ),
-        ];
-        let mut counters = Vec::with_capacity(defs.len());
-        for (name, help, field) in defs {
-            let c = reg(
-                r,
-                name,
-                IntCounterVec::new(Opts::new(name, help), &Self::LABELS),
-            )?;
-            counters.push((c, field));
-        }
-        let inflight = reg(
-            r,
-            "blk_io_inflight",
-            IntGaugeVec::new(
-                Opts::new("blk_io_inflight", "I/Os in flight"),
-                &Self::LABELS,
-            ),
-        )?;
-        Ok(Some(Self { counters, inflight }))
-    }
-
-    fn add(&self, labels: &[&str], stat: &blkstat::BlockStat) {
-        for (c, field) in &self.counters {
-            c.with_label_values(labels).inc_by(field(stat));
-        }
-        self.inflight
-            .with_label_values(labels)
-            .add(clamp(stat.in_flight));
-    }
-}
-
-/// `spdk_lvol_*`: LiteIO's names for an lvol bdev's counters.
-struct LvolFamilies {
-    counters: Vec<(IntCounterVec, LvolField)>,
-}
-
-impl LvolFamilies {
-    fn new(r: &Registry, scrape: &Scrape) -> Result<Option<Self>, MetricsError> {
-        if !scrape
-            .volumes
-            .iter()
-            .any(|(_, io)| matches!(io, VolumeIo::Lvol { .. }))
-        {
-            return Ok(None);
-        }
-        let defs: [(&'static str, &'static str, LvolField); 9] = [
-            ("spdk_lvol_read_bytes_total", "Bytes read", |s| s.bytes_read),
-            ("spdk_lvol_read_reqs_total", "Reads completed", |s| {
-                s.read_ops
-            }),
-            (
-                "spdk_lvol_read_lat_microseconds",
-                "Sum of read latencies in microseconds",
-                |s| s.read_latency_us,
-            ),
-            ("spdk_lvol_write_bytes_total", "Bytes written", |s| {
-                s.bytes_written
-            }),
-            ("spdk_lvol_write_reqs_total", "Writes completed", |s| {
-                s.write_ops
-            }),
-            (
-                "spdk_lvol_write_lat_microseconds",
-                "Sum of write latencies in microseconds",
-                |s| s.write_latency_us,
-            ),
-            ("spdk_lvol_discard_bytes_total", "Bytes unmapped", |s| {
-                s.bytes_unmapped
-            }),
-            ("spdk_lvol_discard_reqs_total", "Unmaps completed", |s| {
-                s.unmap_ops
-            }),
-            (
-                "spdk_lvol_discard_lat_microseconds",
-                "Sum of unmap latencies in microseconds",
-                |s| s.unmap_latency_us,
-            ),
-        ];
-        let mut counters = Vec::with_capacity(defs.len());
-        for (name, help, field) in defs {
-            let c = reg(
-                r,
-                name,
-                IntCounterVec::new(Opts::new(name, help), &["volume", "uuid", "lvol"]),
-            )?;
-            counters.push((c, field));
-        }
-        Ok(Some(Self { counters }))
-    }
-
-    fn add(&self, labels: &[&str], stat: &crate::engine::BdevIo) {
-        for (c, field) in &self.counters {
-            c.with_label_values(labels).inc_by(field(stat));
-        }
-    }
-}
-
-/// Parses `/proc/<pid>/task/<tid>/stat` into (utime, stime) clock ticks. The command name
-/// (field 2) is in parentheses and may hold spaces or parentheses, so fields are counted
-/// after the last `)`.
-pub fn parse_task_stat(text: &str) -> Option<(u64, u64)> {
-    let (_, rest) = text.rsplit_once(')')?;
-    let mut f = rest.split_ascii_whitespace();
-    // After `)`: state (field 3) … utime is field 14, stime field 15.
-    let utime = f.nth(11)?.parse().ok()?;
-    let stime = f.next()?.parse().ok()?;
-    Some((utime, stime))
-}
-
-/// CPU seconds (user + system) of the threads under `task_dir` (`/proc/self/task`) whose
-/// name starts with `prefix`, by name, sorted. Threads that end meanwhile are skipped.
-pub fn thread_cpu_seconds(task_dir: &Path, prefix: &str) -> Vec<(String, f64)> {
-    let Ok(entries) = std::fs::read_dir(task_dir) else {
-        return Vec::new();
-    };
-    let hz = rustix::param::clock_ticks_per_second().max(1) as f64;
-    let mut out: Vec<(String, f64)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            let comm = comm.trim_end_matches('\n');
-            if !comm.starts_with(prefix) {
-                return None;
-            }
-            let (u, s) = parse_task_stat(&std::fs::read_to_string(e.path().join("stat")).ok()?)?;
-            Some((comm.to_string(), u.saturating_add(s) as f64 / hz))
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
 fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-async fn respond(metrics: &Arc<Metrics>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let (status, body, ctype) = match (req.method().as_str(), req.uri().path()) {
-        ("GET", "/metrics") => (
-            StatusCode::OK,
-            metrics.scrape().await,
-            "text/plain; version=0.0.4",
-        ),
-        ("GET", "/healthz") => (StatusCode::OK, "ok\n".to_string(), "text/plain"),
-        ("GET", "/readyz") if metrics.is_ready() => {
-            (StatusCode::OK, "ok\n".to_string(), "text/plain")
-        }
-        ("GET", "/readyz") => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "pool not registered yet\n".to_string(),
-            "text/plain",
-        ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "not found\n".to_string(),
-            "text/plain",
-        ),
-    };
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
-        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    resp
-}
-
-/// Binds `addr` (port 0 picks one) and returns the listener with its real address.
-pub async fn bind(
-    addr: std::net::SocketAddr,
-) -> Result<(TcpListener, std::net::SocketAddr), MetricsError> {
-    let l = TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    let local = l
-        .local_addr()
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    Ok((l, local))
-}
-
-/// Serves the endpoints on `listener` until `shutdown` turns true.
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.wait_for(|s| *s) => return,
-        };
-        let (stream, _) = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics listener accept failed");
-                continue;
-            }
-        };
-        let m = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let m = Arc::clone(&m);
-                async move { Ok::<_, Infallible>(respond(&m, &req).await) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                tracing::debug!(error = %e, "metrics connection ended");
-            }
-        });
-    }
 }
 
 #[cfg(test)]
@@ -1072,39 +803,5 @@ mod tests {
         })
         .await
         .unwrap();
-    }
-
-    #[test]
-    fn task_stat_fields_after_the_command_name() {
-        // utime = 14th field, stime = 15th; the name holds a space and a parenthesis.
-        let line =
-            "4242 (reactor_0 (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 3 0 100 0 0";
-        assert_eq!(parse_task_stat(line), Some((250, 31)));
-        assert_eq!(parse_task_stat("4242 (x) S 1"), None);
-        assert_eq!(parse_task_stat("no parenthesis"), None);
-    }
-
-    #[test]
-    fn thread_cpu_of_this_process() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("101");
-        std::fs::create_dir(&t).unwrap();
-        std::fs::write(t.join("comm"), "reactor_1\n").unwrap();
-        std::fs::write(
-            t.join("stat"),
-            "101 (reactor_1) S 1 1 1 0 -1 0 0 0 0 0 300 100 0 0 20 0 1 0 1 0 0",
-        )
-        .unwrap();
-        let o = dir.path().join("102");
-        std::fs::create_dir(&o).unwrap();
-        std::fs::write(o.join("comm"), "tokio-runtime-w\n").unwrap();
-        let hz = rustix::param::clock_ticks_per_second() as f64;
-        assert_eq!(
-            thread_cpu_seconds(dir.path(), "reactor_"),
-            vec![("reactor_1".to_string(), 400.0 / hz)]
-        );
-        // The real /proc parses too (this test's threads are not reactors).
-        assert!(thread_cpu_seconds(Path::new("/proc/self/task"), "reactor_").is_empty());
-        assert!(!thread_cpu_seconds(Path::new("/proc/self/task"), "").is_empty());
     }
 }
