@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -55,7 +55,7 @@ pub struct Config {
 }
 
 /// Scheduler settings (`scheduler:`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, rename_all = "camelCase")]
 pub struct SchedulerConfig {
     /// Filters, in order; a pool must pass all.
@@ -111,7 +111,7 @@ impl SchedulerConfig {
 }
 
 /// Which nodes lock their pool (`scheduler.lockSchedConfig`).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, rename_all = "camelCase")]
 pub struct LockSchedConfig {
     /// A node matching any requirement is locked.
@@ -122,7 +122,7 @@ pub struct LockSchedConfig {
 }
 
 /// A capacity reservation held on every pool until a volume with its id is bound there.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct NodeReservation {
     /// Reservation id (matches `obnvmf/reservation-id` or `pvcNamespace/pvcName`).
     pub id: String,

@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use liteio_agent::config::{BdevType, Config as AgentConfig, PoolingMode, SpdkBdev};
 use liteio_api::{StoragePool, keys};
+use liteio_controller::config::{Config as ControllerConfig, SchedulerConfig};
 use tokio::process::{Child, Command};
 
 /// Why the local cluster could not run.
@@ -287,32 +289,72 @@ impl Local {
         self.dir.join("apiserver-state.json")
     }
 
-    fn write_configs(&self) -> Result<(), LocalError> {
-        // SPDK's JSON-RPC socket, for spdk_rpc.py / rpc.py -s and the tests.
-        let rpc = self.dir.join("spdk.sock");
-        let agent = match self.engine {
-            // An agent built with SPDK also starts it here (no hugepages, interrupt mode) to
-            // export volumes over NVMe/TCP; without SPDK the `spdk` section is unused.
-            Engine::File => format!(
-                "storage:\n  pooling: {{name: local-pool, mode: File}}\n  file: {{path: {}, size: {}}}\n\
-                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768, rpcSocket: {}}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
-                self.dir.join("pool").display(),
-                self.pool_bytes,
-                rpc.display()
-            ),
-            Engine::Spdk => format!(
-                "storage:\n  pooling: {{name: local-lvs, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: local-aio, size: {}, filePath: {}, createIfNotExist: true}}\n\
-                 spdk: {{coreMask: \"0x1\", interruptMode: true, noHuge: true, memSizeMiB: 768, rpcSocket: {}}}\nnvmf: {{listenAddress: 127.0.0.1}}\n",
-                self.pool_bytes,
-                self.dir.join("pool/aio-lvs.img").display(),
-                rpc.display()
-            ),
+    /// The agent's configuration for this run, built from the agent's own types.
+    pub fn agent_config(&self) -> AgentConfig {
+        let mut cfg = match self.engine {
+            Engine::File => {
+                let mut c = AgentConfig::file_pool("local-pool", self.dir.join("pool"));
+                if let Some(f) = c.storage.file.as_mut() {
+                    f.size = self.pool_bytes;
+                }
+                c
+            }
+            Engine::Spdk => {
+                let mut c = AgentConfig::file_pool("local-lvs", self.dir.join("pool"));
+                c.storage.pooling.mode = PoolingMode::SpdkLvStore;
+                c.storage.file = None;
+                c.storage.bdev = Some(SpdkBdev {
+                    kind: BdevType::Aio,
+                    name: "local-aio".into(),
+                    size: self.pool_bytes,
+                    file_path: self.dir.join("pool/aio-lvs.img").display().to_string(),
+                    create_if_not_exist: true,
+                    vfio_pcie_keyword: String::new(),
+                });
+                c
+            }
         };
+        // SPDK without hugepages and without busy-polling, on core 0: an agent built with
+        // SPDK also starts it under the file engine, to export volumes over NVMe/TCP.
+        cfg.spdk.core_mask = "0x1".into();
+        cfg.spdk.interrupt_mode = true;
+        cfg.spdk.no_huge = true;
+        cfg.spdk.mem_size_mib = Some(768);
+        // SPDK's JSON-RPC socket, for spdk_rpc.py / rpc.py -s and the tests.
+        cfg.spdk.rpc_socket = Some(self.spdk_rpc_socket());
+        cfg.nvmf.listen_address = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        cfg
+    }
+
+    /// The controller's scheduler settings for this run (everything else is the default),
+    /// built from the controller's own types.
+    pub fn scheduler_config(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            filters: vec!["Basic".into(), "Affinity".into()],
+            priorities: vec!["LeastResource".into(), "PositionAdvice".into()],
+            ..SchedulerConfig::default()
+        }
+    }
+
+    fn write_configs(&self) -> Result<(), LocalError> {
+        let agent = serde_yaml::to_string(&self.agent_config())
+            .map_err(|e| LocalError::Config(format!("agent config: {e}")))?;
+        #[derive(serde::Serialize)]
+        struct ControllerFile {
+            scheduler: SchedulerConfig,
+        }
+        let controller = serde_yaml::to_string(&ControllerFile {
+            scheduler: self.scheduler_config(),
+        })
+        .map_err(|e| LocalError::Config(format!("controller config: {e}")))?;
+        // What the components will read back must load: a config they refuse would only
+        // show as a component that never gets ready.
+        AgentConfig::from_yaml(&agent)
+            .map_err(|e| LocalError::Config(format!("agent config does not load: {e}")))?;
+        ControllerConfig::parse(&controller)
+            .map_err(|e| LocalError::Config(format!("controller config does not load: {e}")))?;
         write(&self.dir.join("agent-config.yaml"), &agent)?;
-        write(
-            &self.dir.join("controller-config.yaml"),
-            "scheduler:\n  filters: [Basic, Affinity]\n  priorities: [LeastResource, PositionAdvice]\n",
-        )
+        write(&self.dir.join("controller-config.yaml"), &controller)
     }
 
     async fn client(&self) -> Result<Client, LocalError> {
@@ -682,4 +724,42 @@ pub async fn http_ok(addr: &str, path: &str) -> bool {
     }
     let mut buf = [0u8; 32];
     matches!(tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await, Ok(Ok(n)) if n >= 12 && buf[9..12] == *b"200")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn local(engine: Engine, dir: &Path) -> Local {
+        Local {
+            dir: dir.to_path_buf(),
+            bin_dir: dir.to_path_buf(),
+            node: "n1".into(),
+            engine,
+            api_port: 1,
+            controller_port: 2,
+            api: ApiSource::Test,
+            pool_bytes: 8 << 30,
+            children: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn written_configs_load_as_the_components_read_them() {
+        let d = tempfile::tempdir().unwrap();
+        for engine in [Engine::File, Engine::Spdk] {
+            let l = local(engine, d.path());
+            l.write_configs().unwrap();
+            let a = AgentConfig::load(d.path().join("agent-config.yaml")).unwrap();
+            assert_eq!(a, l.agent_config());
+            assert!(a.spdk.interrupt_mode && a.spdk.no_huge);
+            match engine {
+                Engine::File => assert_eq!(a.storage.file.unwrap().size, 8 << 30),
+                Engine::Spdk => assert_eq!(a.storage.bdev.unwrap().size, 8 << 30),
+            }
+            let c = ControllerConfig::load(&d.path().join("controller-config.yaml")).unwrap();
+            assert_eq!(c.scheduler, l.scheduler_config());
+        }
+    }
 }
