@@ -119,7 +119,7 @@ impl LeaderElector {
     }
 
     /// One attempt: returns true when this instance holds the Lease afterwards. Not bounded
-    /// in time; callers bound it (see [`LeaderElector::attempt`]).
+    /// in time: [`LeaderElector::acquire`] and [`LeaderElector::hold`] bound it.
     pub async fn try_acquire_or_renew(&self) -> Result<bool> {
         let name = &self.cfg.lease_name;
         let existing = self
