@@ -321,3 +321,50 @@ async fn remote_clock_skew_does_not_change_expiry() {
     .await
     .expect("timed out");
 }
+
+/// Alone, a controller whose renewals hang steps down all the same (it cannot know nobody
+/// else waits), and leads again once its requests are answered: losing the Lease does not
+/// end the process.
+#[tokio::test]
+async fn lone_controller_leads_again_after_renewals_recover() {
+    timeout(Duration::from_secs(60), async {
+        let server = TestApiServer::start().await.unwrap();
+        ensure_ns(&server.client().await.unwrap()).await;
+        let faults = server.faults();
+        let (stop, rx) = watch::channel(false);
+        let mut config = test_config();
+        config.leader_election = election(LEASE, LEASE_DURATION);
+        let health = Health::default();
+        let opts = Options {
+            config,
+            namespace: NS.into(),
+            leader_elect: true,
+            identity: "a".into(),
+            health: health.clone(),
+            metrics: Metrics::new().unwrap(),
+            clock: None,
+        };
+        let client = named(&server, "a").await;
+        let task = tokio::spawn(run::run(client, opts, Vec::new(), rx, None));
+        eventually("a leads", || async { health.leader.load(Ordering::SeqCst) }).await;
+        faults.hang(
+            Matcher::new(Verb::Update, "leases")
+                .named(LEASE)
+                .from_client("a"),
+        );
+        eventually("a steps down", || async {
+            !health.leader.load(Ordering::SeqCst)
+        })
+        .await;
+        faults.release_hangs();
+        eventually("a leads again", || async {
+            health.leader.load(Ordering::SeqCst)
+        })
+        .await;
+        assert!(!task.is_finished(), "run ended after losing the Lease");
+        stop.send_replace(true);
+        task.await.unwrap().unwrap();
+    })
+    .await
+    .expect("timed out");
+}
