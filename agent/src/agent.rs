@@ -112,8 +112,11 @@ pub struct AgentOptions {
     pub heartbeat: HeartbeatOptions,
     /// Safety-net resync of the pool status, settled objects and the orphan scan.
     pub resync: Duration,
-    /// Requeue delay after a failed reconcile or write.
+    /// Requeue delay after a failed reconcile or write (doubling per further failure of one
+    /// object, up to `retry_max`).
     pub retry: Duration,
+    /// Longest requeue delay of an object that keeps failing.
+    pub retry_max: Duration,
     /// Limit of one API request.
     pub request_timeout: Duration,
     /// Metrics address (`None` = no server); port 0 picks one.
@@ -121,7 +124,8 @@ pub struct AgentOptions {
 }
 
 impl AgentOptions {
-    /// Production defaults from the config: resync 5 min, retry 1 s, requests 10 s.
+    /// Production defaults from the config: resync 5 min, retry 1 s doubling to 5 min,
+    /// requests 10 s.
     pub fn from_config(node: impl Into<String>, config: Config) -> Self {
         Self {
             node: node.into(),
@@ -131,6 +135,7 @@ impl AgentOptions {
             host_nqn_path: pool::default_host_nqn_path(),
             resync: Duration::from_secs(300),
             retry: Duration::from_secs(1),
+            retry_max: Duration::from_secs(300),
             request_timeout: Duration::from_secs(10),
         }
     }
@@ -182,6 +187,8 @@ impl Agent {
             request_timeout: opts.request_timeout,
             resync: opts.resync,
             retry: opts.retry,
+            retry_max: opts.retry_max,
+            pool_epoch: watch::channel(0).0,
             pool_name,
         });
         let (shutdown, _) = watch::channel(false);

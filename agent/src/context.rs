@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::engine::{EngineError, PoolEngine, PoolInfo};
 use crate::error::{AgentError, Result};
@@ -31,8 +31,12 @@ pub struct Ctx {
     pub request_timeout: Duration,
     /// Safety-net requeue of settled objects.
     pub resync: Duration,
-    /// Requeue delay after a failed reconcile.
+    /// Requeue delay after a first failed reconcile; doubles per further failure.
     pub retry: Duration,
+    /// Longest requeue delay after failed reconciles.
+    pub retry_max: Duration,
+    /// Bumped after every engine change (any number of subscribers, unlike `pool_changed`).
+    pub pool_epoch: watch::Sender<u64>,
     /// Pool name (VG, lvstore or file pool name).
     pub pool_name: String,
 }
@@ -91,8 +95,10 @@ impl Ctx {
         self.engine_call("read", &pool, |e| e.info()).await
     }
 
-    /// Tells the pool reporter that the engine changed.
+    /// Tells the pool reporter (and the sync controllers waiting to retry) that the engine
+    /// changed.
     pub fn pool_changed(&self) {
         self.pool_changed.notify_one();
+        self.pool_epoch.send_modify(|e| *e = e.wrapping_add(1));
     }
 }

@@ -173,7 +173,9 @@ pub struct LeaderElectionConfig {
     /// How long a holder's claim lasts without renewal.
     #[serde(deserialize_with = "de_duration")]
     pub lease_duration: Duration,
-    /// The leader steps down when it could not renew for this long.
+    /// The leader steps down when no renewal succeeded for this long (counted from when the
+    /// last successful one was sent); also the bound on every election request. Shorter than
+    /// `leaseDuration`: the difference is the margin that keeps an old and a new leader apart.
     #[serde(deserialize_with = "de_duration")]
     pub renew_deadline: Duration,
     /// Period of acquire / renew attempts.

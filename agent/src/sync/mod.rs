@@ -1,6 +1,11 @@
 //! Volume and snapshot sync: kube-runtime controllers over the AntstorVolumes and
 //! AntstorSnapshots labelled `obnvmf/target-node-id=<node>` in namespace `obnvmf`.
+//!
+//! A failed object is retried with per-object exponential back-off and jitter
+//! ([`backoff`]); a change of the object, or of the pool while some object waits for a
+//! retry, reconciles at once (freed space, a repaired disk), whatever the back-off says.
 
+pub mod backoff;
 pub mod snapshot;
 pub mod volume;
 
@@ -22,6 +27,7 @@ use tracing::{debug, warn};
 
 use crate::context::Ctx;
 use crate::error::{AgentError, ErrorKind, Result, is_not_found};
+use crate::sync::backoff::{RandomJitter, Retries, Schedule};
 
 /// Patch parameters naming the agent as field manager.
 pub(crate) fn patch_params() -> PatchParams {
@@ -118,12 +124,13 @@ pub(crate) fn with_finalizer(meta: &ObjectMeta, add: &str) -> Vec<String> {
     v
 }
 
-/// Requeue delay after a failed reconcile.
-pub(crate) fn retry_after(kind: ErrorKind, retry: Duration) -> Action {
-    match kind {
-        ErrorKind::Conflict => Action::requeue(Duration::from_millis(20)),
-        _ => Action::requeue(retry),
-    }
+/// Requeue delay after a conflict: a fresh copy heals it, so it is neither counted nor
+/// backed off.
+const CONFLICT_RETRY: Duration = Duration::from_millis(20);
+
+/// The key of an object in the per-object failure counts.
+fn object_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 /// Runs a controller for `K` with the agent's label selector until `shutdown`.
@@ -155,8 +162,40 @@ pub(crate) async fn run_controller<K, F, Fut>(
         let _ = shutdown.wait_for(|s| *s).await;
         let _ = stop_tx.send(());
     });
-    let retry = ctx.retry;
+    let retries = Arc::new(Retries::new(
+        Schedule::new(ctx.retry, ctx.retry_max),
+        Arc::new(RandomJitter::new()),
+    ));
+    let mut reconcile = reconcile;
+    let on_ok = Arc::clone(&retries);
+    let reconcile = move |obj: Arc<K>, ctx: Arc<Ctx>| {
+        let key = object_key(obj.as_ref());
+        let fut = reconcile(obj, ctx);
+        let retries = Arc::clone(&on_ok);
+        async move {
+            let res = fut.await;
+            if res.is_ok() {
+                retries.succeeded(&key);
+            }
+            res
+        }
+    };
+    // A pool change may be what a failing object waited for: reconcile everything then
+    // (settled objects are cheap to check), but only while something is failing.
+    let waiting = Arc::clone(&retries);
+    let pool_changes = futures::stream::unfold(ctx.pool_epoch.subscribe(), move |mut rx| {
+        let waiting = Arc::clone(&waiting);
+        async move {
+            loop {
+                rx.changed().await.ok()?;
+                if waiting.any_failing() {
+                    return Some(((), rx));
+                }
+            }
+        }
+    });
     let controller = Controller::new(api, wc)
+        .reconcile_all_on(pool_changes)
         .graceful_shutdown_on(async move {
             let _ = stop_rx.await;
         })
@@ -167,10 +206,11 @@ pub(crate) async fn run_controller<K, F, Fut>(
                 ctx.metrics.reconcile_error(resource, kind.as_str());
                 if kind == ErrorKind::Conflict {
                     debug!(object = %describe(obj.as_ref()), "conflict; retrying with a fresh copy");
-                } else {
-                    warn!(object = %describe(obj.as_ref()), kind = %kind, error = %err.chain(), "reconcile failed");
+                    return Action::requeue(CONFLICT_RETRY);
                 }
-                retry_after(kind, retry)
+                let (attempt, delay) = retries.failed(&object_key(obj.as_ref()));
+                warn!(object = %describe(obj.as_ref()), kind = %kind, attempt, ?delay, error = %err.chain(), "reconcile failed; retrying");
+                Action::requeue(delay)
             },
             ctx,
         )

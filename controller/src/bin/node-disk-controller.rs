@@ -9,9 +9,9 @@ use clap::{Parser, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use liteio_controller::http::Health;
 use liteio_controller::metrics::Metrics;
-use liteio_controller::{Config, Error, run};
+use liteio_controller::{Config, run};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -131,12 +131,6 @@ async fn main() -> anyhow::Result<()> {
     };
     let result = run::run(client, opts, plugins, rx, None).await;
     http.abort();
-    match result {
-        Ok(()) => Ok(()),
-        Err(e @ Error::LeadershipLost { .. }) => {
-            error!(error = %e, "exiting to restart as a standby");
-            Err(e.into())
-        }
-        Err(e) => Err(e.into()),
-    }
+    // A lost leadership is handled inside `run` (stop reconciling, wait for the Lease again).
+    result.map_err(Into::into)
 }

@@ -1648,6 +1648,56 @@ pub async fn fault_delay(env: Env) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
+/// A hang holds matching requests without an answer until released (a short observation
+/// window shows it is held); a hang aimed at another client does not touch this one.
+pub async fn fault_hang(env: Env) -> CaseResult {
+    let Some(server) = test_server_only(&env) else {
+        return Ok(Outcome::Skipped(NEEDS_SERVER.into()));
+    };
+    let api = volumes(&env);
+    let name = format!("{}-hang", env.prefix);
+    api.create(&PostParams::default(), &volume(&name)?).await?;
+    let faults = server.faults();
+    let get = Matcher::new(Verb::Get, "antstorvolumes").named(&name);
+    faults.hang(get.clone().from_client("someone-else"));
+    let t = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), api.get(&name))
+        .await
+        .map_err(|_| Failure("a hang aimed at another client held this one".into()))??;
+    ensure!(
+        t.elapsed() < Duration::from_secs(1),
+        "a hang aimed at another client delayed this one"
+    );
+    let before = faults.hung();
+    faults.hang(get);
+    let held = {
+        let api = api.clone();
+        let name = name.clone();
+        tokio::spawn(async move { api.get(&name).await })
+    };
+    let window = Duration::from_millis(300);
+    tokio::time::sleep(window).await;
+    ensure!(
+        !held.is_finished(),
+        "a held get was answered within {window:?}"
+    );
+    ensure!(
+        faults.hung() == before + 1,
+        "counted {} held requests, want 1",
+        faults.hung() - before
+    );
+    faults.release_hangs();
+    let got = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .map_err(|_| Failure("a released get was not answered".into()))?
+        .map_err(|e| Failure(format!("the get task failed: {e}")))?;
+    got?;
+    let t = Instant::now();
+    api.get(&name).await?;
+    ensure!(t.elapsed() < window, "the hang outlived release_hangs()");
+    Ok(Outcome::Passed)
+}
+
 /// Dropped watches: the next-watch drop ends a raw watch; kube-rs's watcher reconnects
 /// after all watches are dropped and sees later events.
 pub async fn fault_drop_watch(env: Env) -> CaseResult {
@@ -1752,6 +1802,7 @@ macro_rules! with_conformance_cases {
             list_paging,
             fault_fail_next,
             fault_delay,
+            fault_hang,
             fault_drop_watch,
         );
     };

@@ -1,11 +1,11 @@
-//! Fault injection for tests: failing requests, delaying responses, dropping watches, and
-//! counting requests.
+//! Fault injection for tests: failing requests, delaying responses, holding requests until
+//! released, dropping watches, and counting requests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 /// The verb of a request, as kube-apiserver's audit log names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,7 +38,12 @@ pub struct Matcher {
     pub resource: Option<String>,
     /// The object name.
     pub name: Option<String>,
+    /// The client, as named by its [`CLIENT_HEADER`] (see `TestApiServer::named_client`).
+    pub client: Option<String>,
 }
+
+/// The request header that names a test client, so a fault can hit one client of several.
+pub const CLIENT_HEADER: &str = "x-liteio-test-client";
 
 impl Matcher {
     /// Requests with this verb on this resource (`plural` or `plural/status`).
@@ -47,6 +52,7 @@ impl Matcher {
             verb: Some(verb),
             resource: Some(resource.to_string()),
             name: None,
+            client: None,
         }
     }
 
@@ -56,10 +62,23 @@ impl Matcher {
         self
     }
 
-    fn matches(&self, verb: Verb, resource: &str, name: Option<&str>) -> bool {
+    /// Only requests of the client named `client` (see `TestApiServer::named_client`).
+    pub fn from_client(mut self, client: &str) -> Self {
+        self.client = Some(client.to_string());
+        self
+    }
+
+    fn matches(
+        &self,
+        verb: Verb,
+        resource: &str,
+        name: Option<&str>,
+        client: Option<&str>,
+    ) -> bool {
         self.verb.is_none_or(|v| v == verb)
             && self.resource.as_deref().is_none_or(|r| r == resource)
             && self.name.as_deref().is_none_or(|n| Some(n) == name)
+            && self.client.as_deref().is_none_or(|c| Some(c) == client)
     }
 }
 
@@ -75,6 +94,8 @@ struct Failure {
 struct Inner {
     failures: Vec<Failure>,
     delays: Vec<(Matcher, Duration)>,
+    hangs: Vec<Matcher>,
+    hanging: u64,
     drop_next_watch: HashMap<String, usize>,
     counts: HashMap<(Verb, String), u64>,
     named_counts: HashMap<(Verb, String, String), u64>,
@@ -85,6 +106,8 @@ struct Inner {
 pub(crate) struct Decision {
     pub fail: Option<(u16, String)>,
     pub delay: Option<Duration>,
+    /// Hold the request (before it is processed) until this receiver changes.
+    pub hang: Option<watch::Receiver<u64>>,
 }
 
 /// A handle to the server's fault injection; cheap to clone.
@@ -92,6 +115,7 @@ pub(crate) struct Decision {
 pub struct Faults {
     inner: Arc<Mutex<Inner>>,
     drops: broadcast::Sender<Option<String>>,
+    releases: Arc<watch::Sender<u64>>,
 }
 
 impl Default for Faults {
@@ -100,6 +124,7 @@ impl Default for Faults {
         Faults {
             inner: Arc::default(),
             drops,
+            releases: Arc::new(watch::channel(0).0),
         }
     }
 }
@@ -123,6 +148,25 @@ impl Faults {
     /// Delays every response matching `m` by `by` until [`Faults::clear`].
     pub fn delay(&self, m: Matcher, by: Duration) {
         self.lock().delays.push((m, by));
+    }
+
+    /// Holds every request matching `m`, before it is processed, until
+    /// [`Faults::release_hangs`] or [`Faults::clear`]: a request that never gets an answer
+    /// (a partitioned or overloaded API server). A client that gives up leaves nothing
+    /// behind; a released request is processed as if it had just arrived.
+    pub fn hang(&self, m: Matcher) {
+        self.lock().hangs.push(m);
+    }
+
+    /// Stops holding requests and lets every held request go on.
+    pub fn release_hangs(&self) {
+        self.lock().hangs.clear();
+        self.releases.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// Requests held by [`Faults::hang`] so far (including released ones).
+    pub fn hung(&self) -> u64 {
+        self.lock().hanging
     }
 
     /// Ends every open watch of `resource` (the plural); returns at once.
@@ -163,12 +207,16 @@ impl Faults {
             .unwrap_or(0)
     }
 
-    /// Removes every pending failure, delay and watch drop (counters stay).
+    /// Removes every pending failure, delay, hang and watch drop, and releases held requests
+    /// (counters stay).
     pub fn clear(&self) {
-        let mut g = self.lock();
-        g.failures.clear();
-        g.delays.clear();
-        g.drop_next_watch.clear();
+        {
+            let mut g = self.lock();
+            g.failures.clear();
+            g.delays.clear();
+            g.drop_next_watch.clear();
+        }
+        self.release_hangs();
     }
 
     pub(crate) fn subscribe_drops(&self) -> broadcast::Receiver<Option<String>> {
@@ -186,7 +234,13 @@ impl Faults {
         }
     }
 
-    pub(crate) fn decide(&self, verb: Verb, resource: &str, name: Option<&str>) -> Decision {
+    pub(crate) fn decide(
+        &self,
+        verb: Verb,
+        resource: &str,
+        name: Option<&str>,
+        client: Option<&str>,
+    ) -> Decision {
         let mut g = self.lock();
         *g.counts.entry((verb, resource.to_string())).or_default() += 1;
         if let Some(n) = name {
@@ -198,7 +252,7 @@ impl Faults {
         if let Some(f) = g
             .failures
             .iter_mut()
-            .find(|f| f.remaining > 0 && f.matcher.matches(verb, resource, name))
+            .find(|f| f.remaining > 0 && f.matcher.matches(verb, resource, name, client))
         {
             f.remaining -= 1;
             d.fail = Some((f.code, f.reason.clone()));
@@ -207,9 +261,18 @@ impl Faults {
         d.delay = g
             .delays
             .iter()
-            .filter(|(m, _)| m.matches(verb, resource, name))
+            .filter(|(m, _)| m.matches(verb, resource, name, client))
             .map(|(_, by)| *by)
             .max();
+        if g.hangs
+            .iter()
+            .any(|m| m.matches(verb, resource, name, client))
+        {
+            g.hanging += 1;
+            let mut rx = self.releases.subscribe();
+            rx.mark_unchanged();
+            d.hang = Some(rx);
+        }
         d
     }
 }

@@ -329,7 +329,17 @@ async fn resource(
     };
     // Subscribed before the request is counted, so a test that sees the count can drop it.
     let drops = shared.faults.subscribe_drops();
-    let decision = shared.faults.decide(verb, &label, p.name.as_deref());
+    let client = req
+        .headers()
+        .get(crate::faults::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let decision = shared
+        .faults
+        .decide(verb, &label, p.name.as_deref(), client);
+    if let Some(mut held) = decision.hang {
+        // Released, or the server is gone (then nothing answers anyway).
+        let _ = held.changed().await;
+    }
     if let Some(d) = decision.delay {
         tokio::time::sleep(d).await;
     }

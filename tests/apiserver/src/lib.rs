@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use error::ApiError;
-pub use faults::{Faults, Matcher, Verb};
+pub use faults::{CLIENT_HEADER, Faults, Matcher, Verb};
 
 use crate::http::Shared;
 use crate::store::{State, WriteOpts};
@@ -226,6 +226,21 @@ impl TestApiServer {
             kube::Config::from_custom_kubeconfig(self.kubeconfig(), &KubeConfigOptions::default())
                 .await
                 .map_err(|e| Error::Client(Box::new(e)))?;
+        kube::Client::try_from(config).map_err(|e| Error::Client(Box::new(e)))
+    }
+
+    /// Like [`TestApiServer::client`], but every request carries [`faults::CLIENT_HEADER`]
+    /// `name`, so [`Matcher::from_client`] can aim a fault at this client alone.
+    pub async fn named_client(&self, name: &str) -> Result<kube::Client, Error> {
+        let mut config =
+            kube::Config::from_custom_kubeconfig(self.kubeconfig(), &KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Client(Box::new(e)))?;
+        let value = ::http::HeaderValue::from_str(name).map_err(|e| Error::Client(Box::new(e)))?;
+        config.headers.push((
+            ::http::HeaderName::from_static(faults::CLIENT_HEADER),
+            value,
+        ));
         kube::Client::try_from(config).map_err(|e| Error::Client(Box::new(e)))
     }
 
