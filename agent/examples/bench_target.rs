@@ -73,6 +73,7 @@ mod bench {
             no_pci: true,
             rpc_socket: None,
             trace_entries: 0,
+            lock_cores: true,
         })?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -37,6 +37,10 @@ pub struct SpdkOptions {
     /// Entries of SPDK's trace buffer (`spdk_trace`); 0 = no trace buffer. It lives in
     /// /dev/shm (megabytes of RAM) and outlives a killed process, so it is off by default.
     pub trace_entries: u64,
+    /// Claim the reactor cores with SPDK's lock files (`/var/tmp/spdk_cpu_lock_*`), so that a
+    /// second SPDK process on the same cores fails to start. Tests turn it off: several test
+    /// binaries (or sessions) share the cores of one small machine.
+    pub lock_cores: bool,
 }
 
 impl Default for SpdkOptions {
@@ -50,16 +54,19 @@ impl Default for SpdkOptions {
             no_pci: true,
             rpc_socket: None,
             trace_entries: 0,
+            lock_cores: true,
         }
     }
 }
 
 impl SpdkOptions {
-    /// Options for tests and small machines: no hugepages, interrupt mode, one core, no PCI.
+    /// Options for tests and small machines: no hugepages, interrupt mode, one core, no PCI,
+    /// no core lock (test binaries share the cores).
     pub fn small() -> Self {
         Self {
             no_huge: true,
             mem_size_mb: 768,
+            lock_cores: false,
             ..Self::default()
         }
     }
@@ -324,6 +331,7 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     o.no_pci = opts.no_pci;
     o.num_entries = opts.trace_entries;
     o.disable_signal_handlers = true;
+    o.disable_cpumask_locks = !opts.lock_cores;
     o.print_level = spdk_sys::SPDK_LOG_WARN;
     let ctx = Box::into_raw(Box::new(StartCtx { ready })).cast::<c_void>();
     // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs the
