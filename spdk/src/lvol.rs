@@ -72,10 +72,14 @@ impl LvolInfo {
     }
 }
 
-fn lvs_info(lvs: *mut spdk_lvol_store) -> LvsInfo {
-    // SAFETY: a zeroed info struct is valid; `lvs` is live on the reactor.
+/// What SPDK reports of `lvs`.
+///
+/// # Safety
+/// `lvs` must be a live lvstore and the call must run on an SPDK thread.
+unsafe fn lvs_info(lvs: *mut spdk_lvol_store) -> LvsInfo {
+    // SAFETY: a zeroed info struct is valid.
     let mut i: spdk_sys::liteio_lvs_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `lvs` is a live lvstore and `i` is writable.
+    // SAFETY: the caller's contract: `lvs` is a live lvstore; `i` is writable.
     unsafe { spdk_sys::liteio_lvs_get_info(lvs, &mut i) };
     LvsInfo {
         name: from_c_array(&i.name),
@@ -88,10 +92,14 @@ fn lvs_info(lvs: *mut spdk_lvol_store) -> LvsInfo {
     }
 }
 
-fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
+/// What SPDK reports of `lvol`.
+///
+/// # Safety
+/// `lvol` must be a live lvol and the call must run on an SPDK thread.
+unsafe fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
     // SAFETY: a zeroed info struct is valid.
     let mut i: spdk_sys::liteio_lvol_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `lvol` is a live lvol on the reactor; `i` is writable.
+    // SAFETY: the caller's contract: `lvol` is a live lvol; `i` is writable.
     unsafe { spdk_sys::liteio_lvol_get_info(lvol, &mut i) };
     LvolInfo {
         name: from_c_array(&i.name),
@@ -136,6 +144,22 @@ fn lvol_by_names(lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
     }
 }
 
+/// The lvstore `name` as SPDK reports it now.
+fn lvs_info_by_name(name: &str) -> Result<LvsInfo> {
+    let lvs = lvs_by_name(name)?;
+    // SAFETY: `lvs` was just returned by SPDK's lookup on this thread.
+    Ok(unsafe { lvs_info(lvs) })
+}
+
+/// The lvol `lvs/name` as SPDK reports it now: how completions that come later report their
+/// lvol, instead of trusting a pointer taken before the operation (SPDK's own JSON-RPC may
+/// have deleted it meanwhile).
+fn lvol_info_by_names(lvs: &str, name: &str) -> Result<LvolInfo> {
+    let lvol = lvol_by_names(lvs, name)?;
+    // SAFETY: `lvol` was just returned by SPDK's lookup on this thread.
+    Ok(unsafe { lvol_info(lvol) })
+}
+
 fn check_lvol_name(field: &'static str, name: &str) -> Result<()> {
     if name.is_empty() || name.len() > 63 || name.contains(['/', '\0']) {
         return Err(SpdkError::InvalidArgument {
@@ -153,7 +177,8 @@ pub async fn lvstores() -> Result<Vec<LvsInfo>> {
         // SAFETY: iteration of the lvol module's list on the reactor.
         let mut lvs = unsafe { spdk_sys::liteio_lvs_first() };
         while !lvs.is_null() {
-            out.push(lvs_info(lvs));
+            // SAFETY: `lvs` is live: returned by the iteration on this thread.
+            out.push(unsafe { lvs_info(lvs) });
             // SAFETY: `lvs` is live.
             lvs = unsafe { spdk_sys::liteio_lvs_next(lvs) };
         }
@@ -165,8 +190,8 @@ pub async fn lvstores() -> Result<Vec<LvsInfo>> {
 /// One lvstore, or `None`.
 pub async fn lvstore(name: &str) -> Result<Option<LvsInfo>> {
     let name = name.to_string();
-    on_reactor(move || match lvs_by_name(&name) {
-        Ok(l) => Ok(Some(lvs_info(l))),
+    on_reactor(move || match lvs_info_by_name(&name) {
+        Ok(l) => Ok(Some(l)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     })
@@ -185,8 +210,7 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
     }
     let (base, name) = (base_bdev.to_string(), name.to_string());
     exec(move |reply| {
-        if let Ok(lvs) = lvs_by_name(&name) {
-            let info = lvs_info(lvs);
+        if let Ok(info) = lvs_info_by_name(&name) {
             return reply.send(if info.base_bdev == base {
                 Ok(info)
             } else {
@@ -207,7 +231,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
         let name2 = name.clone();
         let ctx = handle_ctx::<spdk_lvol_store>(move |lvs, rc| {
             reply.send(if rc == 0 && !lvs.is_null() {
-                Ok(lvs_info(lvs))
+                // SAFETY: SPDK hands the new lvstore to this callback on its thread.
+                Ok(unsafe { lvs_info(lvs) })
             } else {
                 Err(SpdkError::errno("create lvstore", name2, rc))
             })
@@ -225,7 +250,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
             )
         };
         if rc != 0 {
-            handle_cb::<spdk_lvol_store>(ctx, std::ptr::null_mut(), rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { handle_cb::<spdk_lvol_store>(ctx, std::ptr::null_mut(), rc) };
         }
     })
     .await
@@ -287,7 +313,8 @@ pub async fn lvols() -> Result<Vec<LvolInfo>> {
                 // SAFETY: `b` is an lvol bdev.
                 let lvol = unsafe { spdk_sys::vbdev_lvol_get_from_bdev(b) };
                 if !lvol.is_null() {
-                    out.push(lvol_info(lvol));
+                    // SAFETY: `lvol` belongs to the live bdev `b`, on this thread.
+                    out.push(unsafe { lvol_info(lvol) });
                 }
             }
             // SAFETY: `b` is live.
@@ -301,8 +328,8 @@ pub async fn lvols() -> Result<Vec<LvolInfo>> {
 /// One lvol, or `None`.
 pub async fn lvol(lvs: &str, name: &str) -> Result<Option<LvolInfo>> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    on_reactor(move || match lvol_by_names(&lvs, &name) {
-        Ok(l) => Ok(Some(lvol_info(l))),
+    on_reactor(move || match lvol_info_by_names(&lvs, &name) {
+        Ok(l) => Ok(Some(l)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     })
@@ -316,7 +343,8 @@ fn lvol_reply(
 ) -> *mut std::ffi::c_void {
     handle_ctx::<spdk_lvol>(move |lvol, rc| {
         reply.send(if rc == 0 && !lvol.is_null() {
-            Ok(lvol_info(lvol))
+            // SAFETY: SPDK hands the new lvol to this callback on its thread.
+            Ok(unsafe { lvol_info(lvol) })
         } else {
             Err(SpdkError::errno(op, name, rc))
         })
@@ -339,10 +367,18 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
-        let info = lvs_info(lvs);
-        if let Ok(existing) = lvol_by_names(&lvs_name, &name) {
-            let e = lvol_info(existing);
-            let want = size.div_ceil(info.cluster_size.max(1)) * info.cluster_size;
+        // SAFETY: `lvs` was just returned by the lookup on this thread.
+        let info = unsafe { lvs_info(lvs) };
+        if let Ok(e) = lvol_info_by_names(&lvs_name, &name) {
+            let cluster = info.cluster_size.max(1);
+            let Some(want) = size.div_ceil(cluster).checked_mul(cluster) else {
+                return reply.send(Err(SpdkError::InvalidArgument {
+                    field: "sizeByte",
+                    reason: format!(
+                        "{size} bytes rounded up to whole {cluster}-byte clusters overflows"
+                    ),
+                }));
+            };
             return reply.send(if e.size_bytes == want && e.thin == thin && !e.snapshot {
                 Ok(e)
             } else {
@@ -384,7 +420,8 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
             )
         };
         if rc != 0 {
-            handle_cb::<spdk_lvol>(ctx, std::ptr::null_mut(), rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { handle_cb::<spdk_lvol>(ctx, std::ptr::null_mut(), rc) };
         }
     })
     .await
@@ -428,7 +465,8 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
-        let cur = lvol_info(lvol);
+        // SAFETY: `lvol` was just returned by the lookup on this thread.
+        let cur = unsafe { lvol_info(lvol) };
         if size < cur.size_bytes {
             return reply.send(Err(SpdkError::InvalidArgument {
                 field: "size",
@@ -445,14 +483,14 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
         let full = cur.alias();
         let ctx = errno_ctx(move |rc| {
             reply.send(if rc == 0 {
-                Ok(lvol_info(lvol))
+                // Looked up again: the lvol may be gone by now.
+                lvol_info_by_names(&lvs, &name)
             } else {
                 Err(SpdkError::errno("resize lvol", full, rc))
             })
         });
-        // SAFETY: on the reactor; `ctx` owned by SPDK until the callback; `lvol` stays live
-        // (no delete can interleave on this single thread before the callback... the agent
-        // serialises mutations per volume).
+        // SAFETY: on the reactor; `lvol` is live (looked up in this message); `ctx` is owned
+        // by SPDK until the callback, which does not use `lvol`.
         unsafe { spdk_sys::vbdev_lvol_resize(lvol, size, Some(errno_cb), ctx) };
     })
     .await
@@ -463,8 +501,7 @@ pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo>
     check_lvol_name("snapshot", snapshot)?;
     let (lvs, name, snap) = (lvs.to_string(), name.to_string(), snapshot.to_string());
     exec(move |reply| {
-        if let Ok(s) = lvol_by_names(&lvs, &snap) {
-            let info = lvol_info(s);
+        if let Ok(info) = lvol_info_by_names(&lvs, &snap) {
             return reply.send(if info.snapshot {
                 Ok(info)
             } else {
@@ -498,8 +535,7 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
     check_lvol_name("clone", clone)?;
     let (lvs, snap, clone) = (lvs.to_string(), snapshot.to_string(), clone.to_string());
     exec(move |reply| {
-        if let Ok(c) = lvol_by_names(&lvs, &clone) {
-            let info = lvol_info(c);
+        if let Ok(info) = lvol_info_by_names(&lvs, &clone) {
             return reply.send(if info.parent == snap {
                 Ok(info)
             } else {
@@ -514,7 +550,8 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
             (Ok(s), Ok(c)) => (s, c),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
-        if !lvol_info(s).snapshot {
+        // SAFETY: `s` was just returned by the lookup on this thread.
+        if !unsafe { lvol_info(s) }.snapshot {
             return reply.send(Err(SpdkError::InvalidArgument {
                 field: "snapshot",
                 reason: format!("{lvs}/{snap} is not a snapshot"),
@@ -540,12 +577,14 @@ pub async fn inflate(lvs: &str, name: &str) -> Result<LvolInfo> {
         let full = format!("{lvs}/{name}");
         let ctx = errno_ctx(move |rc| {
             reply.send(if rc == 0 {
-                Ok(lvol_info(lvol))
+                // Looked up again: the lvol may be gone by now.
+                lvol_info_by_names(&lvs, &name)
             } else {
                 Err(SpdkError::errno("inflate lvol", full, rc))
             })
         });
-        // SAFETY: on the reactor; `ctx` owned by SPDK until the callback.
+        // SAFETY: on the reactor; `lvol` is live (looked up in this message); `ctx` is owned
+        // by SPDK until the callback, which does not use `lvol`.
         unsafe { spdk_sys::spdk_lvol_inflate(lvol, Some(errno_cb), ctx) };
     })
     .await

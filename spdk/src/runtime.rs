@@ -9,9 +9,11 @@
 //! owned by SPDK until its one call).
 
 use std::ffi::{CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, Location};
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -41,6 +43,10 @@ pub struct SpdkOptions {
     /// second SPDK process on the same cores fails to start. Tests turn it off: several test
     /// binaries (or sessions) share the cores of one small machine.
     pub lock_cores: bool,
+    /// How long a caller waits for the answer to one request before it fails with
+    /// [`SpdkError::Timeout`] ([`DEFAULT_REQUEST_TIMEOUT`]). The one place this deadline is
+    /// set, for every call of this crate and so every engine call of the agent.
+    pub request_timeout: Duration,
 }
 
 impl Default for SpdkOptions {
@@ -55,6 +61,7 @@ impl Default for SpdkOptions {
             rpc_socket: None,
             trace_entries: 0,
             lock_cores: true,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
@@ -105,6 +112,12 @@ impl SpdkOptions {
                 ),
             });
         }
+        if self.request_timeout.is_zero() {
+            return Err(SpdkError::InvalidArgument {
+                field: "request_timeout",
+                reason: "must be positive".into(),
+            });
+        }
         if self.name.is_empty() || self.name.contains('\0') {
             return Err(SpdkError::InvalidArgument {
                 field: "name",
@@ -117,32 +130,105 @@ impl SpdkOptions {
 
 /// True while an SPDK runtime exists in this process (SPDK allows one at a time).
 static RUNNING: AtomicBool = AtomicBool::new(false);
-/// SPDK's application thread (`*mut spdk_thread`) while running, else 0.
-static APP_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+/// SPDK's application thread (`*mut spdk_thread`) while it takes requests, else 0.
+///
+/// Senders hold the read lock from loading the pointer until `spdk_thread_send_msg`
+/// returned; [`Spdk::stop`] clears it under the write lock on the application thread itself,
+/// *before* `spdk_app_stop`. So a message is either queued before the stop began (SPDK drains
+/// a thread's queue before it exits, and [`run_task`] refuses it) or refused by
+/// [`send_task`]: no sender ever reaches a freed `spdk_thread`.
+static APP_THREAD: RwLock<usize> = RwLock::new(0);
+
+fn app_thread_read() -> std::sync::RwLockReadGuard<'static, usize> {
+    APP_THREAD.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn set_app_thread(thread: usize) {
+    *APP_THREAD.write().unwrap_or_else(PoisonError::into_inner) = thread;
+}
+
+/// How long a caller waits for SPDK's answer by default: [`SpdkOptions::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The deadline of every request, in milliseconds (set from the options at start).
+static REQUEST_TIMEOUT_MS: AtomicU64 = AtomicU64::new(30_000);
+/// Requests that got no answer within their deadline, since the process started.
+static TIMED_OUT: AtomicU64 = AtomicU64::new(0);
+/// Panics caught on SPDK threads, since the process started.
+static PANICKED: AtomicU64 = AtomicU64::new(0);
+
+/// The deadline of each request in force.
+pub fn request_timeout() -> Duration {
+    Duration::from_millis(REQUEST_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
+/// Requests that got no answer within their deadline since the process started (a metric:
+/// each one is also logged with the code that sent it).
+pub fn timed_out_requests() -> u64 {
+    TIMED_OUT.load(Ordering::Relaxed)
+}
+
+/// Panics caught on SPDK threads since the process started (each one failed its request and
+/// was logged).
+pub fn caught_panics() -> u64 {
+    PANICKED.load(Ordering::Relaxed)
+}
+
+/// Run `f`, the body of an `extern "C"` function SPDK calls, without letting a panic unwind
+/// into C (that would abort the process and every export on the node). A [`Reply`] dropped
+/// by the unwinding answers its caller with [`SpdkError::Panicked`].
+pub(crate) fn no_unwind(callback: &'static str, f: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        PANICKED.fetch_add(1, Ordering::Relaxed);
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".into());
+        tracing::error!(
+            callback,
+            panic = %message,
+            "a panic on the SPDK thread was caught; its request failed and SPDK goes on"
+        );
+        // Dropping the payload runs foreign code too.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload)));
+    }
+}
 
 type Task = Box<dyn FnOnce() + Send>;
 
-/// Runs a boxed task on the SPDK thread that received it.
+/// Runs a boxed task on the SPDK thread that received it; refuses it (its [`Reply`] answers
+/// [`SpdkError::NotRunning`]) when it was queued before a stop began.
 extern "C" fn run_task(arg: *mut c_void) {
-    // SAFETY: `arg` is the pointer `send_task` leaked from a `Box<Task>`; SPDK calls this
-    // function exactly once per message, so the box is reclaimed exactly once.
-    let task = unsafe { Box::from_raw(arg.cast::<Task>()) };
-    task();
+    no_unwind("run_task", || {
+        // SAFETY: `arg` is the pointer `send_task` leaked from a `Box<Task>`; SPDK calls this
+        // function exactly once per message, so the box is reclaimed exactly once.
+        let task = unsafe { Box::from_raw(arg.cast::<Task>()) };
+        if *app_thread_read() == 0 {
+            drop(task);
+            return;
+        }
+        task();
+    });
 }
 
-/// Send `task` to SPDK's application thread.
+/// Send `task` to SPDK's application thread, or refuse it when SPDK is not running or
+/// stopping.
 pub(crate) fn send_task(task: Task) -> Result<()> {
-    let thread = APP_THREAD.load(Ordering::Acquire);
-    if thread == 0 {
+    let thread = app_thread_read();
+    if *thread == 0 {
         return Err(SpdkError::NotRunning);
     }
     let arg = Box::into_raw(Box::new(task)).cast::<c_void>();
-    // SAFETY: `thread` is SPDK's live application thread (cleared before the framework
-    // stops); spdk_thread_send_msg is safe to call from any thread and takes ownership of
+    // SAFETY: `*thread` is SPDK's live application thread: it is cleared under the write
+    // lock before the framework stops, and we hold the read lock until the message is
+    // queued. spdk_thread_send_msg is safe to call from any thread and takes ownership of
     // `arg` only when it returns 0.
     let rc = unsafe {
-        spdk_sys::spdk_thread_send_msg(thread as *const spdk_sys::spdk_thread, Some(run_task), arg)
+        spdk_sys::spdk_thread_send_msg(*thread as *const spdk_sys::spdk_thread, Some(run_task), arg)
     };
+    drop(thread);
     if rc != 0 {
         // SAFETY: SPDK rejected the message, so `arg` is still ours and was never run.
         drop(unsafe { Box::from_raw(arg.cast::<Task>()) });
@@ -151,30 +237,186 @@ pub(crate) fn send_task(task: Task) -> Result<()> {
     Ok(())
 }
 
+/// The caller's end of a request: taken by whoever answers first, the [`Reply`] or the
+/// deadline.
+type Slot<T> = Mutex<Option<oneshot::Sender<Result<T>>>>;
+
+fn take<T>(slot: &Slot<T>) -> Option<oneshot::Sender<Result<T>>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
 /// Where a request's answer goes. Dropping it without [`Reply::send`] makes the caller see
-/// [`SpdkError::NotRunning`].
-pub struct Reply<T>(oneshot::Sender<Result<T>>);
+/// [`SpdkError::NotRunning`] ([`SpdkError::Panicked`] when dropped by a panic). An answer
+/// after the deadline, or after the caller went away, is dropped here.
+pub struct Reply<T>(Arc<Slot<T>>);
 
 impl<T> Reply<T> {
     /// Deliver the answer; ignored when the caller stopped waiting.
     pub fn send(self, value: Result<T>) {
-        let _ = self.0.send(value);
+        if let Some(tx) = take(&self.0) {
+            let _ = tx.send(value);
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let Some(tx) = take(&self.0) {
+            let _ = tx.send(Err(if std::thread::panicking() {
+                SpdkError::Panicked
+            } else {
+                SpdkError::NotRunning
+            }));
+        }
     }
 }
 
 /// Run `f` on SPDK's application thread and await the answer it sends through its [`Reply`],
-/// possibly later from an SPDK completion callback.
-pub async fn exec<T: Send + 'static>(f: impl FnOnce(Reply<T>) + Send + 'static) -> Result<T> {
-    let (tx, rx) = oneshot::channel();
-    send_task(Box::new(move || f(Reply(tx))))?;
-    rx.await.map_err(|_| SpdkError::NotRunning)?
+/// possibly later from an SPDK completion callback. The answer must come within
+/// [`request_timeout`]; otherwise the call fails with [`SpdkError::Timeout`] naming the code
+/// that sent it (logged and counted in [`timed_out_requests`]), and the late answer is
+/// dropped when it comes.
+#[track_caller]
+pub fn exec<T: Send + 'static>(
+    f: impl FnOnce(Reply<T>) + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
+    let caller = Location::caller();
+    async move {
+        let (tx, rx) = oneshot::channel();
+        let slot = Arc::new(Mutex::new(Some(tx)));
+        let reply = Reply(Arc::clone(&slot));
+        send_task(Box::new(move || f(reply)))?;
+        let after = request_timeout();
+        let weak = Arc::downgrade(&slot);
+        let _armed = watchdog::arm(
+            after,
+            Box::new(move || {
+                let Some(tx) = weak.upgrade().and_then(|s| take(&s)) else {
+                    return;
+                };
+                TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    request = %caller,
+                    timeout = ?after,
+                    "an SPDK request got no answer in time; is the reactor stuck?"
+                );
+                let _ = tx.send(Err(SpdkError::Timeout {
+                    request: caller.to_string(),
+                    after,
+                }));
+            }),
+        );
+        drop(slot);
+        rx.await.map_err(|_| SpdkError::NotRunning)?
+    }
 }
 
-/// Run a synchronous `f` on SPDK's application thread and return its result.
-pub async fn on_reactor<T: Send + 'static>(
+/// Run a synchronous `f` on SPDK's application thread and return its result (within
+/// [`request_timeout`], as [`exec`]). A panic in `f` fails the request with
+/// [`SpdkError::Panicked`] and SPDK goes on.
+#[track_caller]
+pub fn on_reactor<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    exec(move |reply| reply.send(f())).await
+) -> impl Future<Output = Result<T>> + Send {
+    exec(move |reply| reply.send(f()))
+}
+
+/// Deadlines of requests, kept by one thread of ours: no timers on the reactors, and no
+/// particular async runtime needed by the callers (the agent's engine blocks on its calls).
+mod watchdog {
+    use std::collections::BTreeMap;
+    use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+    use std::time::{Duration, Instant};
+
+    type Fire = Box<dyn FnOnce() + Send>;
+
+    #[derive(Default)]
+    struct Queue {
+        due: BTreeMap<(Instant, u64), Fire>,
+        seq: u64,
+    }
+
+    struct Watchdog {
+        queue: Mutex<Queue>,
+        wake: Condvar,
+    }
+
+    fn get() -> Option<&'static Watchdog> {
+        static W: OnceLock<Option<&'static Watchdog>> = OnceLock::new();
+        *W.get_or_init(|| {
+            let w: &'static Watchdog = Box::leak(Box::new(Watchdog {
+                queue: Mutex::new(Queue::default()),
+                wake: Condvar::new(),
+            }));
+            match std::thread::Builder::new()
+                .name("spdk-deadlines".into())
+                .spawn(move || run(w))
+            {
+                Ok(_) => Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot spawn the SPDK deadline thread; requests wait without a deadline");
+                    None
+                }
+            }
+        })
+    }
+
+    fn run(w: &Watchdog) {
+        let mut q = w.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let now = Instant::now();
+            match q.due.first_key_value().map(|(k, _)| *k) {
+                None => q = w.wake.wait(q).unwrap_or_else(PoisonError::into_inner),
+                Some(k) if k.0 <= now => {
+                    if let Some(fire) = q.due.remove(&k) {
+                        drop(q);
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(fire));
+                        q = w.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+                Some(k) => {
+                    q = w
+                        .wake
+                        .wait_timeout(q, k.0 - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+    }
+
+    /// A deadline; dropping it (the answer came, or the caller went away) disarms it.
+    pub(super) struct Armed(Option<(Instant, u64)>);
+
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            if let (Some(key), Some(w)) = (self.0, get()) {
+                w.queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .due
+                    .remove(&key);
+            }
+        }
+    }
+
+    /// Run `fire` on the deadline thread after `after`, unless disarmed first.
+    pub(super) fn arm(after: Duration, fire: Fire) -> Armed {
+        let Some(w) = get() else {
+            return Armed(None);
+        };
+        let now = Instant::now();
+        let at = now
+            .checked_add(after)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let mut q = w.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.seq += 1;
+        let key = (at, q.seq);
+        q.due.insert(key, fire);
+        drop(q);
+        w.wake.notify_one();
+        Armed(Some(key))
+    }
 }
 
 // ---- completion callbacks -------------------------------------------------------------
@@ -183,22 +425,35 @@ type ErrnoFn = Box<dyn FnOnce(i32)>;
 
 /// A context for an SPDK callback of shape `(void *arg, int rc)`: pass the returned pointer as
 /// `cb_arg` and [`errno_cb`] as the function. If SPDK rejects the call synchronously and never
-/// calls back, reclaim it with [`drop_errno_ctx`].
+/// calls back, reclaim it with [`drop_errno_ctx`] (or answer it with [`errno_cb`]).
 pub(crate) fn errno_ctx(f: impl FnOnce(i32) + 'static) -> *mut c_void {
     Box::into_raw(Box::new(Box::new(f) as ErrnoFn)).cast()
 }
 
-/// SPDK callback trampoline for [`errno_ctx`].
-pub(crate) extern "C" fn errno_cb(arg: *mut c_void, rc: c_int) {
-    // SAFETY: `arg` came from `errno_ctx` and SPDK calls each callback once.
-    let f = unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) };
-    f(rc);
+/// SPDK callback trampoline for [`errno_ctx`]: runs the closure once, catching a panic.
+///
+/// # Safety
+/// `arg` must come from [`errno_ctx`] and not have been passed to `errno_cb` or
+/// [`drop_errno_ctx`] before: it is reclaimed here.
+pub(crate) unsafe extern "C" fn errno_cb(arg: *mut c_void, rc: c_int) {
+    no_unwind("errno_cb", || {
+        // SAFETY: the caller's contract: `arg` came from `errno_ctx` and is reclaimed once.
+        let f = unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) };
+        f(rc);
+    });
 }
 
-/// Reclaim a context SPDK did not take.
-pub(crate) fn drop_errno_ctx(arg: *mut c_void) {
-    // SAFETY: the caller owns `arg` (SPDK returned an error and will not call back).
-    drop(unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) });
+/// Reclaim a context SPDK did not take, without running it (its [`Reply`], if any, answers
+/// [`SpdkError::NotRunning`]).
+///
+/// # Safety
+/// `arg` must come from [`errno_ctx`], SPDK must not hold it (the call that was given it
+/// failed and will not call back), and it must not be reclaimed again.
+pub(crate) unsafe fn drop_errno_ctx(arg: *mut c_void) {
+    no_unwind("drop_errno_ctx", || {
+        // SAFETY: the caller's contract: `arg` is ours and reclaimed once.
+        drop(unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) });
+    });
 }
 
 type HandleFn<H> = Box<dyn FnOnce(*mut H, i32)>;
@@ -208,11 +463,17 @@ pub(crate) fn handle_ctx<H: 'static>(f: impl FnOnce(*mut H, i32) + 'static) -> *
     Box::into_raw(Box::new(Box::new(f) as HandleFn<H>)).cast()
 }
 
-/// SPDK callback trampoline for [`handle_ctx`].
-pub(crate) extern "C" fn handle_cb<H: 'static>(arg: *mut c_void, handle: *mut H, rc: c_int) {
-    // SAFETY: `arg` came from `handle_ctx::<H>` and SPDK calls each callback once.
-    let f = unsafe { Box::from_raw(arg.cast::<HandleFn<H>>()) };
-    f(handle, rc);
+/// SPDK callback trampoline for [`handle_ctx`]: runs the closure once, catching a panic.
+///
+/// # Safety
+/// `arg` must come from [`handle_ctx::<H>`] and not have been reclaimed before; `handle` is
+/// NULL or a live `H` for the duration of the call.
+pub(crate) unsafe extern "C" fn handle_cb<H: 'static>(arg: *mut c_void, handle: *mut H, rc: c_int) {
+    no_unwind("handle_cb", || {
+        // SAFETY: the caller's contract: `arg` came from `handle_ctx::<H>`, reclaimed once.
+        let f = unsafe { Box::from_raw(arg.cast::<HandleFn<H>>()) };
+        f(handle, rc);
+    });
 }
 
 /// A C string for SPDK, or an error naming the field when `s` holds a NUL.
@@ -255,14 +516,16 @@ struct StartCtx {
 }
 
 extern "C" fn on_started(arg: *mut c_void) {
-    // SAFETY: `arg` is the `StartCtx` that `run_framework` owns and frees only after
-    // spdk_app_start returned; SPDK calls the start function at most once, during that call,
-    // on the application thread.
-    let ctx = unsafe { &*arg.cast::<StartCtx>() };
-    // SAFETY: called on an SPDK thread; returns that thread.
-    let thread = unsafe { spdk_sys::spdk_get_thread() };
-    APP_THREAD.store(thread as usize, Ordering::Release);
-    let _ = ctx.ready.send(Ok(()));
+    no_unwind("on_started", || {
+        // SAFETY: `arg` is the `StartCtx` that `run_framework` owns and frees only after
+        // spdk_app_start returned; SPDK calls the start function at most once, during that
+        // call, on the application thread.
+        let ctx = unsafe { &*arg.cast::<StartCtx>() };
+        // SAFETY: called on an SPDK thread; returns that thread.
+        let thread = unsafe { spdk_sys::spdk_get_thread() };
+        set_app_thread(thread as usize);
+        let _ = ctx.ready.send(Ok(()));
+    });
 }
 
 /// One run of SPDK's framework, executed by the SPDK main thread.
@@ -342,7 +605,8 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     // dropped so that `Spdk::start` stops waiting and reports the exit code.
     // SAFETY: `ctx` came from Box::into_raw above; SPDK no longer uses it after returning.
     drop(unsafe { Box::from_raw(ctx.cast::<StartCtx>()) });
-    APP_THREAD.store(0, Ordering::Release);
+    // Already cleared by `Spdk::stop`; this covers a framework that ended by itself.
+    set_app_thread(0);
     // SAFETY: spdk_app_start returned; spdk_app_fini releases the framework on the thread
     // that ran it.
     unsafe { spdk_sys::spdk_app_fini() };
@@ -374,6 +638,10 @@ impl Spdk {
                 "an SPDK runtime is already running in this process".into(),
             ));
         }
+        REQUEST_TIMEOUT_MS.store(
+            u64::try_from(opts.request_timeout.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let job = Job {
@@ -410,8 +678,11 @@ impl Spdk {
         let Some(done) = self.done.lock().ok().and_then(|mut m| m.take()) else {
             return;
         };
-        // The framework stops through a message to its own thread.
+        // The framework stops through a message to its own thread, which first stops taking
+        // requests: from then on `send_task` refuses them, and those already queued are
+        // refused when they run (see `APP_THREAD`).
         let _ = send_task(Box::new(|| {
+            set_app_thread(0);
             // SAFETY: called on SPDK's application thread while the framework runs.
             unsafe { spdk_sys::spdk_app_stop(0) };
         }));

@@ -8,7 +8,7 @@
 use std::ffi::c_void;
 
 use super::error::Result;
-use super::runtime::{Reply, exec, from_c};
+use super::runtime::{Reply, exec, from_c, no_unwind};
 
 /// How one SPDK thread spent its time since it started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,47 +39,58 @@ struct Walk {
 }
 
 /// Runs on each SPDK thread in turn.
-extern "C" fn on_thread(arg: *mut c_void) {
-    // SAFETY: `arg` is the `Walk` leaked by `threads`; spdk_for_each_thread calls this on one
-    // thread at a time (each call is a message sent after the previous one returned), and
-    // `on_done` reclaims it only after the last one, so this is the only reference.
-    let walk = unsafe { &mut *arg.cast::<Walk>() };
-    // SAFETY: called by SPDK on one of its threads; returns that thread.
-    let thread = unsafe { spdk_sys::spdk_get_thread() };
-    if thread.is_null() {
-        return;
-    }
-    // SAFETY: a zeroed spdk_thread_stats (two integers) is valid.
-    let mut st: spdk_sys::spdk_thread_stats = unsafe { std::mem::zeroed() };
-    // SAFETY: on an SPDK thread (the one whose stats are read); `st` is writable.
-    let rc = unsafe { spdk_sys::spdk_thread_get_stats(&mut st) };
-    if rc != 0 {
-        return;
-    }
-    // SAFETY: `thread` is the live current thread; its name lives as long as it does.
-    let name = from_c(unsafe { spdk_sys::spdk_thread_get_name(thread) });
-    // SAFETY: as above; reads the thread's id.
-    let id = unsafe { spdk_sys::spdk_thread_get_id(thread) };
-    walk.out.push(ThreadStats {
-        name,
-        id,
-        busy_ticks: st.busy_tsc,
-        idle_ticks: st.idle_tsc,
+///
+/// # Safety
+/// `arg` must be the `Box<Walk>` leaked by [`threads`], not yet reclaimed, and no other
+/// reference to it may be live (spdk_for_each_thread visits one thread at a time).
+unsafe extern "C" fn on_thread(arg: *mut c_void) {
+    no_unwind("on_thread", || {
+        // SAFETY: the caller's contract: `arg` is the `Walk`, and this is the only reference
+        // (each call is a message sent after the previous one returned; `on_done` reclaims it
+        // only after the last one).
+        let walk = unsafe { &mut *arg.cast::<Walk>() };
+        // SAFETY: called by SPDK on one of its threads; returns that thread.
+        let thread = unsafe { spdk_sys::spdk_get_thread() };
+        if thread.is_null() {
+            return;
+        }
+        // SAFETY: a zeroed spdk_thread_stats (two integers) is valid.
+        let mut st: spdk_sys::spdk_thread_stats = unsafe { std::mem::zeroed() };
+        // SAFETY: on an SPDK thread (the one whose stats are read); `st` is writable.
+        let rc = unsafe { spdk_sys::spdk_thread_get_stats(&mut st) };
+        if rc != 0 {
+            return;
+        }
+        // SAFETY: `thread` is the live current thread; its name lives as long as it does.
+        let name = from_c(unsafe { spdk_sys::spdk_thread_get_name(thread) });
+        // SAFETY: as above; reads the thread's id.
+        let id = unsafe { spdk_sys::spdk_thread_get_id(thread) };
+        walk.out.push(ThreadStats {
+            name,
+            id,
+            busy_ticks: st.busy_tsc,
+            idle_ticks: st.idle_tsc,
+        });
     });
 }
 
 /// Runs once on the originating thread after every thread was visited (or right away when
 /// SPDK could not start the walk).
-extern "C" fn on_done(arg: *mut c_void) {
-    // SAFETY: `arg` is the `Walk` leaked by `threads`; SPDK calls the completion exactly once,
-    // after the last `on_thread`, so it is reclaimed exactly once.
-    let walk = unsafe { Box::from_raw(arg.cast::<Walk>()) };
-    // SAFETY: a pure read of the TSC rate.
-    let ticks_hz = unsafe { spdk_sys::spdk_get_ticks_hz() };
-    walk.reply.send(Ok(RuntimeStats {
-        threads: walk.out,
-        ticks_hz,
-    }));
+///
+/// # Safety
+/// `arg` must be the `Box<Walk>` leaked by [`threads`]; it is reclaimed here, once.
+unsafe extern "C" fn on_done(arg: *mut c_void) {
+    no_unwind("on_done", || {
+        // SAFETY: the caller's contract: SPDK calls the completion exactly once, after the
+        // last `on_thread`, so the `Walk` is reclaimed exactly once.
+        let walk = unsafe { Box::from_raw(arg.cast::<Walk>()) };
+        // SAFETY: a pure read of the TSC rate.
+        let ticks_hz = unsafe { spdk_sys::spdk_get_ticks_hz() };
+        walk.reply.send(Ok(RuntimeStats {
+            threads: walk.out,
+            ticks_hz,
+        }));
+    });
 }
 
 /// Busy and idle time of every SPDK thread (one message per thread; no reactor blocks).
