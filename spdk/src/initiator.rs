@@ -159,7 +159,7 @@ pub async fn detach(ctrlr: &str) -> Result<()> {
             Err(e) => return reply.send(Err(e)),
         };
         let n = ctrlr.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_, rc| {
             reply.send(if rc == 0 || rc == -19 {
                 Ok(())
             } else {

@@ -3,7 +3,8 @@
 use super::bdev::bdev_by_name;
 use super::error::{Result, SpdkError};
 use super::runtime::{
-    cstr, errno_cb, errno_ctx, exec, from_c_array, handle_cb, handle_ctx, on_reactor,
+    Reactor, cstr, errno_cb, errno_ctx, exec_on, from_c_array, handle_cb, handle_ctx,
+    on_reactor_with,
 };
 use spdk_sys::{spdk_lvol, spdk_lvol_store};
 
@@ -116,7 +117,7 @@ unsafe fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
     }
 }
 
-fn lvs_by_name(name: &str) -> Result<*mut spdk_lvol_store> {
+fn lvs_by_name(_r: &Reactor, name: &str) -> Result<*mut spdk_lvol_store> {
     let c = cstr("lvs", name)?;
     // SAFETY: on the reactor.
     let lvs = unsafe { spdk_sys::vbdev_get_lvol_store_by_name(c.as_ptr()) };
@@ -130,7 +131,7 @@ fn lvs_by_name(name: &str) -> Result<*mut spdk_lvol_store> {
     }
 }
 
-fn lvol_by_names(lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
+fn lvol_by_names(_r: &Reactor, lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
     let (l, n) = (cstr("lvs", lvs)?, cstr("name", name)?);
     // SAFETY: on the reactor.
     let lvol = unsafe { spdk_sys::spdk_lvol_get_by_names(l.as_ptr(), n.as_ptr()) };
@@ -145,8 +146,8 @@ fn lvol_by_names(lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
 }
 
 /// The lvstore `name` as SPDK reports it now.
-fn lvs_info_by_name(name: &str) -> Result<LvsInfo> {
-    let lvs = lvs_by_name(name)?;
+fn lvs_info_by_name(r: &Reactor, name: &str) -> Result<LvsInfo> {
+    let lvs = lvs_by_name(r, name)?;
     // SAFETY: `lvs` was just returned by SPDK's lookup on this thread.
     Ok(unsafe { lvs_info(lvs) })
 }
@@ -154,8 +155,8 @@ fn lvs_info_by_name(name: &str) -> Result<LvsInfo> {
 /// The lvol `lvs/name` as SPDK reports it now: how completions that come later report their
 /// lvol, instead of trusting a pointer taken before the operation (SPDK's own JSON-RPC may
 /// have deleted it meanwhile).
-fn lvol_info_by_names(lvs: &str, name: &str) -> Result<LvolInfo> {
-    let lvol = lvol_by_names(lvs, name)?;
+fn lvol_info_by_names(r: &Reactor, lvs: &str, name: &str) -> Result<LvolInfo> {
+    let lvol = lvol_by_names(r, lvs, name)?;
     // SAFETY: `lvol` was just returned by SPDK's lookup on this thread.
     Ok(unsafe { lvol_info(lvol) })
 }
@@ -172,7 +173,7 @@ fn check_lvol_name(field: &'static str, name: &str) -> Result<()> {
 
 /// Every lvstore.
 pub async fn lvstores() -> Result<Vec<LvsInfo>> {
-    on_reactor(|| {
+    on_reactor_with(|_r| {
         let mut out = Vec::new();
         // SAFETY: iteration of the lvol module's list on the reactor.
         let mut lvs = unsafe { spdk_sys::liteio_lvs_first() };
@@ -190,7 +191,7 @@ pub async fn lvstores() -> Result<Vec<LvsInfo>> {
 /// One lvstore, or `None`.
 pub async fn lvstore(name: &str) -> Result<Option<LvsInfo>> {
     let name = name.to_string();
-    on_reactor(move || match lvs_info_by_name(&name) {
+    on_reactor_with(move |r| match lvs_info_by_name(r, &name) {
         Ok(l) => Ok(Some(l)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
@@ -209,8 +210,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
         });
     }
     let (base, name) = (base_bdev.to_string(), name.to_string());
-    exec(move |reply| {
-        if let Ok(info) = lvs_info_by_name(&name) {
+    exec_on(move |r, reply| {
+        if let Ok(info) = lvs_info_by_name(r, &name) {
             return reply.send(if info.base_bdev == base {
                 Ok(info)
             } else {
@@ -221,7 +222,7 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
                 })
             });
         }
-        if let Err(e) = bdev_by_name(&base) {
+        if let Err(e) = bdev_by_name(r, &base) {
             return reply.send(Err(e));
         }
         let (b, n) = match (cstr("base_bdev", &base), cstr("name", &name)) {
@@ -229,7 +230,7 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
         let name2 = name.clone();
-        let ctx = handle_ctx::<spdk_lvol_store>(move |lvs, rc| {
+        let ctx = handle_ctx::<spdk_lvol_store>(move |_r, lvs, rc| {
             reply.send(if rc == 0 && !lvs.is_null() {
                 // SAFETY: SPDK hands the new lvstore to this callback on its thread.
                 Ok(unsafe { lvs_info(lvs) })
@@ -259,8 +260,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
 
 async fn lvs_op(name: &str, destroy: bool) -> Result<()> {
     let name = name.to_string();
-    exec(move |reply| {
-        let lvs = match lvs_by_name(&name) {
+    exec_on(move |r, reply| {
+        let lvs = match lvs_by_name(r, &name) {
             Ok(l) => l,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
@@ -270,7 +271,7 @@ async fn lvs_op(name: &str, destroy: bool) -> Result<()> {
         } else {
             "unload lvstore"
         };
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -301,7 +302,7 @@ pub async fn destroy_lvstore(name: &str) -> Result<()> {
 
 /// Every lvol of every lvstore (snapshots included).
 pub async fn lvols() -> Result<Vec<LvolInfo>> {
-    on_reactor(|| {
+    on_reactor_with(|_r| {
         let mut out = Vec::new();
         // SAFETY: iteration of SPDK's bdev list on the reactor.
         let mut b = unsafe { spdk_sys::spdk_bdev_first() };
@@ -328,7 +329,7 @@ pub async fn lvols() -> Result<Vec<LvolInfo>> {
 /// One lvol, or `None`.
 pub async fn lvol(lvs: &str, name: &str) -> Result<Option<LvolInfo>> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    on_reactor(move || match lvol_info_by_names(&lvs, &name) {
+    on_reactor_with(move |r| match lvol_info_by_names(r, &lvs, &name) {
         Ok(l) => Ok(Some(l)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
@@ -341,7 +342,7 @@ fn lvol_reply(
     name: String,
     reply: super::runtime::Reply<LvolInfo>,
 ) -> *mut std::ffi::c_void {
-    handle_ctx::<spdk_lvol>(move |lvol, rc| {
+    handle_ctx::<spdk_lvol>(move |_r, lvol, rc| {
         reply.send(if rc == 0 && !lvol.is_null() {
             // SAFETY: SPDK hands the new lvol to this callback on its thread.
             Ok(unsafe { lvol_info(lvol) })
@@ -362,14 +363,14 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
         });
     }
     let (lvs_name, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvs = match lvs_by_name(&lvs_name) {
+    exec_on(move |r, reply| {
+        let lvs = match lvs_by_name(r, &lvs_name) {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
         // SAFETY: `lvs` was just returned by the lookup on this thread.
         let info = unsafe { lvs_info(lvs) };
-        if let Ok(e) = lvol_info_by_names(&lvs_name, &name) {
+        if let Ok(e) = lvol_info_by_names(r, &lvs_name, &name) {
             let cluster = info.cluster_size.max(1);
             let Some(want) = size.div_ceil(cluster).checked_mul(cluster) else {
                 return reply.send(Err(SpdkError::InvalidArgument {
@@ -430,8 +431,8 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
 /// Delete an lvol (or a snapshot without clones); missing = success.
 pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvol = match lvol_by_names(&lvs, &name) {
+    exec_on(move |r, reply| {
+        let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
@@ -444,7 +445,7 @@ pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
             }));
         }
         let full = format!("{lvs}/{name}");
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -460,8 +461,8 @@ pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
 /// Grow an lvol to at least `size` bytes. Shrinking is refused.
 pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvol = match lvol_by_names(&lvs, &name) {
+    exec_on(move |r, reply| {
+        let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
@@ -481,10 +482,10 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
             return reply.send(Ok(cur));
         }
         let full = cur.alias();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |r, rc| {
             reply.send(if rc == 0 {
                 // Looked up again: the lvol may be gone by now.
-                lvol_info_by_names(&lvs, &name)
+                lvol_info_by_names(r, &lvs, &name)
             } else {
                 Err(SpdkError::errno("resize lvol", full, rc))
             })
@@ -500,8 +501,8 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
 pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo> {
     check_lvol_name("snapshot", snapshot)?;
     let (lvs, name, snap) = (lvs.to_string(), name.to_string(), snapshot.to_string());
-    exec(move |reply| {
-        if let Ok(info) = lvol_info_by_names(&lvs, &snap) {
+    exec_on(move |r, reply| {
+        if let Ok(info) = lvol_info_by_names(r, &lvs, &snap) {
             return reply.send(if info.snapshot {
                 Ok(info)
             } else {
@@ -512,7 +513,7 @@ pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo>
                 })
             });
         }
-        let (lvol, c) = match (lvol_by_names(&lvs, &name), cstr("snapshot", &snap)) {
+        let (lvol, c) = match (lvol_by_names(r, &lvs, &name), cstr("snapshot", &snap)) {
             (Ok(l), Ok(c)) => (l, c),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
@@ -534,8 +535,8 @@ pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo>
 pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
     check_lvol_name("clone", clone)?;
     let (lvs, snap, clone) = (lvs.to_string(), snapshot.to_string(), clone.to_string());
-    exec(move |reply| {
-        if let Ok(info) = lvol_info_by_names(&lvs, &clone) {
+    exec_on(move |r, reply| {
+        if let Ok(info) = lvol_info_by_names(r, &lvs, &clone) {
             return reply.send(if info.parent == snap {
                 Ok(info)
             } else {
@@ -546,7 +547,7 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
                 })
             });
         }
-        let (s, c) = match (lvol_by_names(&lvs, &snap), cstr("clone", &clone)) {
+        let (s, c) = match (lvol_by_names(r, &lvs, &snap), cstr("clone", &clone)) {
             (Ok(s), Ok(c)) => (s, c),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
@@ -569,16 +570,16 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
 /// Allocate every cluster of a thin lvol or clone and cut it from its parent snapshot.
 pub async fn inflate(lvs: &str, name: &str) -> Result<LvolInfo> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvol = match lvol_by_names(&lvs, &name) {
+    exec_on(move |r, reply| {
+        let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
         let full = format!("{lvs}/{name}");
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |r, rc| {
             reply.send(if rc == 0 {
                 // Looked up again: the lvol may be gone by now.
-                lvol_info_by_names(&lvs, &name)
+                lvol_info_by_names(r, &lvs, &name)
             } else {
                 Err(SpdkError::errno("inflate lvol", full, rc))
             })

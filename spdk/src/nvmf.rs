@@ -4,7 +4,9 @@ use std::ffi::c_void;
 
 use super::bdev::bdev_by_name;
 use super::error::{Result, SpdkError, libc_errno};
-use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, from_c, no_unwind, on_reactor};
+use super::runtime::{
+    Reactor, Reply, cstr, errno_cb, errno_ctx, exec_on, from_c, no_unwind, on_reactor_with,
+};
 use spdk_sys::spdk_nvmf_subsystem;
 
 /// Tunables of the TCP transport; `None` keeps SPDK's default.
@@ -62,7 +64,7 @@ pub struct SubsystemInfo {
     pub hosts: Vec<String>,
 }
 
-fn tgt() -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
+fn tgt(_r: &Reactor) -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
     // SAFETY: on the reactor; returns the target the nvmf subsystem created, or NULL.
     let t = unsafe { spdk_sys::spdk_nvmf_get_first_tgt() };
     if t.is_null() {
@@ -72,8 +74,8 @@ fn tgt() -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
     }
 }
 
-fn subsystem(nqn: &str) -> Result<*mut spdk_nvmf_subsystem> {
-    let t = tgt()?;
+fn subsystem(r: &Reactor, nqn: &str) -> Result<*mut spdk_nvmf_subsystem> {
+    let t = tgt(r)?;
     let c = cstr("nqn", nqn)?;
     // SAFETY: on the reactor.
     let ss = unsafe { spdk_sys::spdk_nvmf_tgt_find_subsystem(t, c.as_ptr()) };
@@ -168,8 +170,8 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
         num_shared_buffers: opts.num_shared_buffers.unwrap_or(0),
         buf_cache_size: opts.buf_cache_size.unwrap_or(0),
     };
-    exec(move |reply| {
-        let t = match tgt() {
+    exec_on(move |r, reply| {
+        let t = match tgt(r) {
             Ok(t) => t,
             Err(e) => return reply.send(Err(e)),
         };
@@ -178,7 +180,7 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
         if !unsafe { spdk_sys::spdk_nvmf_tgt_get_transport(t, tcp.as_ptr()) }.is_null() {
             return reply.send(Ok(()));
         }
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -197,8 +199,8 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
 
 /// Every subsystem except the discovery subsystem.
 pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
-    on_reactor(|| {
-        let t = tgt()?;
+    on_reactor_with(|r| {
+        let t = tgt(r)?;
         let mut out = Vec::new();
         // SAFETY: iteration on the reactor.
         let mut ss = unsafe { spdk_sys::spdk_nvmf_subsystem_get_first(t) };
@@ -220,13 +222,13 @@ pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
 
 /// Whether the NVMe-oF target is up (a round trip to the reactor; no listing).
 pub async fn target_running() -> Result<()> {
-    on_reactor(|| tgt().map(|_| ())).await
+    on_reactor_with(|r| tgt(r).map(|_| ())).await
 }
 
 /// One subsystem by NQN, or `None`. A single lookup, unlike [`subsystems`].
 pub async fn find_subsystem(nqn: &str) -> Result<Option<SubsystemInfo>> {
     let nqn = nqn.to_string();
-    on_reactor(move || match subsystem(&nqn) {
+    on_reactor_with(move |r| match subsystem(r, &nqn) {
         // SAFETY: `ss` was just returned by the lookup on this thread.
         Ok(ss) => Ok(Some(unsafe { info(ss) })),
         Err(SpdkError::NotFound { .. }) => Ok(None),
@@ -237,8 +239,8 @@ pub async fn find_subsystem(nqn: &str) -> Result<Option<SubsystemInfo>> {
 
 /// The TCP ports any subsystem listens on (only the ports: cheaper than [`subsystems`]).
 pub async fn listener_ports() -> Result<std::collections::HashSet<u16>> {
-    on_reactor(|| {
-        let t = tgt()?;
+    on_reactor_with(|r| {
+        let t = tgt(r)?;
         let mut out = std::collections::HashSet::new();
         // SAFETY: iteration on the reactor; every pointer comes from SPDK's own lists and
         // stays valid while we do not yield.
@@ -367,14 +369,14 @@ unsafe extern "C" fn create_listened(arg: *mut c_void, status: i32) {
 /// leaves nothing behind.
 pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
     validate(&spec)?;
-    let existing = on_reactor({
+    let existing = on_reactor_with({
         let spec = spec.clone();
-        move || match subsystem(&spec.nqn) {
+        move |r| match subsystem(r, &spec.nqn) {
             // Compare by the bdev's canonical name: the spec may use an alias (`lvs/lvol`).
             Ok(ss) => Ok(Some((
                 // SAFETY: `ss` was just returned by the lookup on this thread.
                 unsafe { info(ss) },
-                super::bdev::info_by_name(&spec.bdev)?.name,
+                super::bdev::info_by_name(r, &spec.bdev)?.name,
             ))),
             Err(SpdkError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -391,10 +393,10 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
         }
         return set_hosts(&spec.nqn, &spec.hosts).await;
     }
-    exec(move |reply| {
+    exec_on(move |r, reply| {
         let setup = || -> Result<(*mut spdk_nvmf_subsystem, spdk_sys::spdk_nvme_transport_id)> {
-            let t = tgt()?;
-            bdev_by_name(&spec.bdev)?;
+            let t = tgt(r)?;
+            bdev_by_name(r, &spec.bdev)?;
             let trid = trid(&spec.address, spec.port)?;
             let (nqn, sn, mn, bdev, uuid) = (
                 cstr("nqn", &spec.nqn)?,
@@ -460,8 +462,8 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
 /// existing ones are closed).
 pub async fn set_hosts(nqn: &str, hosts: &[String]) -> Result<SubsystemInfo> {
     let (nqn, hosts) = (nqn.to_string(), hosts.to_vec());
-    on_reactor(move || {
-        let ss = subsystem(&nqn)?;
+    on_reactor_with(move |r| {
+        let ss = subsystem(r, &nqn)?;
         // SAFETY: `ss` was just returned by the lookup on this thread.
         let cur = unsafe { info(ss) };
         for h in hosts.iter().filter(|h| !cur.hosts.contains(h)) {
@@ -512,16 +514,16 @@ extern "C" fn settled(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i
 /// success.
 pub async fn settle(nqn: &str) -> Result<()> {
     // Messages to a thread run in order: this one runs after a pending resize notice.
-    on_reactor(|| Ok(())).await?;
+    on_reactor_with(|_r| Ok(())).await?;
     let nqn = nqn.to_string();
-    exec(move |reply| {
-        let ss = match subsystem(&nqn) {
+    exec_on(move |r, reply| {
+        let ss = match subsystem(r, &nqn) {
             Ok(s) => s,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
         };
         let n = nqn.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -568,14 +570,14 @@ extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, sta
 pub async fn delete_subsystem(nqn: &str) -> Result<()> {
     settle(nqn).await?;
     let nqn = nqn.to_string();
-    exec(move |reply| {
-        let ss = match subsystem(&nqn) {
+    exec_on(move |r, reply| {
+        let ss = match subsystem(r, &nqn) {
             Ok(s) => s,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
         };
         let n = nqn.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {

@@ -9,6 +9,7 @@
 //! owned by SPDK until its one call).
 
 use std::ffi::{CString, c_char, c_int, c_void};
+use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, Location};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -196,7 +197,40 @@ pub(crate) fn no_unwind(callback: &'static str, f: impl FnOnce()) {
     }
 }
 
-type Task = Box<dyn FnOnce() + Send>;
+/// Proof that the code holding it runs on an SPDK thread, inside a request or a completion
+/// callback: functions that must run there (lookups by name, reading SPDK objects) take a
+/// `&Reactor`. Only the runtime makes one, in the trampolines SPDK calls; it is `!Send` and
+/// `!Sync` and handed out by reference for the duration of one call, so it cannot leave the
+/// thread or outlive the call.
+#[derive(Debug)]
+pub struct Reactor {
+    _on_spdk_thread: PhantomData<*const ()>,
+}
+
+impl Reactor {
+    /// # Safety
+    /// The caller must be running on an SPDK thread (called by SPDK: a message or a
+    /// completion callback), and must lend the token only for the duration of that call.
+    unsafe fn new() -> Self {
+        Self {
+            _on_spdk_thread: PhantomData,
+        }
+    }
+}
+
+// `Reactor` must stay `!Send` and `!Sync` (checked at compile time: the trait item below is
+// ambiguous, and so an error, as soon as either is implemented).
+const _: fn() = || {
+    trait AmbiguousIfSendOrSync<A> {
+        fn some_item() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSendOrSync<()> for T {}
+    impl<T: ?Sized + Send> AmbiguousIfSendOrSync<u8> for T {}
+    impl<T: ?Sized + Sync> AmbiguousIfSendOrSync<u16> for T {}
+    let _ = <Reactor as AmbiguousIfSendOrSync<_>>::some_item;
+};
+
+type Task = Box<dyn FnOnce(&Reactor) + Send>;
 
 /// Runs a boxed task on the SPDK thread that received it; refuses it (its [`Reply`] answers
 /// [`SpdkError::NotRunning`]) when it was queued before a stop began.
@@ -209,7 +243,10 @@ extern "C" fn run_task(arg: *mut c_void) {
             drop(task);
             return;
         }
-        task();
+        // SAFETY: SPDK runs this message on its application thread; the token lives for
+        // this call only.
+        let reactor = unsafe { Reactor::new() };
+        task(&reactor);
     });
 }
 
@@ -280,12 +317,20 @@ impl<T> Drop for Reply<T> {
 pub fn exec<T: Send + 'static>(
     f: impl FnOnce(Reply<T>) + Send + 'static,
 ) -> impl Future<Output = Result<T>> + Send {
+    exec_on(move |_, reply| f(reply))
+}
+
+/// [`exec`] for code that needs the [`Reactor`] token.
+#[track_caller]
+pub(crate) fn exec_on<T: Send + 'static>(
+    f: impl FnOnce(&Reactor, Reply<T>) + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
     let caller = Location::caller();
     async move {
         let (tx, rx) = oneshot::channel();
         let slot = Arc::new(Mutex::new(Some(tx)));
         let reply = Reply(Arc::clone(&slot));
-        send_task(Box::new(move || f(reply)))?;
+        send_task(Box::new(move |r: &Reactor| f(r, reply)))?;
         let after = request_timeout();
         let weak = Arc::downgrade(&slot);
         let _armed = watchdog::arm(
@@ -318,7 +363,15 @@ pub fn exec<T: Send + 'static>(
 pub fn on_reactor<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> impl Future<Output = Result<T>> + Send {
-    exec(move |reply| reply.send(f()))
+    exec_on(move |_, reply| reply.send(f()))
+}
+
+/// [`on_reactor`] for code that needs the [`Reactor`] token.
+#[track_caller]
+pub(crate) fn on_reactor_with<T: Send + 'static>(
+    f: impl FnOnce(&Reactor) -> Result<T> + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
+    exec_on(move |r, reply| reply.send(f(r)))
 }
 
 /// Deadlines of requests, kept by one thread of ours: no timers on the reactors, and no
@@ -421,12 +474,12 @@ mod watchdog {
 
 // ---- completion callbacks -------------------------------------------------------------
 
-type ErrnoFn = Box<dyn FnOnce(i32)>;
+type ErrnoFn = Box<dyn FnOnce(&Reactor, i32)>;
 
 /// A context for an SPDK callback of shape `(void *arg, int rc)`: pass the returned pointer as
 /// `cb_arg` and [`errno_cb`] as the function. If SPDK rejects the call synchronously and never
 /// calls back, reclaim it with [`drop_errno_ctx`] (or answer it with [`errno_cb`]).
-pub(crate) fn errno_ctx(f: impl FnOnce(i32) + 'static) -> *mut c_void {
+pub(crate) fn errno_ctx(f: impl FnOnce(&Reactor, i32) + 'static) -> *mut c_void {
     Box::into_raw(Box::new(Box::new(f) as ErrnoFn)).cast()
 }
 
@@ -434,12 +487,14 @@ pub(crate) fn errno_ctx(f: impl FnOnce(i32) + 'static) -> *mut c_void {
 ///
 /// # Safety
 /// `arg` must come from [`errno_ctx`] and not have been passed to `errno_cb` or
-/// [`drop_errno_ctx`] before: it is reclaimed here.
+/// [`drop_errno_ctx`] before: it is reclaimed here. Called on an SPDK thread.
 pub(crate) unsafe extern "C" fn errno_cb(arg: *mut c_void, rc: c_int) {
     no_unwind("errno_cb", || {
         // SAFETY: the caller's contract: `arg` came from `errno_ctx` and is reclaimed once.
         let f = unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) };
-        f(rc);
+        // SAFETY: the caller's contract: on an SPDK thread; the token lives for this call.
+        let reactor = unsafe { Reactor::new() };
+        f(&reactor, rc);
     });
 }
 
@@ -456,10 +511,12 @@ pub(crate) unsafe fn drop_errno_ctx(arg: *mut c_void) {
     });
 }
 
-type HandleFn<H> = Box<dyn FnOnce(*mut H, i32)>;
+type HandleFn<H> = Box<dyn FnOnce(&Reactor, *mut H, i32)>;
 
 /// A context for an SPDK callback of shape `(void *arg, T *handle, int rc)`.
-pub(crate) fn handle_ctx<H: 'static>(f: impl FnOnce(*mut H, i32) + 'static) -> *mut c_void {
+pub(crate) fn handle_ctx<H: 'static>(
+    f: impl FnOnce(&Reactor, *mut H, i32) + 'static,
+) -> *mut c_void {
     Box::into_raw(Box::new(Box::new(f) as HandleFn<H>)).cast()
 }
 
@@ -467,12 +524,14 @@ pub(crate) fn handle_ctx<H: 'static>(f: impl FnOnce(*mut H, i32) + 'static) -> *
 ///
 /// # Safety
 /// `arg` must come from [`handle_ctx::<H>`] and not have been reclaimed before; `handle` is
-/// NULL or a live `H` for the duration of the call.
+/// NULL or a live `H` for the duration of the call. Called on an SPDK thread.
 pub(crate) unsafe extern "C" fn handle_cb<H: 'static>(arg: *mut c_void, handle: *mut H, rc: c_int) {
     no_unwind("handle_cb", || {
         // SAFETY: the caller's contract: `arg` came from `handle_ctx::<H>`, reclaimed once.
         let f = unsafe { Box::from_raw(arg.cast::<HandleFn<H>>()) };
-        f(handle, rc);
+        // SAFETY: the caller's contract: on an SPDK thread; the token lives for this call.
+        let reactor = unsafe { Reactor::new() };
+        f(&reactor, handle, rc);
     });
 }
 
@@ -681,7 +740,7 @@ impl Spdk {
         // The framework stops through a message to its own thread, which first stops taking
         // requests: from then on `send_task` refuses them, and those already queued are
         // refused when they run (see `APP_THREAD`).
-        let _ = send_task(Box::new(|| {
+        let _ = send_task(Box::new(|_: &Reactor| {
             set_app_thread(0);
             // SAFETY: called on SPDK's application thread while the framework runs.
             unsafe { spdk_sys::spdk_app_stop(0) };
