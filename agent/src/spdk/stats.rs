@@ -30,6 +30,10 @@ impl crate::metrics::ScrapeSource for RuntimeSource {
             std::path::Path::new("/proc/self/task"),
             "reactor_",
         ));
+        out.spdk_faults = Some(crate::metrics::SpdkFaults {
+            request_timeouts: liteio_spdk::runtime::timed_out_requests(),
+            caught_panics: liteio_spdk::runtime::caught_panics(),
+        });
         let stats = futures::executor::block_on(threads())?;
         let hz = stats.ticks_hz.max(1) as f64;
         out.spdk_threads.extend(stats.threads.into_iter().map(|t| {
