@@ -73,6 +73,8 @@ mod bench {
             no_pci: true,
             rpc_socket: None,
             trace_entries: 0,
+            lock_cores: true,
+            request_timeout: liteio_agent::spdk::runtime::DEFAULT_REQUEST_TIMEOUT,
         })?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -4,8 +4,7 @@
 //! [`sync`] (volumes and snapshots), [`recovery`] (orphans after a restart), [`metrics`],
 //! wired together by [`agent::Agent`]. The data side is a [`engine::PoolEngine`]; remote
 //! access goes through an [`exporter::Exporter`].
-#![cfg_attr(not(feature = "spdk"), forbid(unsafe_code))]
-#![cfg_attr(feature = "spdk", deny(unsafe_code))]
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod config;

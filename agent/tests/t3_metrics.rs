@@ -207,5 +207,11 @@ async fn scenario() {
     let text = scrape(&agent).await;
     assert!(!text.contains("pvc-m"), "{text}");
     assert!(text.contains("liteio_spdk_reactor_cpu_seconds_total"));
+    // Fault counters of the SPDK runtime (no fault in this test).
+    assert!(
+        text.contains("liteio_spdk_request_timeouts_total"),
+        "{text}"
+    );
+    assert!(text.contains("liteio_spdk_caught_panics_total"), "{text}");
     agent.shutdown(Duration::from_secs(5)).await;
 }

@@ -1,6 +1,6 @@
 //! Raw FFI bindings to SPDK 26.05 and LiteIO's C shim, generated at build time by bindgen.
 //! Nothing here is safe to call without reading SPDK's documentation of the function: the
-//! safe wrappers live in the agent's `spdk` module. Built only with the `link` feature.
+//! safe wrappers live in the `liteio-spdk` crate. Built only with the `link` feature.
 #![allow(
     non_camel_case_types,
     non_upper_case_globals,

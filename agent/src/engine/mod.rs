@@ -374,7 +374,9 @@ impl EngineError {
                 crate::spdk::ErrorKind::AlreadyExists => ErrorKind::AlreadyExistsDifferent,
                 crate::spdk::ErrorKind::NoSpace => ErrorKind::NoSpace,
                 crate::spdk::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-                crate::spdk::ErrorKind::NotRunning => ErrorKind::PoolUnavailable,
+                crate::spdk::ErrorKind::NotRunning | crate::spdk::ErrorKind::Timeout => {
+                    ErrorKind::PoolUnavailable
+                }
                 _ => ErrorKind::CommandFailed,
             },
             Self::Spawn { .. } | Self::CommandFailed { .. } | Self::BadOutput { .. } => {

@@ -26,7 +26,10 @@
 //! SPDK runtime: `liteio_spdk_thread_{busy,idle}_seconds_total{thread}` (SPDK's own
 //! accounting, which only advances in poll mode) and
 //! `liteio_spdk_reactor_cpu_seconds_total{reactor}` (the reactor threads' CPU time, which is
-//! their busy time in interrupt mode and 100 % in poll mode).
+//! their busy time in interrupt mode and 100 % in poll mode), `liteio_spdk_request_timeouts_total`
+//! (requests to SPDK that got no answer within their deadline: a stuck reactor or a lost
+//! completion; each one is also logged with the code that sent it) and
+//! `liteio_spdk_caught_panics_total` (panics caught on SPDK threads; each failed its request).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -97,6 +100,17 @@ pub struct Scrape {
     pub spdk_threads: Vec<SpdkThreadTime>,
     /// CPU seconds of each reactor thread (`reactor_0`, …).
     pub reactor_cpu: Vec<(String, f64)>,
+    /// Faults of the SPDK runtime since the process started; `None` without SPDK.
+    pub spdk_faults: Option<SpdkFaults>,
+}
+
+/// Faults the SPDK runtime survived, since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpdkFaults {
+    /// Requests that got no answer within their deadline.
+    pub request_timeouts: u64,
+    /// Panics caught on SPDK threads.
+    pub caught_panics: u64,
 }
 
 /// How an SPDK thread spent its time, in seconds.
@@ -536,6 +550,26 @@ impl Metrics {
                 cpu.with_label_values(&[reactor]).inc_by(secs.max(0.0));
             }
         }
+        if let Some(f) = scrape.spdk_faults {
+            reg(
+                &r,
+                "liteio_spdk_request_timeouts_total",
+                IntCounter::new(
+                    "liteio_spdk_request_timeouts_total",
+                    "Requests to SPDK that got no answer within their deadline (a stuck reactor or a lost completion)",
+                ),
+            )?
+            .inc_by(f.request_timeouts);
+            reg(
+                &r,
+                "liteio_spdk_caught_panics_total",
+                IntCounter::new(
+                    "liteio_spdk_caught_panics_total",
+                    "Panics caught on SPDK threads (each failed its request; SPDK went on)",
+                ),
+            )?
+            .inc_by(f.caught_panics);
+        }
         Ok(r.gather())
     }
 }
@@ -719,9 +753,23 @@ mod tests {
                 idle_seconds: 2.25,
             }],
             reactor_cpu: vec![("reactor_0".into(), 1.5)],
+            spdk_faults: Some(SpdkFaults {
+                request_timeouts: 3,
+                caught_panics: 1,
+            }),
             ..Scrape::default()
         };
         let text = m.render_with(&scrape, SystemTime::now());
+        let n = [("node", "n")];
+        assert_eq!(
+            value(&text, "liteio_spdk_request_timeouts_total", &n),
+            Some(3.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, "liteio_spdk_caught_panics_total", &n),
+            Some(1.0)
+        );
         let th = [("node", "n"), ("thread", "app_thread")];
         assert_eq!(
             value(&text, "liteio_spdk_thread_busy_seconds_total", &th),

@@ -1,17 +1,10 @@
-//! The embedded SPDK engine: the only place in the agent with `unsafe`. Every function runs
-//! its SPDK calls on SPDK's application thread; callers are async and never block a reactor.
-#![allow(unsafe_code)]
+//! The embedded SPDK engine: the safe layer of the [`liteio_spdk`] crate, re-exported under
+//! its old paths, and the agent's adapters to it (the NVMe-oF [`exporter`], the [`setup`]
+//! from the agent's config and the metrics source in [`stats`]). No `unsafe` here.
 
-pub mod bdev;
-pub mod error;
+pub use liteio_spdk::{ErrorKind, Result, Spdk, SpdkError, SpdkOptions};
+pub use liteio_spdk::{bdev, error, initiator, io, lvol, nvmf, runtime};
+
 pub mod exporter;
-pub mod initiator;
-pub mod io;
-pub mod lvol;
-pub mod nvmf;
-pub mod runtime;
 pub mod setup;
 pub mod stats;
-
-pub use error::{ErrorKind, Result, SpdkError};
-pub use runtime::{Spdk, SpdkOptions};

@@ -22,6 +22,8 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         no_pci: sp.nvme_pci_addresses.is_empty(),
         rpc_socket: sp.rpc_socket.clone(),
         trace_entries: sp.trace_entries,
+        lock_cores: true,
+        request_timeout: liteio_spdk::runtime::DEFAULT_REQUEST_TIMEOUT,
     }
 }
 

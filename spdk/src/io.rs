@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 
 use super::error::{Result, SpdkError};
-use super::runtime::{Reply, cstr, exec};
+use super::runtime::{Reply, cstr, exec, no_unwind};
 
 struct Io {
     desc: *mut spdk_sys::spdk_bdev_desc,
@@ -40,21 +40,32 @@ impl Io {
     }
 }
 
-extern "C" fn io_done(bdev_io: *mut spdk_sys::spdk_bdev_io, success: bool, arg: *mut c_void) {
-    // SAFETY: `bdev_io` is the completed I/O handed to this callback; freed once here.
-    unsafe { spdk_sys::spdk_bdev_free_io(bdev_io) };
-    // SAFETY: `arg` is the `Io` leaked by `submit`; this callback runs once.
-    let io = unsafe { Box::from_raw(arg.cast::<Io>()) };
-    let result = if success {
-        Ok(())
-    } else {
-        Err(SpdkError::errno(
-            if io.write { "write" } else { "read" },
-            io.name.clone(),
-            -5,
-        ))
-    };
-    io.finish(result);
+/// Completion of one read or write.
+///
+/// # Safety
+/// `arg` must be a `Box<Io>` leaked by [`submit`] for this I/O, reclaimed here once;
+/// `bdev_io` is the completed I/O, freed here once.
+unsafe extern "C" fn io_done(
+    bdev_io: *mut spdk_sys::spdk_bdev_io,
+    success: bool,
+    arg: *mut c_void,
+) {
+    no_unwind("io_done", || {
+        // SAFETY: the caller's contract: `bdev_io` is the completed I/O; freed once here.
+        unsafe { spdk_sys::spdk_bdev_free_io(bdev_io) };
+        // SAFETY: the caller's contract: `arg` is our `Io`, reclaimed once.
+        let io = unsafe { Box::from_raw(arg.cast::<Io>()) };
+        let result = if success {
+            Ok(())
+        } else {
+            Err(SpdkError::errno(
+                if io.write { "write" } else { "read" },
+                io.name.clone(),
+                -5,
+            ))
+        };
+        io.finish(result);
+    });
 }
 
 extern "C" fn ignore_event(
@@ -62,6 +73,7 @@ extern "C" fn ignore_event(
     _b: *mut spdk_sys::spdk_bdev,
     _ctx: *mut c_void,
 ) {
+    // Nothing that can panic: the descriptor lives only for one I/O.
 }
 
 async fn submit(name: &str, offset: u64, data: Option<Vec<u8>>, len: usize) -> Result<Vec<u8>> {

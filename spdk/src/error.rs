@@ -14,8 +14,10 @@ pub enum ErrorKind {
     NoSpace,
     /// The runtime is not running, or stopped while the request was in flight.
     NotRunning,
-    /// SPDK reported a failure.
+    /// SPDK reported a failure, or a request panicked on the SPDK thread.
     Engine,
+    /// SPDK did not answer in time (a stuck reactor or a lost completion).
+    Timeout,
 }
 
 /// An SPDK engine error.
@@ -61,6 +63,19 @@ pub enum SpdkError {
     /// The SPDK runtime is not running.
     #[error("the SPDK runtime is not running")]
     NotRunning,
+    /// The request panicked on the SPDK thread; SPDK went on (the panic is logged).
+    #[error("the request panicked on the SPDK thread (see the log); SPDK goes on")]
+    Panicked,
+    /// No answer within the request deadline; a late answer is dropped.
+    #[error(
+        "no answer from SPDK within {after:?} to the request from {request}; is the reactor stuck?"
+    )]
+    Timeout {
+        /// The code that sent the request (`file:line:column`).
+        request: String,
+        /// The deadline.
+        after: std::time::Duration,
+    },
     /// The SPDK runtime could not start.
     #[error("SPDK did not start: {0}")]
     Start(String),
@@ -81,7 +96,8 @@ impl SpdkError {
             Self::AlreadyExists { .. } => ErrorKind::AlreadyExists,
             Self::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             Self::NotRunning => ErrorKind::NotRunning,
-            Self::Start(_) => ErrorKind::Engine,
+            Self::Start(_) | Self::Panicked => ErrorKind::Engine,
+            Self::Timeout { .. } => ErrorKind::Timeout,
         }
     }
 

@@ -5,7 +5,9 @@ use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 
 use super::error::{Result, SpdkError, libc_errno};
-use super::runtime::{cstr, drop_errno_ctx, errno_cb, errno_ctx, exec, from_c, on_reactor};
+use super::runtime::{
+    Reactor, cstr, drop_errno_ctx, errno_cb, errno_ctx, exec_on, from_c, no_unwind, on_reactor_with,
+};
 
 /// What SPDK knows about a bdev.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,9 +56,10 @@ pub struct IoStats {
     pub unmap_latency_us: u64,
 }
 
-pub(crate) fn bdev_by_name(name: &str) -> Result<*mut spdk_sys::spdk_bdev> {
+/// The bdev `name`, looked up on the reactor.
+pub(crate) fn bdev_by_name(_r: &Reactor, name: &str) -> Result<*mut spdk_sys::spdk_bdev> {
     let c = cstr("bdev", name)?;
-    // SAFETY: runs on an SPDK thread; `c` is a valid C string for the call.
+    // SAFETY: on an SPDK thread (the `Reactor` token); `c` is a valid C string for the call.
     let bdev = unsafe { spdk_sys::spdk_bdev_get_by_name(c.as_ptr()) };
     if bdev.is_null() {
         Err(SpdkError::NotFound {
@@ -68,9 +71,20 @@ pub(crate) fn bdev_by_name(name: &str) -> Result<*mut spdk_sys::spdk_bdev> {
     }
 }
 
-pub(crate) fn bdev_info(bdev: *mut spdk_sys::spdk_bdev) -> BdevInfo {
-    // SAFETY: `bdev` is a live bdev on the reactor during this call; the
-    // getters only read it.
+/// What SPDK knows about the bdev `name`, looked up now.
+pub(crate) fn info_by_name(r: &Reactor, name: &str) -> Result<BdevInfo> {
+    let b = bdev_by_name(r, name)?;
+    // SAFETY: `b` was just returned by SPDK's lookup on this thread and nothing ran since.
+    Ok(unsafe { bdev_info(b) })
+}
+
+/// What SPDK knows about `bdev`.
+///
+/// # Safety
+/// `bdev` must be a live bdev and the call must run on an SPDK thread (nothing may free the
+/// bdev meanwhile).
+pub(crate) unsafe fn bdev_info(bdev: *mut spdk_sys::spdk_bdev) -> BdevInfo {
+    // SAFETY: the caller's contract: `bdev` is live for this call; the getters only read it.
     unsafe {
         let mut uuid = [0 as std::ffi::c_char; 64];
         spdk_sys::spdk_uuid_fmt_lower(
@@ -112,12 +126,13 @@ fn check_name(field: &'static str, name: &str) -> Result<()> {
 
 /// Every bdev.
 pub async fn list() -> Result<Vec<BdevInfo>> {
-    on_reactor(|| {
+    on_reactor_with(|_r| {
         let mut out = Vec::new();
         // SAFETY: iteration of SPDK's bdev list on the reactor.
         let mut b = unsafe { spdk_sys::spdk_bdev_first() };
         while !b.is_null() {
-            out.push(bdev_info(b));
+            // SAFETY: `b` is a live bdev returned by the iteration on this thread.
+            out.push(unsafe { bdev_info(b) });
             // SAFETY: `b` is a live bdev returned by the iteration.
             b = unsafe { spdk_sys::spdk_bdev_next(b) };
         }
@@ -129,8 +144,8 @@ pub async fn list() -> Result<Vec<BdevInfo>> {
 /// One bdev, or `None`.
 pub async fn get(name: &str) -> Result<Option<BdevInfo>> {
     let name = name.to_string();
-    on_reactor(move || match bdev_by_name(&name) {
-        Ok(b) => Ok(Some(bdev_info(b))),
+    on_reactor_with(move |r| match info_by_name(r, &name) {
+        Ok(b) => Ok(Some(b)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     })
@@ -173,9 +188,8 @@ pub async fn create_malloc(name: &str, size: u64, block_size: u32) -> Result<Bde
         });
     }
     let name = name.to_string();
-    on_reactor(move || {
-        if let Ok(b) = bdev_by_name(&name) {
-            let info = bdev_info(b);
+    on_reactor_with(move |r| {
+        if let Ok(info) = info_by_name(r, &name) {
             same_or_conflict(&info, "Malloc disk", Some(size), &name)?;
             return Ok(info);
         }
@@ -192,7 +206,7 @@ pub async fn create_malloc(name: &str, size: u64, block_size: u32) -> Result<Bde
         if rc != 0 {
             return Err(SpdkError::errno("create malloc bdev", name, rc));
         }
-        bdev_by_name(&name).map(bdev_info)
+        info_by_name(r, &name)
     })
     .await
 }
@@ -207,9 +221,8 @@ pub async fn create_null(name: &str, size: u64, block_size: u32) -> Result<BdevI
         });
     }
     let name = name.to_string();
-    on_reactor(move || {
-        if let Ok(b) = bdev_by_name(&name) {
-            let info = bdev_info(b);
+    on_reactor_with(move |r| {
+        if let Ok(info) = info_by_name(r, &name) {
             same_or_conflict(&info, "Null disk", Some(size), &name)?;
             return Ok(info);
         }
@@ -221,7 +234,7 @@ pub async fn create_null(name: &str, size: u64, block_size: u32) -> Result<BdevI
         if rc != 0 {
             return Err(SpdkError::errno("create null bdev", name, rc));
         }
-        bdev_by_name(&name).map(bdev_info)
+        info_by_name(r, &name)
     })
     .await
 }
@@ -237,8 +250,8 @@ enum Module {
 
 async fn delete_with(module: Module, name: &str) -> Result<()> {
     let name = name.to_string();
-    exec(move |reply| {
-        if bdev_by_name(&name).is_err() {
+    exec_on(move |r, reply| {
+        if bdev_by_name(r, &name).is_err() {
             return reply.send(Ok(()));
         }
         let c = match cstr("name", &name) {
@@ -246,7 +259,7 @@ async fn delete_with(module: Module, name: &str) -> Result<()> {
             Err(e) => return reply.send(Err(e)),
         };
         let n = name.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 || rc == -libc_errno::ENODEV {
                 Ok(())
             } else {
@@ -262,9 +275,9 @@ async fn delete_with(module: Module, name: &str) -> Result<()> {
                 Module::Raid => {
                     let rc = spdk_sys::liteio_raid_delete(c.as_ptr(), Some(errno_cb), ctx);
                     if rc != 0 {
-                        // No raid of that name: SPDK never takes `ctx`.
-                        let f = ctx;
-                        errno_cb(f, if rc == -libc_errno::ENODEV { 0 } else { rc });
+                        // No raid of that name: SPDK never takes `ctx`, so it is answered
+                        // here, once.
+                        errno_cb(ctx, if rc == -libc_errno::ENODEV { 0 } else { rc });
                     }
                 }
             }
@@ -311,9 +324,8 @@ pub async fn create_aio(name: &str, path: &Path, block_size: u32) -> Result<Bdev
         });
     }
     let (name, path): (String, PathBuf) = (name.to_string(), path.to_path_buf());
-    on_reactor(move || {
-        if let Ok(b) = bdev_by_name(&name) {
-            let info = bdev_info(b);
+    on_reactor_with(move |r| {
+        if let Ok(info) = info_by_name(r, &name) {
             same_or_conflict(&info, "AIO disk", None, &name)?;
             return Ok(info);
         }
@@ -338,7 +350,7 @@ pub async fn create_aio(name: &str, path: &Path, block_size: u32) -> Result<Bdev
                 rc,
             ));
         }
-        bdev_by_name(&name).map(bdev_info)
+        info_by_name(r, &name)
     })
     .await
 }
@@ -346,7 +358,7 @@ pub async fn create_aio(name: &str, path: &Path, block_size: u32) -> Result<Bdev
 /// Pick up a grown backing file or device of an aio bdev.
 pub async fn rescan_aio(name: &str) -> Result<BdevInfo> {
     let name = name.to_string();
-    on_reactor(move || {
+    on_reactor_with(move |r| {
         let c = cstr("name", &name)?;
         // SAFETY: on the reactor.
         let rc = unsafe { spdk_sys::bdev_aio_rescan(c.as_ptr()) };
@@ -357,7 +369,7 @@ pub async fn rescan_aio(name: &str) -> Result<BdevInfo> {
                 SpdkError::errno("rescan aio bdev", name, rc)
             });
         }
-        bdev_by_name(&name).map(bdev_info)
+        info_by_name(r, &name)
     })
     .await
 }
@@ -377,9 +389,8 @@ pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result
         });
     }
     let (name, bases) = (name.to_string(), bases.to_vec());
-    exec(move |reply| {
-        if let Ok(b) = bdev_by_name(&name) {
-            let info = bdev_info(b);
+    exec_on(move |r, reply| {
+        if let Ok(info) = info_by_name(r, &name) {
             return reply.send(same_or_conflict(&info, "Raid Volume", None, &name).map(|()| info));
         }
         let names: Result<Vec<_>> = bases.iter().map(|b| cstr("base_bdevs", b)).collect();
@@ -389,9 +400,9 @@ pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result
         };
         let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
         let n2 = name.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |r, rc| {
             reply.send(if rc == 0 {
-                bdev_by_name(&n2).map(bdev_info)
+                info_by_name(r, &n2)
             } else {
                 Err(SpdkError::errno("create raid0", n2, rc))
             })
@@ -409,7 +420,8 @@ pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result
             )
         };
         if rc != 0 {
-            errno_cb(ctx, rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: it is answered here, once.
+            unsafe { errno_cb(ctx, rc) };
         }
     })
     .await
@@ -422,15 +434,19 @@ pub async fn delete_raid(name: &str) -> Result<()> {
 
 /// Wait until every bdev module finished examining new bdevs (lvstores loaded).
 pub async fn wait_for_examine() -> Result<()> {
-    exec(|reply| {
-        let ctx = errno_ctx(move |_| reply.send(Ok(())));
+    exec_on(|_r, reply| {
+        let ctx = errno_ctx(move |_r, _| reply.send(Ok(())));
         extern "C" fn done(arg: *mut c_void) {
-            errno_cb(arg, 0);
+            no_unwind("wait_for_examine", || {
+                // SAFETY: `arg` is the `errno_ctx` SPDK was given; it calls `done` once.
+                unsafe { errno_cb(arg, 0) };
+            });
         }
         // SAFETY: on the reactor; `ctx` is owned by SPDK until `done` runs once.
         let rc = unsafe { spdk_sys::spdk_bdev_wait_for_examine(Some(done), ctx) };
         if rc != 0 {
-            drop_errno_ctx(ctx);
+            // SAFETY: SPDK refused the call and never took `ctx`; reclaimed once here.
+            unsafe { drop_errno_ctx(ctx) };
         }
     })
     .await
@@ -439,15 +455,15 @@ pub async fn wait_for_examine() -> Result<()> {
 /// Cumulative I/O statistics of a bdev.
 pub async fn io_stats(name: &str) -> Result<IoStats> {
     let name = name.to_string();
-    exec(move |reply| {
-        let bdev = match bdev_by_name(&name) {
+    exec_on(move |r, reply| {
+        let bdev = match bdev_by_name(r, &name) {
             Ok(b) => b,
             Err(e) => return reply.send(Err(e)),
         };
         // SAFETY: a zeroed stat struct is valid; SPDK fills it.
         let stat: Box<spdk_sys::spdk_bdev_io_stat> = Box::new(unsafe { std::mem::zeroed() });
         let stat = Box::into_raw(stat);
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             // SAFETY: SPDK is done with `stat` when the callback runs; reclaim it once.
             let s = unsafe { Box::from_raw(stat) };
             if rc != 0 {
@@ -479,7 +495,10 @@ pub async fn io_stats(name: &str) -> Result<IoStats> {
             arg: *mut c_void,
             rc: i32,
         ) {
-            errno_cb(arg, rc);
+            no_unwind("io_stats", || {
+                // SAFETY: `arg` is the `errno_ctx` SPDK was given; it calls `done` once.
+                unsafe { errno_cb(arg, rc) };
+            });
         }
         // SAFETY: on the reactor; `stat` and `ctx` stay valid until `done` runs once.
         unsafe {

@@ -4,7 +4,9 @@ use std::ffi::c_void;
 
 use super::bdev::bdev_by_name;
 use super::error::{Result, SpdkError, libc_errno};
-use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, from_c, on_reactor};
+use super::runtime::{
+    Reactor, Reply, cstr, errno_cb, errno_ctx, exec_on, from_c, no_unwind, on_reactor_with,
+};
 use spdk_sys::spdk_nvmf_subsystem;
 
 /// Tunables of the TCP transport; `None` keeps SPDK's default.
@@ -62,7 +64,7 @@ pub struct SubsystemInfo {
     pub hosts: Vec<String>,
 }
 
-fn tgt() -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
+fn tgt(_r: &Reactor) -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
     // SAFETY: on the reactor; returns the target the nvmf subsystem created, or NULL.
     let t = unsafe { spdk_sys::spdk_nvmf_get_first_tgt() };
     if t.is_null() {
@@ -72,8 +74,8 @@ fn tgt() -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
     }
 }
 
-fn subsystem(nqn: &str) -> Result<*mut spdk_nvmf_subsystem> {
-    let t = tgt()?;
+fn subsystem(r: &Reactor, nqn: &str) -> Result<*mut spdk_nvmf_subsystem> {
+    let t = tgt(r)?;
     let c = cstr("nqn", nqn)?;
     // SAFETY: on the reactor.
     let ss = unsafe { spdk_sys::spdk_nvmf_tgt_find_subsystem(t, c.as_ptr()) };
@@ -112,8 +114,12 @@ fn trid(address: &str, port: u16) -> Result<spdk_sys::spdk_nvme_transport_id> {
     Ok(t)
 }
 
-fn info(ss: *mut spdk_nvmf_subsystem) -> SubsystemInfo {
-    // SAFETY: `ss` is a live subsystem on the reactor; accessors only read.
+/// What SPDK reports of `ss`.
+///
+/// # Safety
+/// `ss` must be a live subsystem and the call must run on an SPDK thread.
+unsafe fn info(ss: *mut spdk_nvmf_subsystem) -> SubsystemInfo {
+    // SAFETY: the caller's contract: `ss` is a live subsystem; accessors only read.
     unsafe {
         let mut bdevs = Vec::new();
         let mut ns = spdk_sys::spdk_nvmf_subsystem_get_first_ns(ss);
@@ -164,8 +170,8 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
         num_shared_buffers: opts.num_shared_buffers.unwrap_or(0),
         buf_cache_size: opts.buf_cache_size.unwrap_or(0),
     };
-    exec(move |reply| {
-        let t = match tgt() {
+    exec_on(move |r, reply| {
+        let t = match tgt(r) {
             Ok(t) => t,
             Err(e) => return reply.send(Err(e)),
         };
@@ -174,7 +180,7 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
         if !unsafe { spdk_sys::spdk_nvmf_tgt_get_transport(t, tcp.as_ptr()) }.is_null() {
             return reply.send(Ok(()));
         }
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -184,7 +190,8 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
         // SAFETY: on the reactor; `o` is copied; `ctx` owned by SPDK when rc == 0.
         let rc = unsafe { spdk_sys::liteio_nvmf_tcp_transport_add(t, &o, Some(errno_cb), ctx) };
         if rc != 0 {
-            errno_cb(ctx, rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { errno_cb(ctx, rc) };
         }
     })
     .await
@@ -192,8 +199,8 @@ pub async fn ensure_tcp_transport(opts: &TcpTransportOptions) -> Result<()> {
 
 /// Every subsystem except the discovery subsystem.
 pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
-    on_reactor(|| {
-        let t = tgt()?;
+    on_reactor_with(|r| {
+        let t = tgt(r)?;
         let mut out = Vec::new();
         // SAFETY: iteration on the reactor.
         let mut ss = unsafe { spdk_sys::spdk_nvmf_subsystem_get_first(t) };
@@ -202,7 +209,8 @@ pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
             if unsafe { spdk_sys::spdk_nvmf_subsystem_get_type(ss) }
                 == spdk_sys::SPDK_NVMF_SUBTYPE_NVME
             {
-                out.push(info(ss));
+                // SAFETY: `ss` is live: returned by the iteration on this thread.
+                out.push(unsafe { info(ss) });
             }
             // SAFETY: `ss` is live.
             ss = unsafe { spdk_sys::spdk_nvmf_subsystem_get_next(ss) };
@@ -214,14 +222,15 @@ pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
 
 /// Whether the NVMe-oF target is up (a round trip to the reactor; no listing).
 pub async fn target_running() -> Result<()> {
-    on_reactor(|| tgt().map(|_| ())).await
+    on_reactor_with(|r| tgt(r).map(|_| ())).await
 }
 
 /// One subsystem by NQN, or `None`. A single lookup, unlike [`subsystems`].
 pub async fn find_subsystem(nqn: &str) -> Result<Option<SubsystemInfo>> {
     let nqn = nqn.to_string();
-    on_reactor(move || match subsystem(&nqn) {
-        Ok(ss) => Ok(Some(info(ss))),
+    on_reactor_with(move |r| match subsystem(r, &nqn) {
+        // SAFETY: `ss` was just returned by the lookup on this thread.
+        Ok(ss) => Ok(Some(unsafe { info(ss) })),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     })
@@ -230,8 +239,8 @@ pub async fn find_subsystem(nqn: &str) -> Result<Option<SubsystemInfo>> {
 
 /// The TCP ports any subsystem listens on (only the ports: cheaper than [`subsystems`]).
 pub async fn listener_ports() -> Result<std::collections::HashSet<u16>> {
-    on_reactor(|| {
-        let t = tgt()?;
+    on_reactor_with(|r| {
+        let t = tgt(r)?;
         let mut out = std::collections::HashSet::new();
         // SAFETY: iteration on the reactor; every pointer comes from SPDK's own lists and
         // stays valid while we do not yield.
@@ -307,35 +316,51 @@ fn destroy_and_fail(c: Create, err: SpdkError) {
     c.reply.send(Err(err));
 }
 
-extern "C" fn create_started(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
-    // SAFETY: `arg` is the `Create` leaked by `create_listened`; called once.
-    let c = unsafe { Box::from_raw(arg.cast::<Create>()) };
-    if status != 0 {
-        let e = SpdkError::errno("start subsystem", c.spec.nqn.clone(), status);
-        return destroy_and_fail(*c, e);
-    }
-    let i = info(c.ss);
-    c.reply.send(Ok(i));
+/// Completion of `spdk_nvmf_subsystem_start` in a create.
+///
+/// # Safety
+/// `arg` must be a `Box<Create>` leaked by [`create_listened`], reclaimed here once; called on
+/// the SPDK thread that owns the subsystem.
+unsafe extern "C" fn create_started(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
+    no_unwind("create_started", || {
+        // SAFETY: the caller's contract: `arg` is our `Create`, reclaimed once.
+        let c = unsafe { Box::from_raw(arg.cast::<Create>()) };
+        if status != 0 {
+            let e = SpdkError::errno("start subsystem", c.spec.nqn.clone(), status);
+            return destroy_and_fail(*c, e);
+        }
+        // SAFETY: the subsystem was created by this request and just started.
+        let i = unsafe { info(c.ss) };
+        c.reply.send(Ok(i));
+    });
 }
 
-extern "C" fn create_listened(arg: *mut c_void, status: i32) {
-    // SAFETY: `arg` is the `Create` leaked by `create_subsystem`; called once.
-    let c = unsafe { Box::from_raw(arg.cast::<Create>()) };
-    if status != 0 {
-        let e = SpdkError::errno(
-            "add listener",
-            format!("{} on {}:{}", c.spec.nqn, c.spec.address, c.spec.port),
-            status,
-        );
-        return destroy_and_fail(*c, e);
-    }
-    let ss = c.ss;
-    let arg = Box::into_raw(c).cast::<c_void>();
-    // SAFETY: on the reactor; `arg` is owned by SPDK until `create_started` runs once.
-    let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_start(ss, Some(create_started), arg) };
-    if rc != 0 {
-        create_started(ss, arg, rc);
-    }
+/// Completion of `spdk_nvmf_subsystem_add_listener` in a create.
+///
+/// # Safety
+/// `arg` must be a `Box<Create>` leaked by [`create_subsystem`], reclaimed here once; called
+/// on the SPDK thread that owns the subsystem.
+unsafe extern "C" fn create_listened(arg: *mut c_void, status: i32) {
+    no_unwind("create_listened", || {
+        // SAFETY: the caller's contract: `arg` is our `Create`, reclaimed once.
+        let c = unsafe { Box::from_raw(arg.cast::<Create>()) };
+        if status != 0 {
+            let e = SpdkError::errno(
+                "add listener",
+                format!("{} on {}:{}", c.spec.nqn, c.spec.address, c.spec.port),
+                status,
+            );
+            return destroy_and_fail(*c, e);
+        }
+        let ss = c.ss;
+        let arg = Box::into_raw(c).cast::<c_void>();
+        // SAFETY: on the reactor; `arg` is owned by SPDK until `create_started` runs once.
+        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_start(ss, Some(create_started), arg) };
+        if rc != 0 {
+            // SAFETY: SPDK refused the start and never took `arg`: answered here, once.
+            unsafe { create_started(ss, arg, rc) };
+        }
+    });
 }
 
 /// Export `spec.bdev` as a subsystem listening on `spec.address:spec.port`, reachable only by
@@ -344,13 +369,14 @@ extern "C" fn create_listened(arg: *mut c_void, status: i32) {
 /// leaves nothing behind.
 pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
     validate(&spec)?;
-    let existing = on_reactor({
+    let existing = on_reactor_with({
         let spec = spec.clone();
-        move || match subsystem(&spec.nqn) {
+        move |r| match subsystem(r, &spec.nqn) {
             // Compare by the bdev's canonical name: the spec may use an alias (`lvs/lvol`).
             Ok(ss) => Ok(Some((
-                info(ss),
-                super::bdev::bdev_info(bdev_by_name(&spec.bdev)?).name,
+                // SAFETY: `ss` was just returned by the lookup on this thread.
+                unsafe { info(ss) },
+                super::bdev::info_by_name(r, &spec.bdev)?.name,
             ))),
             Err(SpdkError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -367,10 +393,10 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
         }
         return set_hosts(&spec.nqn, &spec.hosts).await;
     }
-    exec(move |reply| {
+    exec_on(move |r, reply| {
         let setup = || -> Result<(*mut spdk_nvmf_subsystem, spdk_sys::spdk_nvme_transport_id)> {
-            let t = tgt()?;
-            bdev_by_name(&spec.bdev)?;
+            let t = tgt(r)?;
+            bdev_by_name(r, &spec.bdev)?;
             let trid = trid(&spec.address, spec.port)?;
             let (nqn, sn, mn, bdev, uuid) = (
                 cstr("nqn", &spec.nqn)?,
@@ -436,9 +462,10 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
 /// existing ones are closed).
 pub async fn set_hosts(nqn: &str, hosts: &[String]) -> Result<SubsystemInfo> {
     let (nqn, hosts) = (nqn.to_string(), hosts.to_vec());
-    on_reactor(move || {
-        let ss = subsystem(&nqn)?;
-        let cur = info(ss);
+    on_reactor_with(move |r| {
+        let ss = subsystem(r, &nqn)?;
+        // SAFETY: `ss` was just returned by the lookup on this thread.
+        let cur = unsafe { info(ss) };
         for h in hosts.iter().filter(|h| !cur.hosts.contains(h)) {
             let c = cstr("hosts", h)?;
             // SAFETY: on the reactor; `ss` live; name copied.
@@ -467,13 +494,18 @@ pub async fn set_hosts(nqn: &str, hosts: &[String]) -> Result<SubsystemInfo> {
                 )
             };
         }
-        Ok(info(ss))
+        // SAFETY: `ss` is still live: nothing on this thread removed it since the lookup.
+        Ok(unsafe { info(ss) })
     })
     .await
 }
 
 extern "C" fn settled(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
-    errno_cb(arg, status);
+    no_unwind("settled", || {
+        // SAFETY: `arg` is the `errno_ctx` given to spdk_nvmf_subsystem_resume, which calls
+        // this once.
+        unsafe { errno_cb(arg, status) };
+    });
 }
 
 /// Wait until every state change SPDK queued on a subsystem (a namespace resize pauses and
@@ -482,16 +514,16 @@ extern "C" fn settled(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i
 /// success.
 pub async fn settle(nqn: &str) -> Result<()> {
     // Messages to a thread run in order: this one runs after a pending resize notice.
-    on_reactor(|| Ok(())).await?;
+    on_reactor_with(|_r| Ok(())).await?;
     let nqn = nqn.to_string();
-    exec(move |reply| {
-        let ss = match subsystem(&nqn) {
+    exec_on(move |r, reply| {
+        let ss = match subsystem(r, &nqn) {
             Ok(s) => s,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
         };
         let n = nqn.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -502,25 +534,35 @@ pub async fn settle(nqn: &str) -> Result<()> {
         // SAFETY: on the reactor; `ctx` owned by SPDK when rc == 0.
         let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_resume(ss, Some(settled), ctx) };
         if rc != 0 {
-            errno_cb(ctx, rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { errno_cb(ctx, rc) };
         }
     })
     .await
 }
 
 extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
-    if status != 0 {
-        return errno_cb(arg, status);
-    }
-    extern "C" fn destroyed(arg: *mut c_void) {
-        errno_cb(arg, 0);
-    }
-    // SAFETY: the subsystem is inactive now; destroy calls `destroyed` once when it returns
-    // -EINPROGRESS, and not at all otherwise.
-    let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_destroy(ss, Some(destroyed), arg) };
-    if rc != -libc_errno::EINPROGRESS {
-        errno_cb(arg, rc);
-    }
+    no_unwind("delete_stopped", || {
+        if status != 0 {
+            // SAFETY: `arg` is the `errno_ctx` given to spdk_nvmf_subsystem_stop, which calls
+            // this once; it is answered once, here.
+            return unsafe { errno_cb(arg, status) };
+        }
+        extern "C" fn destroyed(arg: *mut c_void) {
+            no_unwind("destroyed", || {
+                // SAFETY: `arg` is the `errno_ctx` handed on to spdk_nvmf_subsystem_destroy,
+                // which calls this once.
+                unsafe { errno_cb(arg, 0) };
+            });
+        }
+        // SAFETY: the subsystem is inactive now; destroy calls `destroyed` once when it
+        // returns -EINPROGRESS, and not at all otherwise.
+        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_destroy(ss, Some(destroyed), arg) };
+        if rc != -libc_errno::EINPROGRESS {
+            // SAFETY: destroy will not call back: `arg` is answered here, once.
+            unsafe { errno_cb(arg, rc) };
+        }
+    });
 }
 
 /// Stop and remove a subsystem; missing = success. Its listener stays on the target while
@@ -528,14 +570,14 @@ extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, sta
 pub async fn delete_subsystem(nqn: &str) -> Result<()> {
     settle(nqn).await?;
     let nqn = nqn.to_string();
-    exec(move |reply| {
-        let ss = match subsystem(&nqn) {
+    exec_on(move |r, reply| {
+        let ss = match subsystem(r, &nqn) {
             Ok(s) => s,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
         };
         let n = nqn.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -545,7 +587,8 @@ pub async fn delete_subsystem(nqn: &str) -> Result<()> {
         // SAFETY: on the reactor; `ctx` owned by SPDK until `delete_stopped` hands it on.
         let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_stop(ss, Some(delete_stopped), ctx) };
         if rc != 0 {
-            errno_cb(ctx, rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { errno_cb(ctx, rc) };
         }
     })
     .await

@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_char, c_void};
 
 use super::error::{Result, SpdkError};
-use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec};
+use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
 struct Attach {
     names: Vec<*const c_char>,
@@ -13,21 +13,28 @@ struct Attach {
     reply: Reply<Vec<String>>,
 }
 
-extern "C" fn attached(arg: *mut c_void, count: usize, rc: i32) {
-    // SAFETY: `arg` is the `Attach` leaked by `attach_tcp`; called once.
-    let a = unsafe { Box::from_raw(arg.cast::<Attach>()) };
-    if rc != 0 {
-        return a
-            .reply
-            .send(Err(SpdkError::errno("attach NVMe controller", a.ctrlr, rc)));
-    }
-    let names = a
-        .names
-        .iter()
-        .take(count)
-        .map(|p| super::runtime::from_c(*p))
-        .collect();
-    a.reply.send(Ok(names));
+/// Completion of `spdk_bdev_nvme_create`.
+///
+/// # Safety
+/// `arg` must be a `Box<Attach>` leaked by [`attach`], reclaimed here once; its first `count`
+/// names are set by SPDK.
+unsafe extern "C" fn attached(arg: *mut c_void, count: usize, rc: i32) {
+    no_unwind("attached", || {
+        // SAFETY: the caller's contract: `arg` is our `Attach`, reclaimed once.
+        let a = unsafe { Box::from_raw(arg.cast::<Attach>()) };
+        if rc != 0 {
+            return a
+                .reply
+                .send(Err(SpdkError::errno("attach NVMe controller", a.ctrlr, rc)));
+        }
+        let names = a
+            .names
+            .iter()
+            .take(count)
+            .map(|p| super::runtime::from_c(*p))
+            .collect();
+        a.reply.send(Ok(names));
+    });
 }
 
 /// Connect to `subnqn` at `address:port` over TCP as `hostnqn`, creating bdevs named
@@ -136,7 +143,8 @@ async fn attach(ctrlr: &str, trid: String, hostnqn: &str) -> Result<Vec<String>>
             )
         };
         if rc != 0 {
-            attached(arg, 0, rc);
+            // SAFETY: SPDK refused the call and never took `arg`: answered here, once.
+            unsafe { attached(arg, 0, rc) };
         }
     })
     .await
@@ -151,7 +159,7 @@ pub async fn detach(ctrlr: &str) -> Result<()> {
             Err(e) => return reply.send(Err(e)),
         };
         let n = ctrlr.clone();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_, rc| {
             reply.send(if rc == 0 || rc == -19 {
                 Ok(())
             } else {
@@ -161,7 +169,8 @@ pub async fn detach(ctrlr: &str) -> Result<()> {
         // SAFETY: on the reactor; `ctx` owned by SPDK when rc == 0.
         let rc = unsafe { spdk_sys::liteio_bdev_nvme_detach(c.as_ptr(), Some(errno_cb), ctx) };
         if rc != 0 {
-            errno_cb(ctx, rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { errno_cb(ctx, rc) };
         }
     })
     .await

@@ -3,7 +3,8 @@
 use super::bdev::bdev_by_name;
 use super::error::{Result, SpdkError};
 use super::runtime::{
-    cstr, errno_cb, errno_ctx, exec, from_c_array, handle_cb, handle_ctx, on_reactor,
+    Reactor, cstr, errno_cb, errno_ctx, exec_on, from_c_array, handle_cb, handle_ctx,
+    on_reactor_with,
 };
 use spdk_sys::{spdk_lvol, spdk_lvol_store};
 
@@ -72,10 +73,14 @@ impl LvolInfo {
     }
 }
 
-fn lvs_info(lvs: *mut spdk_lvol_store) -> LvsInfo {
-    // SAFETY: a zeroed info struct is valid; `lvs` is live on the reactor.
+/// What SPDK reports of `lvs`.
+///
+/// # Safety
+/// `lvs` must be a live lvstore and the call must run on an SPDK thread.
+unsafe fn lvs_info(lvs: *mut spdk_lvol_store) -> LvsInfo {
+    // SAFETY: a zeroed info struct is valid.
     let mut i: spdk_sys::liteio_lvs_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `lvs` is a live lvstore and `i` is writable.
+    // SAFETY: the caller's contract: `lvs` is a live lvstore; `i` is writable.
     unsafe { spdk_sys::liteio_lvs_get_info(lvs, &mut i) };
     LvsInfo {
         name: from_c_array(&i.name),
@@ -88,10 +93,14 @@ fn lvs_info(lvs: *mut spdk_lvol_store) -> LvsInfo {
     }
 }
 
-fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
+/// What SPDK reports of `lvol`.
+///
+/// # Safety
+/// `lvol` must be a live lvol and the call must run on an SPDK thread.
+unsafe fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
     // SAFETY: a zeroed info struct is valid.
     let mut i: spdk_sys::liteio_lvol_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `lvol` is a live lvol on the reactor; `i` is writable.
+    // SAFETY: the caller's contract: `lvol` is a live lvol; `i` is writable.
     unsafe { spdk_sys::liteio_lvol_get_info(lvol, &mut i) };
     LvolInfo {
         name: from_c_array(&i.name),
@@ -108,7 +117,7 @@ fn lvol_info(lvol: *mut spdk_lvol) -> LvolInfo {
     }
 }
 
-fn lvs_by_name(name: &str) -> Result<*mut spdk_lvol_store> {
+fn lvs_by_name(_r: &Reactor, name: &str) -> Result<*mut spdk_lvol_store> {
     let c = cstr("lvs", name)?;
     // SAFETY: on the reactor.
     let lvs = unsafe { spdk_sys::vbdev_get_lvol_store_by_name(c.as_ptr()) };
@@ -122,7 +131,7 @@ fn lvs_by_name(name: &str) -> Result<*mut spdk_lvol_store> {
     }
 }
 
-fn lvol_by_names(lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
+fn lvol_by_names(_r: &Reactor, lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
     let (l, n) = (cstr("lvs", lvs)?, cstr("name", name)?);
     // SAFETY: on the reactor.
     let lvol = unsafe { spdk_sys::spdk_lvol_get_by_names(l.as_ptr(), n.as_ptr()) };
@@ -134,6 +143,22 @@ fn lvol_by_names(lvs: &str, name: &str) -> Result<*mut spdk_lvol> {
     } else {
         Ok(lvol)
     }
+}
+
+/// The lvstore `name` as SPDK reports it now.
+fn lvs_info_by_name(r: &Reactor, name: &str) -> Result<LvsInfo> {
+    let lvs = lvs_by_name(r, name)?;
+    // SAFETY: `lvs` was just returned by SPDK's lookup on this thread.
+    Ok(unsafe { lvs_info(lvs) })
+}
+
+/// The lvol `lvs/name` as SPDK reports it now: how completions that come later report their
+/// lvol, instead of trusting a pointer taken before the operation (SPDK's own JSON-RPC may
+/// have deleted it meanwhile).
+fn lvol_info_by_names(r: &Reactor, lvs: &str, name: &str) -> Result<LvolInfo> {
+    let lvol = lvol_by_names(r, lvs, name)?;
+    // SAFETY: `lvol` was just returned by SPDK's lookup on this thread.
+    Ok(unsafe { lvol_info(lvol) })
 }
 
 fn check_lvol_name(field: &'static str, name: &str) -> Result<()> {
@@ -148,12 +173,13 @@ fn check_lvol_name(field: &'static str, name: &str) -> Result<()> {
 
 /// Every lvstore.
 pub async fn lvstores() -> Result<Vec<LvsInfo>> {
-    on_reactor(|| {
+    on_reactor_with(|_r| {
         let mut out = Vec::new();
         // SAFETY: iteration of the lvol module's list on the reactor.
         let mut lvs = unsafe { spdk_sys::liteio_lvs_first() };
         while !lvs.is_null() {
-            out.push(lvs_info(lvs));
+            // SAFETY: `lvs` is live: returned by the iteration on this thread.
+            out.push(unsafe { lvs_info(lvs) });
             // SAFETY: `lvs` is live.
             lvs = unsafe { spdk_sys::liteio_lvs_next(lvs) };
         }
@@ -165,8 +191,8 @@ pub async fn lvstores() -> Result<Vec<LvsInfo>> {
 /// One lvstore, or `None`.
 pub async fn lvstore(name: &str) -> Result<Option<LvsInfo>> {
     let name = name.to_string();
-    on_reactor(move || match lvs_by_name(&name) {
-        Ok(l) => Ok(Some(lvs_info(l))),
+    on_reactor_with(move |r| match lvs_info_by_name(r, &name) {
+        Ok(l) => Ok(Some(l)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     })
@@ -184,9 +210,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
         });
     }
     let (base, name) = (base_bdev.to_string(), name.to_string());
-    exec(move |reply| {
-        if let Ok(lvs) = lvs_by_name(&name) {
-            let info = lvs_info(lvs);
+    exec_on(move |r, reply| {
+        if let Ok(info) = lvs_info_by_name(r, &name) {
             return reply.send(if info.base_bdev == base {
                 Ok(info)
             } else {
@@ -197,7 +222,7 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
                 })
             });
         }
-        if let Err(e) = bdev_by_name(&base) {
+        if let Err(e) = bdev_by_name(r, &base) {
             return reply.send(Err(e));
         }
         let (b, n) = match (cstr("base_bdev", &base), cstr("name", &name)) {
@@ -205,9 +230,10 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
         let name2 = name.clone();
-        let ctx = handle_ctx::<spdk_lvol_store>(move |lvs, rc| {
+        let ctx = handle_ctx::<spdk_lvol_store>(move |_r, lvs, rc| {
             reply.send(if rc == 0 && !lvs.is_null() {
-                Ok(lvs_info(lvs))
+                // SAFETY: SPDK hands the new lvstore to this callback on its thread.
+                Ok(unsafe { lvs_info(lvs) })
             } else {
                 Err(SpdkError::errno("create lvstore", name2, rc))
             })
@@ -225,7 +251,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
             )
         };
         if rc != 0 {
-            handle_cb::<spdk_lvol_store>(ctx, std::ptr::null_mut(), rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { handle_cb::<spdk_lvol_store>(ctx, std::ptr::null_mut(), rc) };
         }
     })
     .await
@@ -233,8 +260,8 @@ pub async fn create_lvstore(base_bdev: &str, name: &str, cluster_size: u32) -> R
 
 async fn lvs_op(name: &str, destroy: bool) -> Result<()> {
     let name = name.to_string();
-    exec(move |reply| {
-        let lvs = match lvs_by_name(&name) {
+    exec_on(move |r, reply| {
+        let lvs = match lvs_by_name(r, &name) {
             Ok(l) => l,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
@@ -244,7 +271,7 @@ async fn lvs_op(name: &str, destroy: bool) -> Result<()> {
         } else {
             "unload lvstore"
         };
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -275,7 +302,7 @@ pub async fn destroy_lvstore(name: &str) -> Result<()> {
 
 /// Every lvol of every lvstore (snapshots included).
 pub async fn lvols() -> Result<Vec<LvolInfo>> {
-    on_reactor(|| {
+    on_reactor_with(|_r| {
         let mut out = Vec::new();
         // SAFETY: iteration of SPDK's bdev list on the reactor.
         let mut b = unsafe { spdk_sys::spdk_bdev_first() };
@@ -287,7 +314,8 @@ pub async fn lvols() -> Result<Vec<LvolInfo>> {
                 // SAFETY: `b` is an lvol bdev.
                 let lvol = unsafe { spdk_sys::vbdev_lvol_get_from_bdev(b) };
                 if !lvol.is_null() {
-                    out.push(lvol_info(lvol));
+                    // SAFETY: `lvol` belongs to the live bdev `b`, on this thread.
+                    out.push(unsafe { lvol_info(lvol) });
                 }
             }
             // SAFETY: `b` is live.
@@ -301,8 +329,8 @@ pub async fn lvols() -> Result<Vec<LvolInfo>> {
 /// One lvol, or `None`.
 pub async fn lvol(lvs: &str, name: &str) -> Result<Option<LvolInfo>> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    on_reactor(move || match lvol_by_names(&lvs, &name) {
-        Ok(l) => Ok(Some(lvol_info(l))),
+    on_reactor_with(move |r| match lvol_info_by_names(r, &lvs, &name) {
+        Ok(l) => Ok(Some(l)),
         Err(SpdkError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     })
@@ -314,9 +342,10 @@ fn lvol_reply(
     name: String,
     reply: super::runtime::Reply<LvolInfo>,
 ) -> *mut std::ffi::c_void {
-    handle_ctx::<spdk_lvol>(move |lvol, rc| {
+    handle_ctx::<spdk_lvol>(move |_r, lvol, rc| {
         reply.send(if rc == 0 && !lvol.is_null() {
-            Ok(lvol_info(lvol))
+            // SAFETY: SPDK hands the new lvol to this callback on its thread.
+            Ok(unsafe { lvol_info(lvol) })
         } else {
             Err(SpdkError::errno(op, name, rc))
         })
@@ -334,15 +363,23 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
         });
     }
     let (lvs_name, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvs = match lvs_by_name(&lvs_name) {
+    exec_on(move |r, reply| {
+        let lvs = match lvs_by_name(r, &lvs_name) {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
-        let info = lvs_info(lvs);
-        if let Ok(existing) = lvol_by_names(&lvs_name, &name) {
-            let e = lvol_info(existing);
-            let want = size.div_ceil(info.cluster_size.max(1)) * info.cluster_size;
+        // SAFETY: `lvs` was just returned by the lookup on this thread.
+        let info = unsafe { lvs_info(lvs) };
+        if let Ok(e) = lvol_info_by_names(r, &lvs_name, &name) {
+            let cluster = info.cluster_size.max(1);
+            let Some(want) = size.div_ceil(cluster).checked_mul(cluster) else {
+                return reply.send(Err(SpdkError::InvalidArgument {
+                    field: "sizeByte",
+                    reason: format!(
+                        "{size} bytes rounded up to whole {cluster}-byte clusters overflows"
+                    ),
+                }));
+            };
             return reply.send(if e.size_bytes == want && e.thin == thin && !e.snapshot {
                 Ok(e)
             } else {
@@ -384,7 +421,8 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
             )
         };
         if rc != 0 {
-            handle_cb::<spdk_lvol>(ctx, std::ptr::null_mut(), rc);
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { handle_cb::<spdk_lvol>(ctx, std::ptr::null_mut(), rc) };
         }
     })
     .await
@@ -393,8 +431,8 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
 /// Delete an lvol (or a snapshot without clones); missing = success.
 pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvol = match lvol_by_names(&lvs, &name) {
+    exec_on(move |r, reply| {
+        let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
@@ -407,7 +445,7 @@ pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
             }));
         }
         let full = format!("{lvs}/{name}");
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
@@ -423,12 +461,13 @@ pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
 /// Grow an lvol to at least `size` bytes. Shrinking is refused.
 pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvol = match lvol_by_names(&lvs, &name) {
+    exec_on(move |r, reply| {
+        let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
-        let cur = lvol_info(lvol);
+        // SAFETY: `lvol` was just returned by the lookup on this thread.
+        let cur = unsafe { lvol_info(lvol) };
         if size < cur.size_bytes {
             return reply.send(Err(SpdkError::InvalidArgument {
                 field: "size",
@@ -443,16 +482,16 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
             return reply.send(Ok(cur));
         }
         let full = cur.alias();
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |r, rc| {
             reply.send(if rc == 0 {
-                Ok(lvol_info(lvol))
+                // Looked up again: the lvol may be gone by now.
+                lvol_info_by_names(r, &lvs, &name)
             } else {
                 Err(SpdkError::errno("resize lvol", full, rc))
             })
         });
-        // SAFETY: on the reactor; `ctx` owned by SPDK until the callback; `lvol` stays live
-        // (no delete can interleave on this single thread before the callback... the agent
-        // serialises mutations per volume).
+        // SAFETY: on the reactor; `lvol` is live (looked up in this message); `ctx` is owned
+        // by SPDK until the callback, which does not use `lvol`.
         unsafe { spdk_sys::vbdev_lvol_resize(lvol, size, Some(errno_cb), ctx) };
     })
     .await
@@ -462,9 +501,8 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
 pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo> {
     check_lvol_name("snapshot", snapshot)?;
     let (lvs, name, snap) = (lvs.to_string(), name.to_string(), snapshot.to_string());
-    exec(move |reply| {
-        if let Ok(s) = lvol_by_names(&lvs, &snap) {
-            let info = lvol_info(s);
+    exec_on(move |r, reply| {
+        if let Ok(info) = lvol_info_by_names(r, &lvs, &snap) {
             return reply.send(if info.snapshot {
                 Ok(info)
             } else {
@@ -475,7 +513,7 @@ pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo>
                 })
             });
         }
-        let (lvol, c) = match (lvol_by_names(&lvs, &name), cstr("snapshot", &snap)) {
+        let (lvol, c) = match (lvol_by_names(r, &lvs, &name), cstr("snapshot", &snap)) {
             (Ok(l), Ok(c)) => (l, c),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
@@ -497,9 +535,8 @@ pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo>
 pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
     check_lvol_name("clone", clone)?;
     let (lvs, snap, clone) = (lvs.to_string(), snapshot.to_string(), clone.to_string());
-    exec(move |reply| {
-        if let Ok(c) = lvol_by_names(&lvs, &clone) {
-            let info = lvol_info(c);
+    exec_on(move |r, reply| {
+        if let Ok(info) = lvol_info_by_names(r, &lvs, &clone) {
             return reply.send(if info.parent == snap {
                 Ok(info)
             } else {
@@ -510,11 +547,12 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
                 })
             });
         }
-        let (s, c) = match (lvol_by_names(&lvs, &snap), cstr("clone", &clone)) {
+        let (s, c) = match (lvol_by_names(r, &lvs, &snap), cstr("clone", &clone)) {
             (Ok(s), Ok(c)) => (s, c),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
-        if !lvol_info(s).snapshot {
+        // SAFETY: `s` was just returned by the lookup on this thread.
+        if !unsafe { lvol_info(s) }.snapshot {
             return reply.send(Err(SpdkError::InvalidArgument {
                 field: "snapshot",
                 reason: format!("{lvs}/{snap} is not a snapshot"),
@@ -532,20 +570,22 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
 /// Allocate every cluster of a thin lvol or clone and cut it from its parent snapshot.
 pub async fn inflate(lvs: &str, name: &str) -> Result<LvolInfo> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
-    exec(move |reply| {
-        let lvol = match lvol_by_names(&lvs, &name) {
+    exec_on(move |r, reply| {
+        let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
             Err(e) => return reply.send(Err(e)),
         };
         let full = format!("{lvs}/{name}");
-        let ctx = errno_ctx(move |rc| {
+        let ctx = errno_ctx(move |r, rc| {
             reply.send(if rc == 0 {
-                Ok(lvol_info(lvol))
+                // Looked up again: the lvol may be gone by now.
+                lvol_info_by_names(r, &lvs, &name)
             } else {
                 Err(SpdkError::errno("inflate lvol", full, rc))
             })
         });
-        // SAFETY: on the reactor; `ctx` owned by SPDK until the callback.
+        // SAFETY: on the reactor; `lvol` is live (looked up in this message); `ctx` is owned
+        // by SPDK until the callback, which does not use `lvol`.
         unsafe { spdk_sys::spdk_lvol_inflate(lvol, Some(errno_cb), ctx) };
     })
     .await

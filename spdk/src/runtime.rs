@@ -1,0 +1,764 @@
+//! The SPDK runtime: SPDK's application framework and reactors on dedicated threads, and an
+//! async handle that runs typed requests on SPDK's application thread.
+//!
+//! Threading: `spdk_app_start` runs on a thread of ours ("spdk-main"), which becomes the
+//! first reactor; the other cores of the mask get reactor threads of SPDK's own. Every
+//! request is a closure sent with `spdk_thread_send_msg` to SPDK's application thread and
+//! answered through a oneshot channel; completions that arrive after the caller went away
+//! are dropped on the reactor without touching freed memory (the boxed callback context is
+//! owned by SPDK until its one call).
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, Location};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::error::{Result, SpdkError};
+
+/// Options of the SPDK runtime.
+#[derive(Debug, Clone)]
+pub struct SpdkOptions {
+    /// Process name shown in SPDK's logs and shared memory.
+    pub name: String,
+    /// Reactor core mask, as SPDK takes it (`0x1`, `[0,1]`).
+    pub core_mask: String,
+    /// Reactors sleep on file descriptors instead of busy-polling.
+    pub interrupt_mode: bool,
+    /// Use ordinary memory instead of hugepages (development and tests).
+    pub no_huge: bool,
+    /// Memory SPDK reserves, in MiB (required with `no_huge`; 0 = SPDK's default).
+    pub mem_size_mb: u32,
+    /// Disable PCI probing (no NVMe devices configured).
+    pub no_pci: bool,
+    /// Serve SPDK's JSON-RPC on this unix socket for operators' tools; `None` = no socket.
+    pub rpc_socket: Option<PathBuf>,
+    /// Entries of SPDK's trace buffer (`spdk_trace`); 0 = no trace buffer. It lives in
+    /// /dev/shm (megabytes of RAM) and outlives a killed process, so it is off by default.
+    pub trace_entries: u64,
+    /// Claim the reactor cores with SPDK's lock files (`/var/tmp/spdk_cpu_lock_*`), so that a
+    /// second SPDK process on the same cores fails to start. Tests turn it off: several test
+    /// binaries (or sessions) share the cores of one small machine.
+    pub lock_cores: bool,
+    /// How long a caller waits for the answer to one request before it fails with
+    /// [`SpdkError::Timeout`] ([`DEFAULT_REQUEST_TIMEOUT`]). The one place this deadline is
+    /// set, for every call of this crate and so every engine call of the agent.
+    pub request_timeout: Duration,
+}
+
+impl Default for SpdkOptions {
+    fn default() -> Self {
+        Self {
+            name: "liteio-agent".into(),
+            core_mask: "0x1".into(),
+            interrupt_mode: true,
+            no_huge: false,
+            mem_size_mb: 0,
+            no_pci: true,
+            rpc_socket: None,
+            trace_entries: 0,
+            lock_cores: true,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+impl SpdkOptions {
+    /// Options for tests and small machines: no hugepages, interrupt mode, one core, no PCI,
+    /// no core lock (test binaries share the cores).
+    pub fn small() -> Self {
+        Self {
+            no_huge: true,
+            mem_size_mb: 768,
+            lock_cores: false,
+            ..Self::default()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let mask = self.core_mask.trim();
+        let valid_hex = mask
+            .strip_prefix("0x")
+            .or_else(|| mask.strip_prefix("0X"))
+            .is_some_and(|h| {
+                !h.is_empty()
+                    && h.chars().all(|c| c.is_ascii_hexdigit())
+                    && h.chars().any(|c| c != '0')
+            });
+        let valid_list = mask.starts_with('[')
+            && mask.ends_with(']')
+            && mask[1..mask.len() - 1].split(',').all(|p| {
+                let p = p.trim();
+                !p.is_empty() && p.split('-').all(|n| n.trim().parse::<u32>().is_ok())
+            });
+        if !valid_hex && !valid_list {
+            return Err(SpdkError::InvalidArgument {
+                field: "core_mask",
+                reason: format!(
+                    "{:?} is neither a hex mask like 0x3 nor a core list like [0,1]",
+                    self.core_mask
+                ),
+            });
+        }
+        if self.no_huge && self.mem_size_mb < 256 {
+            return Err(SpdkError::InvalidArgument {
+                field: "mem_size_mb",
+                reason: format!(
+                    "{} MiB is too small without hugepages; SPDK needs at least 256 (512 or more recommended)",
+                    self.mem_size_mb
+                ),
+            });
+        }
+        if self.request_timeout.is_zero() {
+            return Err(SpdkError::InvalidArgument {
+                field: "request_timeout",
+                reason: "must be positive".into(),
+            });
+        }
+        if self.name.is_empty() || self.name.contains('\0') {
+            return Err(SpdkError::InvalidArgument {
+                field: "name",
+                reason: "must be a non-empty string without NUL".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// True while an SPDK runtime exists in this process (SPDK allows one at a time).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// SPDK's application thread (`*mut spdk_thread`) while it takes requests, else 0.
+///
+/// Senders hold the read lock from loading the pointer until `spdk_thread_send_msg`
+/// returned; [`Spdk::stop`] clears it under the write lock on the application thread itself,
+/// *before* `spdk_app_stop`. So a message is either queued before the stop began (SPDK drains
+/// a thread's queue before it exits, and [`run_task`] refuses it) or refused by
+/// [`send_task`]: no sender ever reaches a freed `spdk_thread`.
+static APP_THREAD: RwLock<usize> = RwLock::new(0);
+
+fn app_thread_read() -> std::sync::RwLockReadGuard<'static, usize> {
+    APP_THREAD.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn set_app_thread(thread: usize) {
+    *APP_THREAD.write().unwrap_or_else(PoisonError::into_inner) = thread;
+}
+
+/// How long a caller waits for SPDK's answer by default: [`SpdkOptions::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The deadline of every request, in milliseconds (set from the options at start).
+static REQUEST_TIMEOUT_MS: AtomicU64 = AtomicU64::new(30_000);
+/// Requests that got no answer within their deadline, since the process started.
+static TIMED_OUT: AtomicU64 = AtomicU64::new(0);
+/// Panics caught on SPDK threads, since the process started.
+static PANICKED: AtomicU64 = AtomicU64::new(0);
+
+/// The deadline of each request in force.
+pub fn request_timeout() -> Duration {
+    Duration::from_millis(REQUEST_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
+/// Requests that got no answer within their deadline since the process started (a metric:
+/// each one is also logged with the code that sent it).
+pub fn timed_out_requests() -> u64 {
+    TIMED_OUT.load(Ordering::Relaxed)
+}
+
+/// Panics caught on SPDK threads since the process started (each one failed its request and
+/// was logged).
+pub fn caught_panics() -> u64 {
+    PANICKED.load(Ordering::Relaxed)
+}
+
+/// Run `f`, the body of an `extern "C"` function SPDK calls, without letting a panic unwind
+/// into C (that would abort the process and every export on the node). A [`Reply`] dropped
+/// by the unwinding answers its caller with [`SpdkError::Panicked`].
+pub(crate) fn no_unwind(callback: &'static str, f: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        PANICKED.fetch_add(1, Ordering::Relaxed);
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".into());
+        tracing::error!(
+            callback,
+            panic = %message,
+            "a panic on the SPDK thread was caught; its request failed and SPDK goes on"
+        );
+        // Dropping the payload runs foreign code too.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload)));
+    }
+}
+
+/// Proof that the code holding it runs on an SPDK thread, inside a request or a completion
+/// callback: functions that must run there (lookups by name, reading SPDK objects) take a
+/// `&Reactor`. Only the runtime makes one, in the trampolines SPDK calls; it is `!Send` and
+/// `!Sync` and handed out by reference for the duration of one call, so it cannot leave the
+/// thread or outlive the call.
+#[derive(Debug)]
+pub struct Reactor {
+    _on_spdk_thread: PhantomData<*const ()>,
+}
+
+impl Reactor {
+    /// # Safety
+    /// The caller must be running on an SPDK thread (called by SPDK: a message or a
+    /// completion callback), and must lend the token only for the duration of that call.
+    unsafe fn new() -> Self {
+        Self {
+            _on_spdk_thread: PhantomData,
+        }
+    }
+}
+
+// `Reactor` must stay `!Send` and `!Sync` (checked at compile time: the trait item below is
+// ambiguous, and so an error, as soon as either is implemented).
+const _: fn() = || {
+    trait AmbiguousIfSendOrSync<A> {
+        fn some_item() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSendOrSync<()> for T {}
+    impl<T: ?Sized + Send> AmbiguousIfSendOrSync<u8> for T {}
+    impl<T: ?Sized + Sync> AmbiguousIfSendOrSync<u16> for T {}
+    let _ = <Reactor as AmbiguousIfSendOrSync<_>>::some_item;
+};
+
+type Task = Box<dyn FnOnce(&Reactor) + Send>;
+
+/// Runs a boxed task on the SPDK thread that received it; refuses it (its [`Reply`] answers
+/// [`SpdkError::NotRunning`]) when it was queued before a stop began.
+extern "C" fn run_task(arg: *mut c_void) {
+    no_unwind("run_task", || {
+        // SAFETY: `arg` is the pointer `send_task` leaked from a `Box<Task>`; SPDK calls this
+        // function exactly once per message, so the box is reclaimed exactly once.
+        let task = unsafe { Box::from_raw(arg.cast::<Task>()) };
+        if *app_thread_read() == 0 {
+            drop(task);
+            return;
+        }
+        // SAFETY: SPDK runs this message on its application thread; the token lives for
+        // this call only.
+        let reactor = unsafe { Reactor::new() };
+        task(&reactor);
+    });
+}
+
+/// Send `task` to SPDK's application thread, or refuse it when SPDK is not running or
+/// stopping.
+pub(crate) fn send_task(task: Task) -> Result<()> {
+    let thread = app_thread_read();
+    if *thread == 0 {
+        return Err(SpdkError::NotRunning);
+    }
+    let arg = Box::into_raw(Box::new(task)).cast::<c_void>();
+    // SAFETY: `*thread` is SPDK's live application thread: it is cleared under the write
+    // lock before the framework stops, and we hold the read lock until the message is
+    // queued. spdk_thread_send_msg is safe to call from any thread and takes ownership of
+    // `arg` only when it returns 0.
+    let rc = unsafe {
+        spdk_sys::spdk_thread_send_msg(*thread as *const spdk_sys::spdk_thread, Some(run_task), arg)
+    };
+    drop(thread);
+    if rc != 0 {
+        // SAFETY: SPDK rejected the message, so `arg` is still ours and was never run.
+        drop(unsafe { Box::from_raw(arg.cast::<Task>()) });
+        return Err(SpdkError::errno("send message", "app thread", rc));
+    }
+    Ok(())
+}
+
+/// The caller's end of a request: taken by whoever answers first, the [`Reply`] or the
+/// deadline.
+type Slot<T> = Mutex<Option<oneshot::Sender<Result<T>>>>;
+
+fn take<T>(slot: &Slot<T>) -> Option<oneshot::Sender<Result<T>>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
+/// Where a request's answer goes. Dropping it without [`Reply::send`] makes the caller see
+/// [`SpdkError::NotRunning`] ([`SpdkError::Panicked`] when dropped by a panic). An answer
+/// after the deadline, or after the caller went away, is dropped here.
+pub struct Reply<T>(Arc<Slot<T>>);
+
+impl<T> Reply<T> {
+    /// Deliver the answer; ignored when the caller stopped waiting.
+    pub fn send(self, value: Result<T>) {
+        if let Some(tx) = take(&self.0) {
+            let _ = tx.send(value);
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let Some(tx) = take(&self.0) {
+            let _ = tx.send(Err(if std::thread::panicking() {
+                SpdkError::Panicked
+            } else {
+                SpdkError::NotRunning
+            }));
+        }
+    }
+}
+
+/// Run `f` on SPDK's application thread and await the answer it sends through its [`Reply`],
+/// possibly later from an SPDK completion callback. The answer must come within
+/// [`request_timeout`]; otherwise the call fails with [`SpdkError::Timeout`] naming the code
+/// that sent it (logged and counted in [`timed_out_requests`]), and the late answer is
+/// dropped when it comes.
+#[track_caller]
+pub fn exec<T: Send + 'static>(
+    f: impl FnOnce(Reply<T>) + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
+    exec_on(move |_, reply| f(reply))
+}
+
+/// [`exec`] for code that needs the [`Reactor`] token.
+#[track_caller]
+pub(crate) fn exec_on<T: Send + 'static>(
+    f: impl FnOnce(&Reactor, Reply<T>) + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
+    let caller = Location::caller();
+    async move {
+        let (tx, rx) = oneshot::channel();
+        let slot = Arc::new(Mutex::new(Some(tx)));
+        let reply = Reply(Arc::clone(&slot));
+        send_task(Box::new(move |r: &Reactor| f(r, reply)))?;
+        let after = request_timeout();
+        let weak = Arc::downgrade(&slot);
+        let _armed = watchdog::arm(
+            after,
+            Box::new(move || {
+                let Some(tx) = weak.upgrade().and_then(|s| take(&s)) else {
+                    return;
+                };
+                TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    request = %caller,
+                    timeout = ?after,
+                    "an SPDK request got no answer in time; is the reactor stuck?"
+                );
+                let _ = tx.send(Err(SpdkError::Timeout {
+                    request: caller.to_string(),
+                    after,
+                }));
+            }),
+        );
+        drop(slot);
+        rx.await.map_err(|_| SpdkError::NotRunning)?
+    }
+}
+
+/// Run a synchronous `f` on SPDK's application thread and return its result (within
+/// [`request_timeout`], as [`exec`]). A panic in `f` fails the request with
+/// [`SpdkError::Panicked`] and SPDK goes on.
+#[track_caller]
+pub fn on_reactor<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
+    exec_on(move |_, reply| reply.send(f()))
+}
+
+/// [`on_reactor`] for code that needs the [`Reactor`] token.
+#[track_caller]
+pub(crate) fn on_reactor_with<T: Send + 'static>(
+    f: impl FnOnce(&Reactor) -> Result<T> + Send + 'static,
+) -> impl Future<Output = Result<T>> + Send {
+    exec_on(move |r, reply| reply.send(f(r)))
+}
+
+/// Deadlines of requests, kept by one thread of ours: no timers on the reactors, and no
+/// particular async runtime needed by the callers (the agent's engine blocks on its calls).
+mod watchdog {
+    use std::collections::BTreeMap;
+    use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+    use std::time::{Duration, Instant};
+
+    type Fire = Box<dyn FnOnce() + Send>;
+
+    #[derive(Default)]
+    struct Queue {
+        due: BTreeMap<(Instant, u64), Fire>,
+        seq: u64,
+    }
+
+    struct Watchdog {
+        queue: Mutex<Queue>,
+        wake: Condvar,
+    }
+
+    fn get() -> Option<&'static Watchdog> {
+        static W: OnceLock<Option<&'static Watchdog>> = OnceLock::new();
+        *W.get_or_init(|| {
+            let w: &'static Watchdog = Box::leak(Box::new(Watchdog {
+                queue: Mutex::new(Queue::default()),
+                wake: Condvar::new(),
+            }));
+            match std::thread::Builder::new()
+                .name("spdk-deadlines".into())
+                .spawn(move || run(w))
+            {
+                Ok(_) => Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot spawn the SPDK deadline thread; requests wait without a deadline");
+                    None
+                }
+            }
+        })
+    }
+
+    fn run(w: &Watchdog) {
+        let mut q = w.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let now = Instant::now();
+            match q.due.first_key_value().map(|(k, _)| *k) {
+                None => q = w.wake.wait(q).unwrap_or_else(PoisonError::into_inner),
+                Some(k) if k.0 <= now => {
+                    if let Some(fire) = q.due.remove(&k) {
+                        drop(q);
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(fire));
+                        q = w.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+                Some(k) => {
+                    q = w
+                        .wake
+                        .wait_timeout(q, k.0 - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+    }
+
+    /// A deadline; dropping it (the answer came, or the caller went away) disarms it.
+    pub(super) struct Armed(Option<(Instant, u64)>);
+
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            if let (Some(key), Some(w)) = (self.0, get()) {
+                w.queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .due
+                    .remove(&key);
+            }
+        }
+    }
+
+    /// Run `fire` on the deadline thread after `after`, unless disarmed first.
+    pub(super) fn arm(after: Duration, fire: Fire) -> Armed {
+        let Some(w) = get() else {
+            return Armed(None);
+        };
+        let now = Instant::now();
+        let at = now
+            .checked_add(after)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let mut q = w.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.seq += 1;
+        let key = (at, q.seq);
+        q.due.insert(key, fire);
+        drop(q);
+        w.wake.notify_one();
+        Armed(Some(key))
+    }
+}
+
+// ---- completion callbacks -------------------------------------------------------------
+
+type ErrnoFn = Box<dyn FnOnce(&Reactor, i32)>;
+
+/// A context for an SPDK callback of shape `(void *arg, int rc)`: pass the returned pointer as
+/// `cb_arg` and [`errno_cb`] as the function. If SPDK rejects the call synchronously and never
+/// calls back, reclaim it with [`drop_errno_ctx`] (or answer it with [`errno_cb`]).
+pub(crate) fn errno_ctx(f: impl FnOnce(&Reactor, i32) + 'static) -> *mut c_void {
+    Box::into_raw(Box::new(Box::new(f) as ErrnoFn)).cast()
+}
+
+/// SPDK callback trampoline for [`errno_ctx`]: runs the closure once, catching a panic.
+///
+/// # Safety
+/// `arg` must come from [`errno_ctx`] and not have been passed to `errno_cb` or
+/// [`drop_errno_ctx`] before: it is reclaimed here. Called on an SPDK thread.
+pub(crate) unsafe extern "C" fn errno_cb(arg: *mut c_void, rc: c_int) {
+    no_unwind("errno_cb", || {
+        // SAFETY: the caller's contract: `arg` came from `errno_ctx` and is reclaimed once.
+        let f = unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) };
+        // SAFETY: the caller's contract: on an SPDK thread; the token lives for this call.
+        let reactor = unsafe { Reactor::new() };
+        f(&reactor, rc);
+    });
+}
+
+/// Reclaim a context SPDK did not take, without running it (its [`Reply`], if any, answers
+/// [`SpdkError::NotRunning`]).
+///
+/// # Safety
+/// `arg` must come from [`errno_ctx`], SPDK must not hold it (the call that was given it
+/// failed and will not call back), and it must not be reclaimed again.
+pub(crate) unsafe fn drop_errno_ctx(arg: *mut c_void) {
+    no_unwind("drop_errno_ctx", || {
+        // SAFETY: the caller's contract: `arg` is ours and reclaimed once.
+        drop(unsafe { Box::from_raw(arg.cast::<ErrnoFn>()) });
+    });
+}
+
+type HandleFn<H> = Box<dyn FnOnce(&Reactor, *mut H, i32)>;
+
+/// A context for an SPDK callback of shape `(void *arg, T *handle, int rc)`.
+pub(crate) fn handle_ctx<H: 'static>(
+    f: impl FnOnce(&Reactor, *mut H, i32) + 'static,
+) -> *mut c_void {
+    Box::into_raw(Box::new(Box::new(f) as HandleFn<H>)).cast()
+}
+
+/// SPDK callback trampoline for [`handle_ctx`]: runs the closure once, catching a panic.
+///
+/// # Safety
+/// `arg` must come from [`handle_ctx::<H>`] and not have been reclaimed before; `handle` is
+/// NULL or a live `H` for the duration of the call. Called on an SPDK thread.
+pub(crate) unsafe extern "C" fn handle_cb<H: 'static>(arg: *mut c_void, handle: *mut H, rc: c_int) {
+    no_unwind("handle_cb", || {
+        // SAFETY: the caller's contract: `arg` came from `handle_ctx::<H>`, reclaimed once.
+        let f = unsafe { Box::from_raw(arg.cast::<HandleFn<H>>()) };
+        // SAFETY: the caller's contract: on an SPDK thread; the token lives for this call.
+        let reactor = unsafe { Reactor::new() };
+        f(&reactor, handle, rc);
+    });
+}
+
+/// A C string for SPDK, or an error naming the field when `s` holds a NUL.
+pub(crate) fn cstr(field: &'static str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| SpdkError::InvalidArgument {
+        field,
+        reason: format!("{s:?} contains a NUL byte"),
+    })
+}
+
+/// A Rust string from a C string SPDK owns (empty for NULL).
+pub(crate) fn from_c(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: SPDK returns NUL-terminated strings that live at least as long as the object
+    // they describe, which is alive during this call on the reactor.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A Rust string from a fixed-size C char array.
+pub(crate) fn from_c_array(a: &[c_char]) -> String {
+    let bytes: Vec<u8> = a
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+// ---- start and stop -------------------------------------------------------------------
+
+/// `Ok` once the framework is up; `Err(rc)` when `spdk_app_start` returned first.
+type ReadySender = std::sync::mpsc::Sender<std::result::Result<(), i32>>;
+
+struct StartCtx {
+    ready: ReadySender,
+}
+
+extern "C" fn on_started(arg: *mut c_void) {
+    no_unwind("on_started", || {
+        // SAFETY: `arg` is the `StartCtx` that `run_framework` owns and frees only after
+        // spdk_app_start returned; SPDK calls the start function at most once, during that
+        // call, on the application thread.
+        let ctx = unsafe { &*arg.cast::<StartCtx>() };
+        // SAFETY: called on an SPDK thread; returns that thread.
+        let thread = unsafe { spdk_sys::spdk_get_thread() };
+        set_app_thread(thread as usize);
+        let _ = ctx.ready.send(Ok(()));
+    });
+}
+
+/// One run of SPDK's framework, executed by the SPDK main thread.
+struct Job {
+    opts: SpdkOptions,
+    ready: ReadySender,
+    done: std::sync::mpsc::Sender<i32>,
+}
+
+/// The process's SPDK main thread. DPDK binds its main lcore to the thread that first
+/// initialised the environment, so every run of the framework (a restart included) must
+/// happen on that same thread: it lives for the whole process and takes jobs.
+fn main_thread() -> Result<&'static Mutex<std::sync::mpsc::Sender<Job>>> {
+    static MAIN: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    if let Some(m) = MAIN.get() {
+        return Ok(m);
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("spdk-main".into())
+        .spawn(move || {
+            for job in rx {
+                let rc = run_framework(&job.opts, job.ready.clone());
+                // A framework that failed before it was ready never called `on_started`
+                // (its context, holding the other sender, is leaked): say so here, or
+                // `Spdk::start` would wait forever.
+                let _ = job.ready.send(Err(rc));
+                let _ = job.done.send(rc);
+            }
+        })
+        .map_err(|e| SpdkError::Start(format!("cannot spawn the SPDK thread: {e}")))?;
+    Ok(MAIN.get_or_init(|| Mutex::new(tx)))
+}
+
+/// Run SPDK's framework on this thread until `spdk_app_stop`; returns its exit code.
+fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
+    let strings = (|| -> Result<_> {
+        let rpc = opts
+            .rpc_socket
+            .as_ref()
+            .map(|p| cstr("rpc_socket", &p.to_string_lossy()))
+            .transpose()?;
+        Ok((
+            cstr("name", &opts.name)?,
+            cstr("core_mask", opts.core_mask.trim())?,
+            rpc,
+        ))
+    })();
+    let Ok((name, mask, rpc)) = strings else {
+        return -22;
+    };
+    // SAFETY: spdk_app_opts is a plain C struct; zeroed is a valid starting state that
+    // spdk_app_opts_init overwrites with defaults.
+    let mut o: spdk_sys::spdk_app_opts = unsafe { std::mem::zeroed() };
+    // SAFETY: `o` is a valid, writable spdk_app_opts of the size we pass.
+    unsafe { spdk_sys::spdk_app_opts_init(&mut o, std::mem::size_of::<spdk_sys::spdk_app_opts>()) };
+    o.name = name.as_ptr();
+    o.reactor_mask = mask.as_ptr();
+    o.rpc_addr = rpc.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
+    o.interrupt_mode = opts.interrupt_mode;
+    o.no_huge = opts.no_huge;
+    if opts.mem_size_mb > 0 {
+        o.mem_size = i32::try_from(opts.mem_size_mb).unwrap_or(i32::MAX);
+    }
+    o.no_pci = opts.no_pci;
+    o.num_entries = opts.trace_entries;
+    o.disable_signal_handlers = true;
+    o.disable_cpumask_locks = !opts.lock_cores;
+    o.print_level = spdk_sys::SPDK_LOG_WARN;
+    let ctx = Box::into_raw(Box::new(StartCtx { ready })).cast::<c_void>();
+    // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs the
+    // framework on this thread until spdk_app_stop; `ctx` stays valid for the whole call.
+    let rc = unsafe { spdk_sys::spdk_app_start(&mut o, Some(on_started), ctx) };
+    // Freed here, not in `on_started`: when SPDK fails before starting (a core held by another
+    // SPDK process, no memory) it never calls `on_started`, and the `ready` sender must be
+    // dropped so that `Spdk::start` stops waiting and reports the exit code.
+    // SAFETY: `ctx` came from Box::into_raw above; SPDK no longer uses it after returning.
+    drop(unsafe { Box::from_raw(ctx.cast::<StartCtx>()) });
+    // Already cleared by `Spdk::stop`; this covers a framework that ended by itself.
+    set_app_thread(0);
+    // SAFETY: spdk_app_start returned; spdk_app_fini releases the framework on the thread
+    // that ran it.
+    unsafe { spdk_sys::spdk_app_fini() };
+    rc
+}
+
+/// A running SPDK runtime. Dropping it stops SPDK (see [`Spdk::stop`]).
+pub struct Spdk {
+    done: Mutex<Option<std::sync::mpsc::Receiver<i32>>>,
+}
+
+impl std::fmt::Debug for Spdk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spdk").finish_non_exhaustive()
+    }
+}
+
+impl Spdk {
+    /// Start SPDK's framework (environment, reactors, bdev and NVMe-oF subsystems). Blocks
+    /// until SPDK is ready; call it from a blocking context (`spawn_blocking`) in async code.
+    /// SPDK's own signal handlers are disabled: the agent owns SIGTERM and calls `stop`.
+    ///
+    /// A process may start SPDK again after [`Spdk::stop`]; the environment options (core
+    /// mask, memory) of the first start stay in force, as DPDK cannot be initialised twice.
+    pub fn start(opts: &SpdkOptions) -> Result<Self> {
+        opts.validate()?;
+        if RUNNING.swap(true, Ordering::AcqRel) {
+            return Err(SpdkError::Start(
+                "an SPDK runtime is already running in this process".into(),
+            ));
+        }
+        REQUEST_TIMEOUT_MS.store(
+            u64::try_from(opts.request_timeout.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let job = Job {
+            opts: opts.clone(),
+            ready: ready_tx,
+            done: done_tx,
+        };
+        let sent = main_thread().and_then(|m| {
+            m.lock()
+                .map_err(|_| SpdkError::Start("the SPDK thread is poisoned".into()))?
+                .send(job)
+                .map_err(|_| SpdkError::Start("the SPDK thread is gone".into()))
+        });
+        if let Err(e) = sent {
+            RUNNING.store(false, Ordering::Release);
+            return Err(e);
+        }
+        if !matches!(ready_rx.recv(), Ok(Ok(()))) {
+            let rc = done_rx.recv().unwrap_or(-1);
+            RUNNING.store(false, Ordering::Release);
+            return Err(SpdkError::Start(format!(
+                "spdk_app_start returned {rc} before the framework was ready (see SPDK's log above: core mask, memory, sockets)"
+            )));
+        }
+        Ok(Self {
+            done: Mutex::new(Some(done_rx)),
+        })
+    }
+
+    /// Orderly shutdown: SPDK finishes its subsystems (NVMe-oF listeners and subsystems
+    /// removed, lvstores unloaded cleanly, bdevs closed) and the reactors stop. Blocks until
+    /// done. Idempotent.
+    pub fn stop(&self) {
+        let Some(done) = self.done.lock().ok().and_then(|mut m| m.take()) else {
+            return;
+        };
+        // The framework stops through a message to its own thread, which first stops taking
+        // requests: from then on `send_task` refuses them, and those already queued are
+        // refused when they run (see `APP_THREAD`).
+        let _ = send_task(Box::new(|_: &Reactor| {
+            set_app_thread(0);
+            // SAFETY: called on SPDK's application thread while the framework runs.
+            unsafe { spdk_sys::spdk_app_stop(0) };
+        }));
+        let _ = done.recv();
+        RUNNING.store(false, Ordering::Release);
+    }
+
+    /// SPDK's version (`v26.05.0`), as compiled in.
+    pub fn version() -> String {
+        // SAFETY: a pure function of compile-time constants.
+        let v = unsafe { spdk_sys::liteio_spdk_version_compiled() };
+        format!("v{}.{:02}.{}", v / 10000, v / 100 % 100, v % 100)
+    }
+}
+
+impl Drop for Spdk {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
