@@ -11,17 +11,17 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::binary::{AgentProc, spawn_agent};
-use common::{Env, MIB, NODE, POOL_CAP};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use common::{Env, MIB, POOL_CAP};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, annotations, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, VolumeStatus};
+use liteio_api::{AntstorVolume, VolumeStatus};
 use serde_json::json;
 
 const DATA: &str = "pvc-data";
@@ -36,27 +36,11 @@ fn pattern(seed: u8) -> Vec<u8> {
 }
 
 fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
+    common::scheduled_volume(
         name,
-        AntstorVolumeSpec {
-            uuid: format!("7e1c2d3a-4b5c-4d6e-8f70-{uuid_tail:012}"),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    // What the controller writes when it schedules the volume here.
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+        &format!("7e1c2d3a-4b5c-4d6e-8f70-{uuid_tail:012}"),
+        size,
+    )
 }
 
 struct Cluster {

@@ -6,15 +6,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
-use liteio_api::keys::{self, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, VolumeStatus, VolumeType};
+use liteio_api::keys::{self, finalizers};
+use liteio_api::{AntstorVolume, VolumeStatus, VolumeType};
 
 const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
 
@@ -65,26 +64,7 @@ impl Drop for Loop {
 }
 
 fn volume(name: &str, uuid: &str, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
-        name,
-        AntstorVolumeSpec {
-            uuid: uuid.into(),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+    scheduled_volume(name, uuid, size)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

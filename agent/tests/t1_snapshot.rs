@@ -11,13 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
-use liteio_api::{
-    AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, AntstorVolumeSpec, VolumeStatus,
-};
+use liteio_api::{AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, VolumeStatus};
 use serde_json::json;
 
 fn run(p: &str, args: &[&str]) -> Result<String, String> {
@@ -81,26 +79,7 @@ impl Drop for Xfs {
 }
 
 fn volume(name: &str, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
-        name,
-        AntstorVolumeSpec {
-            uuid: format!("uuid-{name}"),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            ..Default::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+    scheduled_volume(name, &format!("uuid-{name}"), size)
 }
 
 fn snapshot(name: &str, origin: &str, size: i64) -> AntstorSnapshot {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::engine::PoolEngine;
 use liteio_agent::exporter::{
@@ -17,32 +17,16 @@ use liteio_agent::exporter::{
 };
 use liteio_api::keys::{self, annotations, finalizers, labels};
 use liteio_api::{
-    AntstorVolume, AntstorVolumeSpec, NodeInfo, SpdkTarget, StoragePool, VolumeStatus, VolumeType,
-    naming,
+    AntstorVolume, NodeInfo, SpdkTarget, StoragePool, VolumeStatus, VolumeType, naming,
 };
 use serde_json::json;
 
 fn volume(name: &str, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
+    scheduled_volume(
         name,
-        AntstorVolumeSpec {
-            uuid: format!("0b9d1f3c-6a2e-4c1d-9f0a-{:0>12}", name.len()),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+        &format!("0b9d1f3c-6a2e-4c1d-9f0a-{:0>12}", name.len()),
+        size,
+    )
 }
 
 fn vols(env: &Env) -> Api<AntstorVolume> {

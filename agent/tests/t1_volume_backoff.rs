@@ -5,36 +5,20 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::*;
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use liteio_api::keys::{self, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, StoragePool, VolumeStatus};
+use kube::api::{DeleteParams, PostParams};
+use liteio_api::keys::{self};
+use liteio_api::{AntstorVolume, StoragePool, VolumeStatus};
 
 fn volume(name: &str, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
+    scheduled_volume(
         name,
-        AntstorVolumeSpec {
-            uuid: format!("5c1e2d3f-4a5b-4c6d-8e7f-{:0>12}", name.len()),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+        &format!("5c1e2d3f-4a5b-4c6d-8e7f-{:0>12}", name.len()),
+        size,
+    )
 }
 
 /// Failed volume reconciles for lack of space, from the agent's metrics.

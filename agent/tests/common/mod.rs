@@ -27,6 +27,32 @@ pub const NODE_IP: &str = "10.0.0.11";
 pub const MIB: u64 = 1 << 20;
 pub const POOL_CAP: u64 = 1 << 30;
 
+/// A volume as the controller leaves it once scheduled to [`NODE`]: `spec.targetNodeId`, the
+/// `obnvmf/target-node-id` label and the `in-state` finalizer.
+pub fn scheduled_volume(name: &str, uuid: &str, size: u64) -> liteio_api::AntstorVolume {
+    use liteio_api::keys::{finalizers, labels};
+    let mut v = liteio_api::AntstorVolume::new(
+        name,
+        liteio_api::AntstorVolumeSpec {
+            uuid: uuid.into(),
+            size_byte: size,
+            target_node_id: NODE.into(),
+            ..liteio_api::AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata = ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            NODE.to_string(),
+        )])),
+        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+        ..ObjectMeta::default()
+    };
+    v
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, or panics after `within`.
 pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
 where
