@@ -192,6 +192,30 @@ async fn hung_renewals_never_make_two_leaders() {
     .expect("timed out");
 }
 
+/// Starts the whole controller (`run`) as `id`, leader-elected, until `stop` turns true.
+fn spawn_controller(
+    client: Client,
+    id: &str,
+    config: &liteio_controller::config::Config,
+    stop: &watch::Receiver<bool>,
+) -> (
+    Health,
+    tokio::task::JoinHandle<liteio_controller::error::Result<()>>,
+) {
+    let health = Health::default();
+    let opts = Options {
+        config: config.clone(),
+        namespace: NS.into(),
+        leader_elect: true,
+        identity: id.into(),
+        health: health.clone(),
+        metrics: Metrics::new().unwrap(),
+        clock: None,
+    };
+    let task = tokio::spawn(run::run(client, opts, Vec::new(), stop.clone(), None));
+    (health, task)
+}
+
 /// The whole controller (`run`): the leader whose renewals hang stops reconciling before its
 /// Lease could expire and the other takes over. Both probe flags are sampled every
 /// millisecond during the test (an observation, not a proof: the participant test above
@@ -205,20 +229,7 @@ async fn controller_steps_down_when_renewals_hang() {
         let (stop, rx) = watch::channel(false);
         let mut config = test_config();
         config.leader_election = election(LEASE, LEASE_DURATION);
-        let spawn = |client: Client, id: &str| {
-            let health = Health::default();
-            let opts = Options {
-                config: config.clone(),
-                namespace: NS.into(),
-                leader_elect: true,
-                identity: id.into(),
-                health: health.clone(),
-                metrics: Metrics::new().unwrap(),
-                clock: None,
-            };
-            let task = tokio::spawn(run::run(client, opts, Vec::new(), rx.clone(), None));
-            (health, task)
-        };
+        let spawn = |client: Client, id: &str| spawn_controller(client, id, &config, &rx);
         let (ha, ta) = spawn(named(&server, "a").await, "a");
         eventually("a leads", || async { ha.leader.load(Ordering::SeqCst) }).await;
         let (hb, tb) = spawn(named(&server, "b").await, "b");
@@ -334,18 +345,7 @@ async fn lone_controller_leads_again_after_renewals_recover() {
         let (stop, rx) = watch::channel(false);
         let mut config = test_config();
         config.leader_election = election(LEASE, LEASE_DURATION);
-        let health = Health::default();
-        let opts = Options {
-            config,
-            namespace: NS.into(),
-            leader_elect: true,
-            identity: "a".into(),
-            health: health.clone(),
-            metrics: Metrics::new().unwrap(),
-            clock: None,
-        };
-        let client = named(&server, "a").await;
-        let task = tokio::spawn(run::run(client, opts, Vec::new(), rx, None));
+        let (health, task) = spawn_controller(named(&server, "a").await, "a", &config, &rx);
         eventually("a leads", || async { health.leader.load(Ordering::SeqCst) }).await;
         faults.hang(
             Matcher::new(Verb::Update, "leases")
