@@ -67,18 +67,16 @@ pub fn disconnect_argv(nqn: &str) -> Vec<String> {
 /// This node's host NQN (see [`liteio_node::hostnqn::load`]: the first line of `path`, or
 /// `naming::host_nqn(node)` written there when the file is missing or blank).
 pub fn host_nqn(path: &Path, node: &str) -> Result<String> {
-    liteio_node::hostnqn::load(path, node).map_err(|e| CsiError::Internal(error_chain(&e)))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+    use liteio_node::hostnqn::HostNqnError;
+    liteio_node::hostnqn::load(path, node).map_err(|e| match e {
+        HostNqnError::Read { path, source } => {
+            CsiError::io(format!("read {}", path.display()), source)
+        }
+        HostNqnError::Write { path, source } => {
+            CsiError::io(format!("write {}", path.display()), source)
+        }
+        e @ HostNqnError::Invalid { .. } => CsiError::Internal(e.to_string()),
+    })
 }
 
 fn read_trim(p: &Path) -> Option<String> {
