@@ -147,6 +147,37 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     #[cfg(not(feature = "spdk"))]
     let (engine, exporter): (_, Arc<dyn liteio_agent::exporter::Exporter>) =
         (engine_from_config(&config)?, Arc::new(NoExporter));
+    let served = serve(&args, config, engine, exporter, {
+        #[cfg(feature = "spdk")]
+        {
+            spdk.is_some()
+        }
+        #[cfg(not(feature = "spdk"))]
+        {
+            false
+        }
+    })
+    .await;
+    // Last, also when serving failed: SPDK removes listeners and subsystems, unloads
+    // lvstores cleanly and stops its reactors, off the async threads (bounded by
+    // liteio_spdk::runtime::STOP_TIMEOUT).
+    #[cfg(feature = "spdk")]
+    if let Some(spdk) = spdk {
+        tokio::task::spawn_blocking(move || spdk.stop())
+            .await
+            .context("the SPDK stop task failed")?;
+    }
+    served
+}
+
+/// Runs the agent until a signal, then shuts it down.
+async fn serve(
+    args: &Args,
+    config: Config,
+    engine: Arc<dyn liteio_agent::engine::PoolEngine>,
+    exporter: Arc<dyn liteio_agent::exporter::Exporter>,
+    spdk_running: bool,
+) -> anyhow::Result<()> {
     let client = client(args.kubeconfig.as_ref()).await?;
     let mut opts = AgentOptions::from_config(args.node_id.clone(), config);
     opts.host_nqn_path = args.host_nqn_file.clone();
@@ -154,23 +185,21 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
         .await
         .context("cannot start the agent")?;
     #[cfg(feature = "spdk")]
-    if spdk.is_some() {
+    if spdk_running {
         agent
             .ctx()
             .metrics
             .add_source(Arc::new(liteio_agent::spdk::stats::RuntimeSource));
+        // A request that gets stuck (or answers late) changes the pool's Spdk condition:
+        // have the pool reporter look again at once.
+        let changed = Arc::clone(&agent.ctx().pool_changed);
+        liteio_agent::spdk::runtime::set_stuck_observer(move || changed.notify_one());
     }
+    #[cfg(not(feature = "spdk"))]
+    let _ = spdk_running;
     let sig = wait_for_signal().await?;
     tracing::info!(signal = sig, "shutting down");
     agent.shutdown(Duration::from_secs(15)).await;
-    // Last: SPDK removes listeners and subsystems, unloads lvstores cleanly and stops its
-    // reactors.
-    #[cfg(feature = "spdk")]
-    if let Some(spdk) = spdk {
-        tokio::task::spawn_blocking(move || spdk.stop())
-            .await
-            .context("the SPDK stop task failed")?;
-    }
     Ok(())
 }
 

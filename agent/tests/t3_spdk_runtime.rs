@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use futures::executor::block_on;
 use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
 use liteio_agent::engine::{ErrorKind as EngineKind, PoolEngine};
+use liteio_agent::exporter::{Exporter, ExporterHealth};
+use liteio_agent::spdk::exporter::SpdkExporter;
+use liteio_agent::spdk::nvmf::TcpTransportOptions;
 use liteio_agent::spdk::runtime::{self, Reply, exec, on_reactor};
 use liteio_agent::spdk::{ErrorKind, Spdk, SpdkError, SpdkOptions, bdev};
 
@@ -57,16 +60,57 @@ fn a_panic_on_the_reactor_fails_its_request_and_spdk_goes_on() {
     spdk.stop();
 }
 
+/// Poll `f` until it holds, for at most `limit`.
+fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn health(exporter: &SpdkExporter) -> ExporterHealth {
+    block_on(exporter.health()).expect("health answers")
+}
+
 #[test]
 fn a_request_without_an_answer_times_out_and_others_go_on() {
     let _g = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let timeout = Duration::from_secs(1);
     let spdk = start("t3-timeout", timeout);
     let before = runtime::timed_out_requests();
+    let observed = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&observed);
+    assert!(runtime::set_stuck_observer(move || {
+        seen.fetch_add(1, Ordering::SeqCst);
+    }));
+    let exporter = SpdkExporter::new("127.0.0.1", 4420..=4420, TcpTransportOptions::default());
+    assert!(runtime::stuck_requests().is_empty());
+    assert!(
+        matches!(health(&exporter), ExporterHealth::Ok { .. }),
+        "{:?}",
+        health(&exporter)
+    );
+    let engine = SpdkLvsEngine::new(
+        "to-lvs",
+        BaseBdev::Malloc {
+            name: "to-base".into(),
+            size: 64 << 20,
+        },
+        0,
+    );
+    engine.ensure_pool().unwrap();
 
-    // A completion that never comes (the reply is leaked, as by a lost SPDK callback).
+    // A completion that does not come in time (the reply is kept, as by an SPDK callback
+    // that runs late): the caller gets Timeout, the request is listed as stuck and the
+    // pool's health says so, naming the caller; the late answer clears it.
+    let held: Arc<Mutex<Option<Reply<()>>>> = Arc::new(Mutex::new(None));
+    let keep = Arc::clone(&held);
     let t = Instant::now();
-    let e = block_on(exec(|reply: Reply<()>| std::mem::forget(reply))).unwrap_err();
+    let e = block_on(exec(move |reply: Reply<()>| {
+        *keep.lock().unwrap() = Some(reply);
+    }))
+    .unwrap_err();
     let waited = t.elapsed();
     assert!(matches!(e, SpdkError::Timeout { .. }), "{e}");
     assert_eq!(e.kind(), ErrorKind::Timeout);
@@ -76,40 +120,48 @@ fn a_request_without_an_answer_times_out_and_others_go_on() {
     );
     assert!(waited >= timeout && waited < timeout * 3, "{waited:?}");
     eprintln!("lost completion: {e} (after {waited:?})");
-
-    // A reactor parked for 3 s: the call times out after 1 s; its late answer is dropped.
-    let t = Instant::now();
-    let e = block_on(on_reactor(|| {
-        std::thread::sleep(Duration::from_secs(3));
-        Ok(())
-    }))
-    .unwrap_err();
-    assert!(matches!(e, SpdkError::Timeout { .. }), "{e}");
+    let stuck = runtime::stuck_requests();
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert!(stuck[0].request.contains("t3_spdk_runtime.rs"), "{stuck:?}");
+    match health(&exporter) {
+        ExporterHealth::Error { message } => {
+            assert!(message.contains("1 SPDK request(s)"), "{message}");
+            assert!(message.contains("t3_spdk_runtime.rs"), "{message}");
+            eprintln!("pool condition while stuck: {message}");
+        }
+        h => panic!("a stuck request must make the pool unhealthy: {h:?}"),
+    }
     assert!(
-        t.elapsed() < Duration::from_millis(2500),
-        "{:?}",
-        t.elapsed()
+        observed.load(Ordering::SeqCst) >= 1,
+        "the observer hears of it"
+    );
+    let heard = observed.load(Ordering::SeqCst);
+    held.lock()
+        .unwrap()
+        .take()
+        .expect("reply kept")
+        .send(Ok(()));
+    assert!(runtime::stuck_requests().is_empty());
+    assert!(matches!(health(&exporter), ExporterHealth::Ok { .. }));
+    assert!(
+        observed.load(Ordering::SeqCst) > heard,
+        "and of the late answer"
     );
 
-    // An engine call while the reactor is parked: an error naming the timeout, not a freeze.
-    let engine = SpdkLvsEngine::new(
-        "to-lvs",
-        BaseBdev::Malloc {
-            name: "to-base".into(),
-            size: 64 << 20,
-        },
-        0,
-    );
-    // Wait out the park above, then build the pool.
-    std::thread::sleep(Duration::from_secs(2));
-    engine.ensure_pool().unwrap();
-    let parked = std::thread::spawn(|| {
-        block_on(on_reactor(|| {
-            std::thread::sleep(Duration::from_secs(3));
+    // A reactor parked until we let it go: the call times out after 1 s, and an engine
+    // call meanwhile fails with an error naming the timeout instead of freezing.
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let parked = std::thread::spawn(move || {
+        block_on(on_reactor(move || {
+            let _ = parked_tx.send(());
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
             Ok(())
         }))
     });
-    std::thread::sleep(Duration::from_millis(200));
+    parked_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the reactor runs the parking request");
     let t = Instant::now();
     let e = engine.info().unwrap_err();
     assert_eq!(e.kind(), EngineKind::PoolUnavailable, "{e}");
@@ -119,13 +171,22 @@ fn a_request_without_an_answer_times_out_and_others_go_on() {
         "{:?}",
         t.elapsed()
     );
-    assert!(parked.join().unwrap().is_err());
-    assert!(runtime::timed_out_requests() >= before + 4);
+    let e = parked.join().unwrap().unwrap_err();
+    assert!(matches!(e, SpdkError::Timeout { .. }), "{e}");
+    // The parking request and the engine's both wait in SPDK now.
+    eventually(Duration::from_secs(5), "two stuck requests", || {
+        runtime::stuck_requests().len() == 2
+    });
+    assert!(runtime::timed_out_requests() >= before + 3);
 
-    // Once the reactor is free, everything works again.
-    std::thread::sleep(Duration::from_secs(2));
+    // Once the reactor is free, the late answers clear the list and everything works again.
+    release_tx.send(()).unwrap();
+    eventually(Duration::from_secs(10), "no stuck request", || {
+        runtime::stuck_requests().is_empty()
+    });
     assert_eq!(block_on(on_reactor(|| Ok(1))).unwrap(), 1);
     assert!(engine.info().unwrap().total_bytes > 0);
+    assert!(matches!(health(&exporter), ExporterHealth::Ok { .. }));
     spdk.stop();
 }
 
@@ -142,6 +203,7 @@ fn requests_racing_stop_are_answered_or_refused() {
     let mut iterations = 0;
     while iterations < MAX_ITERATIONS && t.elapsed() < BUDGET {
         let spdk = start("t3-stop-race", Duration::from_secs(10));
+        let answered_before = answered.load(Ordering::Acquire);
         let done = Arc::new(AtomicBool::new(false));
         let senders: Vec<_> = (0..SENDERS)
             .map(|_| {
@@ -169,8 +231,10 @@ fn requests_racing_stop_are_answered_or_refused() {
                 })
             })
             .collect();
-        // Let the senders get going, then stop under them.
-        std::thread::sleep(Duration::from_millis(2));
+        // Stop under the senders once they are getting answers.
+        eventually(Duration::from_secs(10), "a first answer", || {
+            answered.load(Ordering::Acquire) > answered_before
+        });
         spdk.stop();
         done.store(true, Ordering::Release);
         for s in senders {

@@ -8,13 +8,14 @@
 //! are dropped on the reactor without touching freed memory (the boxed callback context is
 //! owned by SPDK until its one call).
 
+use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, Location};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -152,6 +153,10 @@ fn set_app_thread(thread: usize) {
 /// How long a caller waits for SPDK's answer by default: [`SpdkOptions::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long [`Spdk::stop`] (and so dropping an [`Spdk`]) waits for SPDK to finish: unloading
+/// lvstores writes their metadata, which takes well under a second on a healthy disk.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The deadline of every request, in milliseconds (set from the options at start).
 static REQUEST_TIMEOUT_MS: AtomicU64 = AtomicU64::new(30_000);
 /// Requests that got no answer within their deadline, since the process started.
@@ -174,6 +179,54 @@ pub fn timed_out_requests() -> u64 {
 /// was logged).
 pub fn caught_panics() -> u64 {
     PANICKED.load(Ordering::Relaxed)
+}
+
+/// A request whose deadline passed and which has not been answered since: its caller got
+/// [`SpdkError::Timeout`], and SPDK still holds it (a reactor stuck in it, or a completion
+/// that never comes). It leaves the list when the late answer comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StuckRequest {
+    /// The code that sent it (`file:line:column`).
+    pub request: String,
+    /// How long it has been waiting.
+    pub waiting: Duration,
+}
+
+/// Requests past their deadline and still unanswered, by an id of their own.
+static STUCK: Mutex<BTreeMap<u64, (String, Instant)>> = Mutex::new(BTreeMap::new());
+static STUCK_IDS: AtomicU64 = AtomicU64::new(0);
+/// Called whenever [`stuck_requests`] changes.
+static STUCK_OBSERVER: OnceLock<Box<dyn Fn() + Send + Sync>> = OnceLock::new();
+
+/// The requests stuck right now, the longest-waiting first (empty when SPDK answers
+/// everything in time). A health check reports them: the agent turns them into its pool's
+/// `Spdk` condition.
+pub fn stuck_requests() -> Vec<StuckRequest> {
+    let now = Instant::now();
+    let mut v: Vec<StuckRequest> = STUCK
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .values()
+        .map(|(request, since)| StuckRequest {
+            request: request.clone(),
+            waiting: now.saturating_duration_since(*since),
+        })
+        .collect();
+    v.sort_by_key(|r| std::cmp::Reverse(r.waiting));
+    v
+}
+
+/// Have `f` called whenever a request becomes stuck or a stuck one is answered (at most one
+/// observer per process; later calls are ignored and return false). `f` runs on SPDK's or
+/// the deadline thread: it must only signal, e.g. wake a task.
+pub fn set_stuck_observer(f: impl Fn() + Send + Sync + 'static) -> bool {
+    STUCK_OBSERVER.set(Box::new(f)).is_ok()
+}
+
+fn stuck_changed() {
+    if let Some(f) = STUCK_OBSERVER.get() {
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
+    }
 }
 
 /// Run `f`, the body of an `extern "C"` function SPDK calls, without letting a panic unwind
@@ -274,12 +327,52 @@ pub(crate) fn send_task(task: Task) -> Result<()> {
     Ok(())
 }
 
-/// The caller's end of a request: taken by whoever answers first, the [`Reply`] or the
-/// deadline.
-type Slot<T> = Mutex<Option<oneshot::Sender<Result<T>>>>;
+/// The caller's end of a request, taken by whoever answers first, the [`Reply`] or the
+/// deadline; when the deadline took it, the id under which the request is listed as stuck.
+struct SlotState<T> {
+    caller: Option<oneshot::Sender<Result<T>>>,
+    stuck: Option<u64>,
+}
 
-fn take<T>(slot: &Slot<T>) -> Option<oneshot::Sender<Result<T>>> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+type Slot<T> = Mutex<SlotState<T>>;
+
+/// The answer came (or the [`Reply`] went away): hand back the caller's end, or, when the
+/// deadline had already answered, take the request off the stuck list.
+fn answered<T>(slot: &Slot<T>) -> Option<oneshot::Sender<Result<T>>> {
+    let mut st = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(tx) = st.caller.take() {
+        return Some(tx);
+    }
+    if let Some(id) = st.stuck.take() {
+        drop(st);
+        let late = STUCK
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        if let Some((request, since)) = late {
+            tracing::warn!(
+                %request,
+                after = ?since.elapsed(),
+                "a stuck SPDK request got its answer late (dropped: its caller had timed out)"
+            );
+        }
+        stuck_changed();
+    }
+    None
+}
+
+/// The deadline passed: hand back the caller's end (if no answer came first) and list the
+/// request as stuck until it is answered.
+fn timed_out<T>(slot: &Slot<T>, caller: &Location<'static>) -> Option<oneshot::Sender<Result<T>>> {
+    let mut st = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    let tx = st.caller.take()?;
+    let id = STUCK_IDS.fetch_add(1, Ordering::Relaxed);
+    STUCK
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, (caller.to_string(), Instant::now()));
+    st.stuck = Some(id);
+    Some(tx)
 }
 
 /// Where a request's answer goes. Dropping it without [`Reply::send`] makes the caller see
@@ -290,7 +383,7 @@ pub struct Reply<T>(Arc<Slot<T>>);
 impl<T> Reply<T> {
     /// Deliver the answer; ignored when the caller stopped waiting.
     pub fn send(self, value: Result<T>) {
-        if let Some(tx) = take(&self.0) {
+        if let Some(tx) = answered(&self.0) {
             let _ = tx.send(value);
         }
     }
@@ -298,7 +391,7 @@ impl<T> Reply<T> {
 
 impl<T> Drop for Reply<T> {
     fn drop(&mut self) {
-        if let Some(tx) = take(&self.0) {
+        if let Some(tx) = answered(&self.0) {
             let _ = tx.send(Err(if std::thread::panicking() {
                 SpdkError::Panicked
             } else {
@@ -328,7 +421,10 @@ pub(crate) fn exec_on<T: Send + 'static>(
     let caller = Location::caller();
     async move {
         let (tx, rx) = oneshot::channel();
-        let slot = Arc::new(Mutex::new(Some(tx)));
+        let slot = Arc::new(Mutex::new(SlotState {
+            caller: Some(tx),
+            stuck: None,
+        }));
         let reply = Reply(Arc::clone(&slot));
         send_task(Box::new(move |r: &Reactor| f(r, reply)))?;
         let after = request_timeout();
@@ -336,7 +432,7 @@ pub(crate) fn exec_on<T: Send + 'static>(
         let _armed = watchdog::arm(
             after,
             Box::new(move || {
-                let Some(tx) = weak.upgrade().and_then(|s| take(&s)) else {
+                let Some(tx) = weak.upgrade().and_then(|s| timed_out(&s, caller)) else {
                     return;
                 };
                 TIMED_OUT.fetch_add(1, Ordering::Relaxed);
@@ -349,6 +445,7 @@ pub(crate) fn exec_on<T: Send + 'static>(
                     request: caller.to_string(),
                     after,
                 }));
+                stuck_changed();
             }),
         );
         drop(slot);
@@ -732,21 +829,42 @@ impl Spdk {
 
     /// Orderly shutdown: SPDK finishes its subsystems (NVMe-oF listeners and subsystems
     /// removed, lvstores unloaded cleanly, bdevs closed) and the reactors stop. Blocks until
-    /// done. Idempotent.
+    /// done, at most [`STOP_TIMEOUT`] (then logs and returns: SPDK goes on stopping on its
+    /// own threads). Idempotent. Call it from a blocking context in async code.
     pub fn stop(&self) {
-        let Some(done) = self.done.lock().ok().and_then(|mut m| m.take()) else {
-            return;
+        if let Err(e) = self.stop_within(STOP_TIMEOUT) {
+            tracing::error!(error = %e, "SPDK did not stop in time; leaving it to finish on its own threads");
+        }
+    }
+
+    /// [`Spdk::stop`], waiting at most `limit`: [`SpdkError::Timeout`] when SPDK has not
+    /// finished by then (a later call waits again). Idempotent once it succeeded.
+    pub fn stop_within(&self, limit: Duration) -> Result<()> {
+        let mut guard = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(done) = guard.take() else {
+            return Ok(());
         };
         // The framework stops through a message to its own thread, which first stops taking
         // requests: from then on `send_task` refuses them, and those already queued are
-        // refused when they run (see `APP_THREAD`).
+        // refused when they run (see `APP_THREAD`). A second call finds it cleared already.
         let _ = send_task(Box::new(|_: &Reactor| {
             set_app_thread(0);
             // SAFETY: called on SPDK's application thread while the framework runs.
             unsafe { spdk_sys::spdk_app_stop(0) };
         }));
-        let _ = done.recv();
-        RUNNING.store(false, Ordering::Release);
+        match done.recv_timeout(limit) {
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                RUNNING.store(false, Ordering::Release);
+                Ok(())
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                *guard = Some(done);
+                Err(SpdkError::Timeout {
+                    request: "Spdk::stop".into(),
+                    after: limit,
+                })
+            }
+        }
     }
 
     /// SPDK's version (`v26.05.0`), as compiled in.

@@ -28,8 +28,10 @@
 //! `liteio_spdk_reactor_cpu_seconds_total{reactor}` (the reactor threads' CPU time, which is
 //! their busy time in interrupt mode and 100 % in poll mode), `liteio_spdk_request_timeouts_total`
 //! (requests to SPDK that got no answer within their deadline: a stuck reactor or a lost
-//! completion; each one is also logged with the code that sent it) and
-//! `liteio_spdk_caught_panics_total` (panics caught on SPDK threads; each failed its request).
+//! completion; each one is also logged with the code that sent it),
+//! `liteio_spdk_stuck_requests` (those of them still unanswered now; the pool's `Spdk`
+//! condition names the oldest) and `liteio_spdk_caught_panics_total` (panics caught on SPDK
+//! threads; each failed its request).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -111,6 +113,8 @@ pub struct SpdkFaults {
     pub request_timeouts: u64,
     /// Panics caught on SPDK threads.
     pub caught_panics: u64,
+    /// Requests past their deadline and still unanswered right now.
+    pub stuck_requests: u64,
 }
 
 /// How an SPDK thread spent its time, in seconds.
@@ -569,6 +573,15 @@ impl Metrics {
                 ),
             )?
             .inc_by(f.caught_panics);
+            reg(
+                &r,
+                "liteio_spdk_stuck_requests",
+                IntGauge::new(
+                    "liteio_spdk_stuck_requests",
+                    "Requests to SPDK past their deadline and still unanswered (non-zero: a reactor may be stuck; the pool's Spdk condition says which)",
+                ),
+            )?
+            .set(clamp(f.stuck_requests));
         }
         Ok(r.gather())
     }
@@ -756,6 +769,7 @@ mod tests {
             spdk_faults: Some(SpdkFaults {
                 request_timeouts: 3,
                 caught_panics: 1,
+                stuck_requests: 2,
             }),
             ..Scrape::default()
         };
@@ -770,6 +784,7 @@ mod tests {
             value(&text, "liteio_spdk_caught_panics_total", &n),
             Some(1.0)
         );
+        assert_eq!(value(&text, "liteio_spdk_stuck_requests", &n), Some(2.0));
         let th = [("node", "n"), ("thread", "app_thread")];
         assert_eq!(
             value(&text, "liteio_spdk_thread_busy_seconds_total", &th),

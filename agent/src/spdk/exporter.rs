@@ -101,6 +101,20 @@ impl SpdkExporter {
 impl Exporter for SpdkExporter {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
         Box::pin(async {
+            // A stuck request makes the pool unhealthy even while other requests get answers:
+            // the operation it belongs to (and its volume) is hanging in SPDK.
+            let stuck = liteio_spdk::runtime::stuck_requests();
+            if let Some(oldest) = stuck.first() {
+                return Ok(ExporterHealth::Error {
+                    message: format!(
+                        "{} SPDK request(s) got no answer within {:?}; the oldest, from {}, has waited {} s: a reactor may be stuck",
+                        stuck.len(),
+                        liteio_spdk::runtime::request_timeout(),
+                        oldest.request,
+                        oldest.waiting.as_secs()
+                    ),
+                });
+            }
             Ok(match nvmf::target_running().await {
                 Ok(_) => ExporterHealth::Ok {
                     version: Spdk::version(),

@@ -33,6 +33,7 @@ impl crate::metrics::ScrapeSource for RuntimeSource {
         out.spdk_faults = Some(crate::metrics::SpdkFaults {
             request_timeouts: liteio_spdk::runtime::timed_out_requests(),
             caught_panics: liteio_spdk::runtime::caught_panics(),
+            stuck_requests: liteio_spdk::runtime::stuck_requests().len() as u64,
         });
         let stats = futures::executor::block_on(threads())?;
         let hz = stats.ticks_hz.max(1) as f64;
