@@ -19,7 +19,9 @@ use tracing::{info, warn};
 
 use crate::config::{Config, PoolingMode};
 use crate::context::Ctx;
-use crate::engine::{EngineError, FileEngine, LvmEngine, PoolEngine, PoolInfo};
+use crate::engine::{
+    CommandRunner, EngineError, FileEngine, LvmEngine, PoolEngine, PoolInfo, SystemRunner,
+};
 use crate::exporter::Exporter;
 use crate::heartbeat::{Heartbeat, HeartbeatOptions, HeartbeatState};
 use crate::metrics::{self, Metrics, MetricsError};
@@ -80,6 +82,7 @@ impl StartError {
 /// Builds the configured engine (without SPDK: File and KernelLVM).
 pub fn engine_from_config(cfg: &Config) -> Result<Arc<dyn PoolEngine>, StartError> {
     let st = &cfg.storage;
+    let runner: Arc<dyn CommandRunner> = Arc::new(SystemRunner::with_timeout(cfg.timeouts.command));
     match st.pooling.mode {
         PoolingMode::File => {
             let Some(f) = &st.file else {
@@ -89,9 +92,18 @@ pub fn engine_from_config(cfg: &Config) -> Result<Arc<dyn PoolEngine>, StartErro
                     needs: "storage.file.path",
                 });
             };
-            Ok(Arc::new(FileEngine::new(&st.pooling.name, &f.path, f.size)))
+            Ok(Arc::new(FileEngine::with_runner(
+                &st.pooling.name,
+                &f.path,
+                f.size,
+                runner,
+            )))
         }
-        PoolingMode::KernelLvm => Ok(Arc::new(LvmEngine::new(&st.pooling.name, st.pvs.clone()))),
+        PoolingMode::KernelLvm => Ok(Arc::new(LvmEngine::with_runner(
+            &st.pooling.name,
+            st.pvs.clone(),
+            runner,
+        ))),
         PoolingMode::SpdkLvStore => Err(StartError::EngineUnavailable {
             mode: PoolingMode::SpdkLvStore,
             needs: "the SPDK engine (build with --features spdk once it implements PoolEngine)",
@@ -125,18 +137,18 @@ pub struct AgentOptions {
 
 impl AgentOptions {
     /// Production defaults from the config: resync 5 min, retry 1 s doubling to 5 min,
-    /// requests 10 s.
+    /// API requests `timeouts.apiRequest`.
     pub fn from_config(node: impl Into<String>, config: Config) -> Self {
         Self {
             node: node.into(),
             heartbeat: HeartbeatOptions::from_config(&config.heartbeat),
             metrics_addr: config.metrics.listen_address,
-            config,
             host_nqn_path: pool::default_host_nqn_path(),
             resync: Duration::from_secs(300),
             retry: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
-            request_timeout: Duration::from_secs(10),
+            request_timeout: config.timeouts.api_request,
+            config,
         }
     }
 }

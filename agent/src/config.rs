@@ -56,6 +56,8 @@ pub const DEFAULT_PORT_END: u16 = 4610;
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(20);
 /// Default Lease duration.
 pub const DEFAULT_HEARTBEAT_DURATION: Duration = Duration::from_secs(40);
+/// Default limit of one request to the embedded SPDK (`timeouts.spdkRequest`).
+pub const DEFAULT_SPDK_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default SPDK core mask.
 pub const DEFAULT_CORE_MASK: &str = "0x1";
 /// SPDK memory used in no-huge mode when `spdk.memSizeMiB` is not set.
@@ -253,6 +255,9 @@ pub struct Config {
     /// Restart recovery: what to do with engine objects no API object owns.
     #[serde(default)]
     pub recovery: RecoveryConfig,
+    /// How long the agent waits for anything outside itself.
+    #[serde(default)]
+    pub timeouts: TimeoutsConfig,
 }
 
 /// `storage`: pool mode and what it is built from.
@@ -543,6 +548,65 @@ impl Default for HeartbeatConfig {
     }
 }
 
+/// Default limit of one Kubernetes API request.
+pub const DEFAULT_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default limit of one external command (`lvcreate`, `losetup`, `mkfs`, ...).
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `timeouts`: every wait of the agent on something outside itself is bounded, and these are
+/// the bounds. A call that runs out fails its operation with an error naming what timed out;
+/// the volume is retried with back-off and the other volumes go on. (The Lease renewal has
+/// its own bound, derived from `heartbeat.interval`.)
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsConfig {
+    /// One request to the Kubernetes API server (default 10s).
+    #[serde(
+        rename = "apiRequest",
+        default = "default_api_request_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub api_request: Duration,
+    /// One request to the embedded SPDK, from sending it to its completion (default 30s).
+    /// Past it the request is reported stuck: metric `liteio_spdk_stuck_requests`, an error
+    /// log naming the caller and the pool's `Spdk` condition, until its late answer comes.
+    #[serde(
+        rename = "spdkRequest",
+        default = "default_spdk_request_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub spdk_request: Duration,
+    /// One external command; it is killed when it runs longer (default 5m).
+    #[serde(
+        default = "default_command_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub command: Duration,
+}
+
+fn default_api_request_timeout() -> Duration {
+    DEFAULT_API_REQUEST_TIMEOUT
+}
+fn default_spdk_request_timeout() -> Duration {
+    DEFAULT_SPDK_REQUEST_TIMEOUT
+}
+fn default_command_timeout() -> Duration {
+    DEFAULT_COMMAND_TIMEOUT
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        Self {
+            api_request: DEFAULT_API_REQUEST_TIMEOUT,
+            spdk_request: DEFAULT_SPDK_REQUEST_TIMEOUT,
+            command: DEFAULT_COMMAND_TIMEOUT,
+        }
+    }
+}
+
 /// Default grace period before an orphan may be collected.
 pub const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(3600);
 
@@ -737,6 +801,7 @@ impl Config {
             metrics: MetricsConfig::default(),
             heartbeat: HeartbeatConfig::default(),
             recovery: RecoveryConfig::default(),
+            timeouts: TimeoutsConfig::default(),
         }
     }
 
@@ -807,6 +872,15 @@ impl Config {
                     format_duration(hb.interval)
                 ),
             ));
+        }
+        for (field, value) in [
+            ("timeouts.apiRequest", self.timeouts.api_request),
+            ("timeouts.spdkRequest", self.timeouts.spdk_request),
+            ("timeouts.command", self.timeouts.command),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(field, "0s", "must be positive"));
+            }
         }
         let keys = &self.node_info_keys;
         for (field, value) in [

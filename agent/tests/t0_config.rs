@@ -305,3 +305,47 @@ fn load_errors_name_the_file() {
     let e = Config::load(&bad).unwrap_err();
     assert!(matches!(e, ConfigError::File { .. }), "{e}");
 }
+
+#[test]
+fn timeouts_have_defaults_and_refuse_zero() {
+    let cfg = Config::from_yaml(MINIMAL_FILE).unwrap();
+    assert_eq!(cfg.timeouts.api_request, Duration::from_secs(10));
+    assert_eq!(cfg.timeouts.spdk_request, Duration::from_secs(30));
+    assert_eq!(cfg.timeouts.command, Duration::from_secs(300));
+    let cfg = Config::from_yaml(&format!(
+        "{MINIMAL_FILE}timeouts: {{apiRequest: 3s, spdkRequest: 1m, command: 90}}\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.timeouts.api_request, Duration::from_secs(3));
+    assert_eq!(cfg.timeouts.spdk_request, Duration::from_secs(60));
+    assert_eq!(cfg.timeouts.command, Duration::from_secs(90));
+    for field in ["apiRequest", "spdkRequest", "command"] {
+        let e = err(&format!("{MINIMAL_FILE}timeouts: {{{field}: 0s}}\n"));
+        assert_eq!(
+            e.to_string(),
+            format!("timeouts.{field}: 0s must be positive"),
+            "{field}"
+        );
+    }
+    let e = err(&format!(
+        "{MINIMAL_FILE}timeouts: {{spdkRequest: forever}}\n"
+    ));
+    assert_eq!(e.field(), Some("timeouts.spdkRequest"));
+    let e = err(&format!("{MINIMAL_FILE}timeouts: {{api: 1s}}\n"));
+    assert_eq!(e.field(), Some("timeouts.api"));
+}
+
+#[test]
+fn the_timeouts_reach_the_agent_and_spdk() {
+    let cfg = Config::from_yaml(&format!(
+        "{MINIMAL_FILE}timeouts: {{apiRequest: 4s, spdkRequest: 7s}}\n"
+    ))
+    .unwrap();
+    let opts = liteio_agent::agent::AgentOptions::from_config("n", cfg.clone());
+    assert_eq!(opts.request_timeout, Duration::from_secs(4));
+    #[cfg(feature = "spdk")]
+    assert_eq!(
+        liteio_agent::spdk::setup::runtime_options(&cfg).request_timeout,
+        Duration::from_secs(7)
+    );
+}

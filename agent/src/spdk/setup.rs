@@ -23,7 +23,7 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         rpc_socket: sp.rpc_socket.clone(),
         trace_entries: sp.trace_entries,
         lock_cores: true,
-        request_timeout: liteio_spdk::runtime::DEFAULT_REQUEST_TIMEOUT,
+        request_timeout: cfg.timeouts.spdk_request,
     }
 }
 
