@@ -174,6 +174,7 @@ async fn lead(
             let _ = runtime.await;
         }
     }
+    ctx.stop_background().await;
     opts.health.leader.store(false, Ordering::SeqCst);
     opts.metrics.leader.set(0);
     // Only now that nothing reconciles any more may a standby start: a clean stop (rolling

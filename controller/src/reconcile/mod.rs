@@ -187,6 +187,10 @@ pub struct Context {
     synced_tx: watch::Sender<bool>,
     recorder: Recorder,
     warned: Mutex<HashMap<ObjectKey, String>>,
+    /// Plug-in sweeps running beside the reconcilers: stopped with them, so that an
+    /// instance that lost leadership writes nothing more (see [`Context::stop_background`]).
+    background: Mutex<tokio::task::JoinSet<()>>,
+    background_stopped: AtomicBool,
 }
 
 impl Debug for Context {
@@ -230,7 +234,23 @@ impl Context {
             synced_tx: watch::channel(false).0,
             recorder,
             warned: Mutex::default(),
+            background: Mutex::default(),
+            background_stopped: AtomicBool::new(false),
         })
+    }
+
+    /// Abort the plug-in sweeps still running (after the reconcilers stopped: leadership
+    /// lost or shutdown) and wait until they are gone; none starts afterwards.
+    pub async fn stop_background(&self) {
+        self.background_stopped.store(true, Ordering::SeqCst);
+        let mut set = std::mem::take(
+            &mut *self
+                .background
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        set.abort_all();
+        while set.join_next().await.is_some() {}
     }
 
     /// The state, locked. Never hold the guard across an `.await`.
@@ -384,7 +404,15 @@ impl Context {
             return;
         }
         let ctx = Arc::clone(self);
-        tokio::spawn(async move {
+        let mut set = self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.background_stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        while set.try_join_next().is_some() {}
+        set.spawn(async move {
             for p in &ctx.plugins {
                 if let Err(e) = p.sweep(kind, live.clone()).await {
                     warn!(plugin = p.name(), kind = kind.as_str(), error = %e.chain(), "sweep failed");
@@ -805,4 +833,94 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
     }
     tasks.spawn(liveness_clock(Arc::clone(&ctx), shutdown.clone()));
     while tasks.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use futures::future::BoxFuture;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A plug-in whose sweeps wait until released, then count as a write.
+    #[derive(Debug, Default)]
+    struct SlowSweep {
+        started: Notify,
+        release: Notify,
+        writes: AtomicUsize,
+    }
+
+    impl Plugin for SlowSweep {
+        fn name(&self) -> &'static str {
+            "SlowSweep"
+        }
+        fn reconcile<'a>(&'a self, _: PluginObject<'a>) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn handle_deletion<'a>(&'a self, _: PluginObject<'a>) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn sweep<'a>(&'a self, _: Kind, _: Vec<ObjectKey>) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async move {
+                self.started.notify_one();
+                self.release.notified().await;
+                self.writes.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+        }
+    }
+
+    fn context(plugin: Arc<SlowSweep>) -> Arc<Context> {
+        // Never contacted: the sweep under test talks only to the plug-in.
+        let url = "http://127.0.0.1:9".parse().unwrap();
+        let client = Client::try_from(kube::Config::new(url)).unwrap();
+        Context::new(
+            client,
+            "obnvmf",
+            Config::default(),
+            None,
+            vec![plugin],
+            Metrics::new().unwrap(),
+        )
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn no_plugin_sweep_writes_after_the_reconcilers_stopped() {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let plugin = Arc::new(SlowSweep::default());
+            let ctx = context(Arc::clone(&plugin));
+            ctx.sweep(Kind::Volume, Vec::new());
+            plugin.started.notified().await;
+            ctx.stop_background().await;
+            // Released after the stop: the aborted sweep must not write.
+            plugin.release.notify_waiters();
+            ctx.sweep(Kind::Volume, Vec::new());
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(plugin.writes.load(Ordering::SeqCst), 0);
+            assert!(
+                ctx.background.lock().unwrap().is_empty(),
+                "no sweep after the stop"
+            );
+        })
+        .await
+        .expect("timed out");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sweep_runs_to_its_end_while_leading() {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let plugin = Arc::new(SlowSweep::default());
+            let ctx = context(Arc::clone(&plugin));
+            ctx.sweep(Kind::Pool, Vec::new());
+            plugin.started.notified().await;
+            plugin.release.notify_one();
+            let mut set = std::mem::take(&mut *ctx.background.lock().unwrap());
+            while set.join_next().await.is_some() {}
+            assert_eq!(plugin.writes.load(Ordering::SeqCst), 1);
+        })
+        .await
+        .expect("timed out");
+    }
 }
