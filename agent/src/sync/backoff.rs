@@ -135,6 +135,11 @@ impl Retries {
         self.lock().get(key).copied().unwrap_or(0)
     }
 
+    /// Forgets the failures of every key for which `keep` is false (objects gone).
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.lock().retain(|k, _| keep(k));
+    }
+
     /// True when some object waits for a retry.
     pub fn any_failing(&self) -> bool {
         !self.lock().is_empty()
@@ -229,6 +234,21 @@ mod tests {
         assert_eq!(r.failed("ns/a"), (1, Duration::from_secs(1)));
         r.succeeded("ns/a");
         r.succeeded("ns/b");
+        assert!(!r.any_failing());
+    }
+
+    #[test]
+    fn failures_of_objects_gone_are_forgotten() {
+        let r = Retries::new(
+            Schedule::new(Duration::from_secs(1), Duration::from_secs(300)),
+            Arc::new(Fixed(Mutex::new(vec![0.0; 3]))),
+        );
+        r.failed("ns/gone");
+        r.failed("ns/stays");
+        r.retain(|k| k != "ns/gone");
+        assert_eq!(r.failures("ns/gone"), 0);
+        assert_eq!(r.failures("ns/stays"), 1);
+        r.retain(|_| false);
         assert!(!r.any_failing());
     }
 }

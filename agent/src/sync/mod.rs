@@ -16,6 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use liteio_api::keys::{self, labels, managers};
@@ -180,21 +181,29 @@ pub(crate) async fn run_controller<K, F, Fut>(
             res
         }
     };
+    let controller = Controller::new(api, wc);
     // A pool change may be what a failing object waited for: reconcile everything then
-    // (settled objects are cheap to check), but only while something is failing.
+    // (settled objects are cheap to check), but only while something is failing. Failures
+    // of objects gone from this node's cache (deleted, or moved to another node) are
+    // forgotten first: they wait for nothing any more.
+    let store = controller.store();
     let waiting = Arc::clone(&retries);
     let pool_changes = futures::stream::unfold(ctx.pool_epoch.subscribe(), move |mut rx| {
-        let waiting = Arc::clone(&waiting);
+        let (waiting, store) = (Arc::clone(&waiting), store.clone());
         async move {
             loop {
                 rx.changed().await.ok()?;
+                waiting.retain(|key| {
+                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                    store.get(&ObjectRef::<K>::new(name).within(ns)).is_some()
+                });
                 if waiting.any_failing() {
                     return Some(((), rx));
                 }
             }
         }
     });
-    let controller = Controller::new(api, wc)
+    let controller = controller
         .reconcile_all_on(pool_changes)
         .graceful_shutdown_on(async move {
             let _ = stop_rx.await;
