@@ -19,6 +19,7 @@
 //! metaSync: {sqlitePath: /var/lib/liteio/meta.db, cluster: prod}
 //! # or, in production: metaSync: {postgresUrl: "postgres://liteio:secret@db:5432/liteio", cluster: prod}
 //! pluginConfigs: {}
+//! reconcileTimeout: 60s
 //! ```
 //!
 //! Every section and field is optional; an absent `pluginConfigs` is never fatal (LiteIO's
@@ -39,7 +40,7 @@ pub const FILTERS: [&str; 3] = ["Basic", "Affinity", "MinLocalStorage"];
 pub const PRIORITIES: [&str; 2] = ["LeastResource", "PositionAdvice"];
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, rename_all = "camelCase")]
 pub struct Config {
     /// Scheduler settings.
@@ -52,6 +53,27 @@ pub struct Config {
     pub meta_sync: Option<MetaSyncConfig>,
     /// Free-form settings of registered plug-ins (accepted and kept; unused by the built-ins).
     pub plugin_configs: Option<serde_json::Value>,
+    /// Bound of one reconcile of one object (default 60s): past it the reconcile is
+    /// abandoned and the object retried with back-off, so that one hung API request does not
+    /// stop the other objects of its kind.
+    #[serde(deserialize_with = "de_duration")]
+    pub reconcile_timeout: Duration,
+}
+
+/// Default of [`Config::reconcile_timeout`].
+pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            scheduler: SchedulerConfig::default(),
+            liveness: LivenessConfig::default(),
+            leader_election: LeaderElectionConfig::default(),
+            meta_sync: None,
+            plugin_configs: None,
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+        }
+    }
 }
 
 /// Scheduler settings (`scheduler:`).
@@ -365,6 +387,9 @@ impl Config {
         for (pool, r) in &s.pool_overcommit_ratios {
             check_ratio(&format!("scheduler.poolOvercommitRatios[{pool}]"), *r)?;
         }
+        if self.reconcile_timeout.is_zero() {
+            return Err(Error::config("reconcileTimeout", "must be positive"));
+        }
         let l = &self.liveness;
         for (field, d) in [
             ("liveness.unknownAfter", l.unknown_after),
@@ -601,6 +626,8 @@ pluginConfigs:
                 "liveness.offlineAfter",
             ),
             ("liveness:\n  tick: 5 parsecs\n", "liveness.tick"),
+            ("reconcileTimeout: 0s\n", "reconcileTimeout"),
+            ("reconcileTimeout: soon\n", "reconcileTimeout"),
             (
                 "leaderElection:\n  leaseDuration: 5s\n  renewDeadline: 10s\n",
                 "leaderElection.renewDeadline",

@@ -121,6 +121,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// One reconcile of an object did not finish in time (a hung API request): it is
+    /// abandoned and retried with back-off; the other objects go on.
+    #[error("reconcile of {object} did not finish within {after:?}")]
+    ReconcileTimeout {
+        /// `kind ns/name`.
+        object: String,
+        /// The bound that ran out.
+        after: std::time::Duration,
+    },
     /// This instance lost the leader Lease.
     #[error("lost leadership of Lease {lease}")]
     LeadershipLost {
@@ -141,6 +150,7 @@ impl Error {
                 _ => ErrorKind::Api,
             },
             Self::InvalidObject { .. } => ErrorKind::Invalid,
+            Self::ReconcileTimeout { .. } => ErrorKind::Api,
             Self::Sql { .. } | Self::Postgres { .. } | Self::SqlTimeout { .. } => ErrorKind::Sql,
             Self::Io { .. } => ErrorKind::Io,
             Self::LeadershipLost { .. } => ErrorKind::Leadership,

@@ -361,3 +361,41 @@ async fn pool_of_a_vanished_node_is_deleted_when_empty() {
     .await
     .unwrap();
 }
+
+/// One volume's writes hang at the API server: its reconcile is abandoned after
+/// `reconcileTimeout` and retried, and the other volumes are scheduled meanwhile (one worker
+/// per kind: without the bound, the hung request would stop them all).
+#[tokio::test]
+async fn a_hung_request_does_not_stop_the_other_volumes() {
+    timeout(LIMIT, async {
+        let mut config = test_config();
+        config.reconcile_timeout = Duration::from_secs(2);
+        let h = start(config).await;
+        h.add_pool(pool("n1", 100 * GIB)).await;
+        for verb in [Verb::Patch, Verb::Update] {
+            h.server_faults
+                .hang(Matcher::new(verb, "antstorvolumes").named("stuck"));
+        }
+        h.add_volume(volume("stuck", GIB).host("n1")).await;
+        eventually("a write of the stuck volume is held", || async {
+            h.server_faults.hung() >= 1
+        })
+        .await;
+        h.add_volume(volume("v2", GIB).host("n1")).await;
+        h.wait_bound("v2", "n1").await;
+        eventually("the timeout counted as an API failure", || async {
+            h.ctx
+                .metrics
+                .reconciles
+                .with_label_values(&["volume", "api"])
+                .get()
+                >= 1
+        })
+        .await;
+        h.server_faults.release_hangs();
+        h.wait_bound("stuck", "n1").await;
+        h.stop().await;
+    })
+    .await
+    .unwrap();
+}

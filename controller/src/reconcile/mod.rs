@@ -700,11 +700,23 @@ async fn worker(ctx: Arc<Context>, kind: Kind, mut shutdown: watch::Receiver<boo
             _ = shutdown.changed() => return,
             k = queue.pop() => k,
         };
-        let res = match kind {
-            Kind::Volume => volume::reconcile(&ctx, &key).await,
-            Kind::Pool => pool::reconcile(&ctx, &key).await,
-            Kind::Snapshot => snapshot::reconcile(&ctx, &key).await,
+        let one = async {
+            match kind {
+                Kind::Volume => volume::reconcile(&ctx, &key).await,
+                Kind::Pool => pool::reconcile(&ctx, &key).await,
+                Kind::Snapshot => snapshot::reconcile(&ctx, &key).await,
+            }
         };
+        // Each kind has one worker, so a request that hangs would stop every object of the
+        // kind: past `reconcileTimeout` the reconcile is abandoned (reconciles are
+        // idempotent: the next one starts from what the API server has) and retried.
+        let limit = ctx.config.reconcile_timeout;
+        let res = tokio::time::timeout(limit, one).await.unwrap_or_else(|_| {
+            Err(Error::ReconcileTimeout {
+                object: format!("{} {key}", kind.as_str()),
+                after: limit,
+            })
+        });
         match res {
             Ok(action) => {
                 ctx.metrics
