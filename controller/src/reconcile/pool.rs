@@ -253,7 +253,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
             to = status_name(want.status),
             "pool status changed"
         );
-        store(ctx, out)
+        let stored = store(ctx, out);
+        // The watch event of this write will find the state already up to date and retry
+        // nothing: volumes waiting for a pool (this one back to ready, say) are retried here.
+        let waiting = ctx.state().unscheduled_volumes();
+        ctx.enqueue_volumes(waiting);
+        stored
     } else {
         pool
     };
