@@ -3,7 +3,9 @@
 //! restarted like a real one) or against an existing Kubernetes API server.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod demo;
+pub mod netns;
 pub mod sanity;
 
 use std::net::TcpListener;
@@ -63,6 +65,9 @@ pub enum LocalError {
     /// The kubeconfig could not be used.
     #[error("kubeconfig: {0}")]
     Config(String),
+    /// A network namespace, link or address of a multi-node run could not be set up.
+    #[error("network: {0}")]
+    Network(String),
 }
 
 /// The pool size when none is given: 4 GiB (sparse).

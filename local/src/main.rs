@@ -8,13 +8,16 @@ use anyhow::Context as _;
 use clap::Parser;
 use liteio_local::{Engine, Local, demo};
 
+/// `--nodes N` with N > 1.
+mod nodes_cmd;
+
 /// Run LiteIO on this machine: test API server, node-disk-controller, disk-agent and CSI driver,
 /// then a demo volume created through CSI, staged and published into a directory.
 ///
 /// Runs until interrupted (Ctrl-C / SIGTERM), then unmounts, deletes and stops everything.
 #[derive(Parser, Debug)]
 #[command(name = "liteio-local", version)]
-struct Args {
+pub(crate) struct Args {
     /// State directory (kubeconfig, configs, logs, pool, mounts); removed at exit unless --keep.
     #[arg(long, default_value = "/var/tmp/liteio-local")]
     dir: PathBuf,
@@ -38,9 +41,17 @@ struct Args {
     /// Keep the state directory at exit.
     #[arg(long)]
     keep: bool,
+    /// Storage nodes. 1 runs every component in this machine's network namespace. N > 1
+    /// (root only, file engine) gives each node `node-<k>` its own network namespace with its
+    /// own disk-agent, CSI node plugin, host NQN and address 127.10.<i>.<10+k>, all joined by
+    /// a bridge at 127.10.<i>.1 where the test API server listens; only loopback addresses
+    /// are used. Namespaces, links, mounts and processes are recorded in --dir and removed at
+    /// exit, or by the next run in the same --dir after a crash.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    nodes: u64,
 }
 
-fn say(msg: &str) {
+pub(crate) fn say(msg: &str) {
     println!("==> {msg}");
 }
 
@@ -49,7 +60,7 @@ fn agent_has_spdk() -> bool {
     std::env::var("LITEIO_AGENT_SPDK").is_ok_and(|v| v == "1")
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
+pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -83,8 +94,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     if args.dir.exists() {
+        // A run killed earlier may have left namespaces, processes and mounts behind.
+        for undone in liteio_local::netns::cleanup(&args.dir) {
+            say(&format!("cleanup of an earlier run: {undone}"));
+        }
         std::fs::remove_dir_all(&args.dir)
             .with_context(|| format!("cannot clear {}", args.dir.display()))?;
+    }
+    if args.nodes > 1 {
+        if args.engine == "spdk" {
+            anyhow::bail!(
+                "--nodes {} runs the file engine only for now; use --engine file (or auto)",
+                args.nodes
+            );
+        }
+        return nodes_cmd::run(&args, &bin_dir).await;
     }
     say(&format!(
         "starting LiteIO in {} ({engine:?} engine, node {})",

@@ -7,9 +7,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams};
-use liteio_api::StoragePool;
 use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::pool::{ConditionStatus, PoolCondition, PoolConditionType, PoolStatus};
+use liteio_api::{AntstorVolume, StoragePool};
 use serde_json::json;
 use tracing::{info, instrument};
 
@@ -20,6 +20,10 @@ use crate::error::{Error, Result};
 use crate::plugin::{Kind, PluginObject};
 use crate::selector::Requirement;
 use crate::state::ObjectKey;
+
+/// Reason of the Warning event each volume on a pool gets when the pool goes `offline` or
+/// `unknown`.
+pub const POOL_NOT_READY: &str = "PoolNotReady";
 
 /// Liveness of a pool from its heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,10 +253,16 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
             to = status_name(want.status),
             "pool status changed"
         );
-        store(ctx, out)
+        let stored = store(ctx, out);
+        // The watch event of this write will find the state already up to date and retry
+        // nothing: volumes waiting for a pool (this one back to ready, say) are retried here.
+        let waiting = ctx.state().unscheduled_volumes();
+        ctx.enqueue_volumes(waiting);
+        stored
     } else {
         pool
     };
+    report_to_volumes(ctx, name, cur.status, want.status, &want.message).await;
     if ctx.nodes_synced() && node.is_none() && want.status != PoolStatus::Ready {
         let empty = ctx.state().volumes_on(name).is_empty();
         let age = pool
@@ -272,6 +282,43 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     }
     ctx.run_plugins(PluginObject::Pool(&pool)).await?;
     Ok(Action::Done)
+}
+
+/// Tells the volumes on a pool that is `offline` or `unknown` about it: a Warning event
+/// [`POOL_NOT_READY`] on each, once per outage. Nothing of the volumes is written or deleted:
+/// they wait for their node. When the pool is live again the warnings are forgotten, so the
+/// next outage is reported again.
+async fn report_to_volumes(
+    ctx: &Context,
+    pool: &str,
+    was: Option<PoolStatus>,
+    now: PoolStatus,
+    message: &str,
+) {
+    let down = |s: PoolStatus| matches!(s, PoolStatus::Offline | PoolStatus::Unknown);
+    let recovered = was.is_some_and(down) && !down(now);
+    if !down(now) && !recovered {
+        return;
+    }
+    let vols: Vec<Arc<AntstorVolume>> = {
+        let s = ctx.state();
+        s.volumes_on(pool)
+            .iter()
+            .filter_map(|k| s.volume(k).cloned())
+            .collect()
+    };
+    for v in vols {
+        if down(now) {
+            let note = format!(
+                "StoragePool {pool} is {} ({message}): the volume is kept, but unreachable \
+                 until its node is back",
+                status_name(now)
+            );
+            ctx.warn_once(v.as_ref(), POOL_NOT_READY, note).await;
+        } else {
+            ctx.clear_warning(&ObjectKey::of(v.as_ref()));
+        }
+    }
 }
 
 async fn ensure_meta(

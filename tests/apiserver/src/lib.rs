@@ -1,6 +1,6 @@
 //! An in-process Kubernetes API server for tests.
 //!
-//! [`TestApiServer`] listens on plain HTTP on 127.0.0.1 and behaves like kube-apiserver for
+//! [`TestApiServer`] listens on plain HTTP on 127.0.0.1 (or another loopback address) and behaves like kube-apiserver for
 //! what LiteIO's components and `kubectl get/apply/delete/patch` use: discovery, CRUD, label
 //! and field selectors, watches with bookmarks and `410 Gone`, optimistic concurrency, merge /
 //! JSON / server-side-apply patches, the status subresource, finalizers, CRD schema
@@ -45,8 +45,10 @@ use crate::store::{State, WriteOpts};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Binding the listening socket failed.
-    #[error("cannot listen on 127.0.0.1:{port}")]
+    #[error("cannot listen on {address}:{port}")]
     Bind {
+        /// The requested address.
+        address: Ipv4Addr,
         /// The requested port (0 for any).
         port: u16,
         /// The cause.
@@ -86,7 +88,11 @@ pub enum Error {
 /// Start-up options.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Port on 127.0.0.1; 0 picks a free one.
+    /// Address to listen on: a loopback address (127.0.0.0/8), by default 127.0.0.1. Another
+    /// one, such as a bridge's 127.10.x.1, lets processes in other network namespaces reach
+    /// the server (liteio-local's multi-node runs).
+    pub address: Ipv4Addr,
+    /// Port on `address`; 0 picks a free one.
     pub port: u16,
     /// How many events the watch window retains; older resourceVersions get `410 Gone`.
     pub event_window: usize,
@@ -102,6 +108,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            address: Ipv4Addr::LOCALHOST,
             port: 0,
             event_window: 10_000,
             bookmark_interval: Duration::from_secs(1),
@@ -126,13 +133,25 @@ impl TestApiServer {
 
     /// Starts a server with explicit options.
     pub async fn start_with(opts: Options) -> Result<Self, Error> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, opts.port))
+        if !opts.address.is_loopback() {
+            return Err(Error::Bind {
+                address: opts.address,
+                port: opts.port,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "the test API server has no authentication: it listens on 127.0.0.0/8 only",
+                ),
+            });
+        }
+        let listener = TcpListener::bind((opts.address, opts.port))
             .await
             .map_err(|source| Error::Bind {
+                address: opts.address,
                 port: opts.port,
                 source,
             })?;
         let addr = listener.local_addr().map_err(|source| Error::Bind {
+            address: opts.address,
             port: opts.port,
             source,
         })?;
@@ -177,7 +196,7 @@ impl TestApiServer {
         })
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://ADDRESS:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.shared.addr)
     }

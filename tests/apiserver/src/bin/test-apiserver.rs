@@ -8,7 +8,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use liteio_test_apiserver::{Options, TestApiServer};
 
-/// An in-process Kubernetes API server for local use and tests (plain HTTP on 127.0.0.1).
+/// An in-process Kubernetes API server for local use and tests (plain HTTP on a loopback address,
+/// 127.0.0.1 by default).
 ///
 /// It serves LiteIO's CRDs (group volume.antstor.alipay.com) and the core kinds LiteIO
 /// touches, and keeps everything in memory: it forgets it on exit unless `--state-file` is
@@ -16,7 +17,11 @@ use liteio_test_apiserver::{Options, TestApiServer};
 #[derive(Debug, Parser)]
 #[command(name = "test-apiserver", version)]
 struct Args {
-    /// Port to listen on at 127.0.0.1; 0 picks a free port.
+    /// Address to listen on; only loopback addresses (127.0.0.0/8) are accepted. Another
+    /// one than 127.0.0.1 (a bridge's 127.10.x.1) serves other network namespaces.
+    #[arg(long, default_value = "127.0.0.1")]
+    address: std::net::Ipv4Addr,
+    /// Port to listen on; 0 picks a free port.
     #[arg(long, default_value_t = 0, env = "LITEIO_TEST_APISERVER_PORT")]
     port: u16,
     /// Write a kubeconfig for this server to PATH (context `liteio-test`).
@@ -48,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let server = TestApiServer::start_with(Options {
+        address: args.address,
         port: args.port,
         event_window: args.event_window,
         bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),

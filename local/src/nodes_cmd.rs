@@ -1,0 +1,104 @@
+//! `liteio-local --nodes N` (N > 1): the storage nodes in network namespaces, a demo volume
+//! on each, staged and mounted by that node's CSI plugin.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use liteio_local::cluster::{Cluster, ClusterOptions, Role};
+use liteio_local::{Engine, demo};
+
+use crate::{Args, say, wait_for_signal};
+
+pub(crate) async fn run(args: &Args, bin_dir: &Path) -> anyhow::Result<()> {
+    let nodes = usize::try_from(args.nodes).context("--nodes")?;
+    if let Some(why) = liteio_local::netns::unsupported() {
+        anyhow::bail!("--nodes {nodes} cannot run here: {why}");
+    }
+    say(&format!(
+        "starting LiteIO in {} (File engine, {nodes} nodes, each in its own network namespace)",
+        args.dir.display()
+    ));
+    let mut opts = ClusterOptions::new(nodes, Engine::File);
+    opts.pool_bytes = args.pool_size_gib << 30;
+    let mut cluster = Cluster::start(&args.dir, bin_dir, opts).await?;
+    say(&format!(
+        "bridge {} at {}; test API server on {}:{}; controller and CSI controller ready",
+        cluster.net.bridge,
+        cluster.net.bridge_address(),
+        cluster.net.bridge_address(),
+        cluster.api_port
+    ));
+    for k in 1..=nodes {
+        let n = cluster.net.node(k)?;
+        let nqn = std::fs::read_to_string(cluster.node_dir(k).join("hostnqn")).unwrap_or_default();
+        say(&format!(
+            "{}: namespace {}, address {}, host NQN {}; disk-agent and CSI node ready",
+            cluster.node_name(k),
+            n.netns,
+            n.address,
+            nqn.trim()
+        ));
+    }
+    let result = demo_and_wait(&mut cluster, args, nodes).await;
+    say("stopping components and removing the namespaces");
+    for undone in cluster.shutdown().await {
+        say(&format!("cleanup: {undone}"));
+    }
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&args.dir);
+    }
+    result
+}
+
+async fn demo_and_wait(cluster: &mut Cluster, args: &Args, nodes: usize) -> anyhow::Result<()> {
+    let controller = liteio_csi::client::connect(&cluster.csi_controller_endpoint()).await?;
+    let mut volumes = Vec::new();
+    for k in 1..=nodes {
+        // The CSI controller of the cluster, the node service of node k.
+        let node = liteio_csi::client::connect(&cluster.csi_node_endpoint(k)).await?;
+        let mut csi = liteio_csi::client::CsiClient {
+            node: node.node,
+            ..controller.clone()
+        };
+        let name = format!("pvc-demo-{}", cluster.node_name(k));
+        let v = demo::provision(
+            &mut csi,
+            &cluster.node_dir(k),
+            &cluster.node_name(k),
+            &name,
+            512 << 20,
+        )
+        .await
+        .with_context(|| format!("{name} (log: {})", cluster.log(Role::CsiNode(k)).display()))?;
+        let file = v.target.join("hello.txt");
+        std::fs::write(&file, format!("hello from {}\n", cluster.node_name(k)))
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        say(&format!(
+            "{name} is on {}, mounted at {}",
+            cluster.node_name(k),
+            v.target.display()
+        ));
+        volumes.push((csi, v));
+    }
+    println!(
+        "\nLiteIO is running on {nodes} nodes. Try:\n  kubectl --kubeconfig {kc} -n obnvmf get storagepools,antstorvolumes\n  \
+         ip netns exec {ns} ip -br addr\nLogs: {dir}/*.log and {dir}/nodes/*/*.log. Press Ctrl-C to clean up and stop.\n",
+        kc = cluster.kubeconfig().display(),
+        ns = cluster
+            .net
+            .nodes
+            .first()
+            .map(|n| n.netns.as_str())
+            .unwrap_or_default(),
+        dir = cluster.dir.display(),
+    );
+    if !args.once {
+        wait_for_signal().await?;
+    }
+    say("unpublishing, unstaging and deleting the demo volumes");
+    for (csi, v) in &mut volumes {
+        demo::remove(csi, v).await?;
+    }
+    say("demo volumes removed");
+    Ok(())
+}
