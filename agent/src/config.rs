@@ -419,6 +419,15 @@ pub struct SpdkConfig {
     /// RAM in /dev/shm and is left behind when the agent is killed).
     #[serde(rename = "traceEntries", default, skip_serializing_if = "is_zero")]
     pub trace_entries: u64,
+    /// Claim the reactor cores with SPDK's lock files so that a second SPDK process on the
+    /// same cores fails to start (default true). Turn it off only to run several agents on
+    /// one machine for development (`liteio-local --nodes N`).
+    #[serde(rename = "lockCores", default = "yes")]
+    pub lock_cores: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -439,6 +448,7 @@ impl Default for SpdkConfig {
             rpc_socket: None,
             nvme_pci_addresses: Vec::new(),
             trace_entries: 0,
+            lock_cores: true,
         }
     }
 }

@@ -334,6 +334,8 @@ impl Cluster {
             children: Vec::new(),
         };
         let mut cfg = single.agent_config();
+        // Several agents' SPDK runtimes share this machine's cores.
+        cfg.spdk.lock_cores = false;
         let ip = self.node_address(k)?;
         cfg.nvmf.listen_address = Some(ip.into());
         cfg.metrics.listen_address = Some(SocketAddr::from((ip, AGENT_METRICS_PORT)));

@@ -46,6 +46,47 @@ pub async fn attach_tcp(
     subnqn: &str,
     hostnqn: &str,
 ) -> Result<Vec<String>> {
+    attach_tcp_with(ctrlr, address, port, subnqn, hostnqn, None).await
+}
+
+/// How the initiator rides out a target that goes away (an agent restart): it reconnects
+/// every `delay` and keeps the I/O queued meanwhile; after `give_up_after` without a
+/// connection the controller is deleted and queued I/O fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Between attempts (at least 1 s: SPDK counts whole seconds).
+    pub delay: std::time::Duration,
+    /// How long to keep trying (at least `delay`).
+    pub give_up_after: std::time::Duration,
+}
+
+/// [`attach_tcp`], reconnecting as `reconnect` says when the connection drops (`None`:
+/// SPDK's default, no reconnect: I/O fails at once).
+pub async fn attach_tcp_with(
+    ctrlr: &str,
+    address: &str,
+    port: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    reconnect: Option<Reconnect>,
+) -> Result<Vec<String>> {
+    let reconnect = match reconnect {
+        None => None,
+        Some(r) => {
+            let delay = u32::try_from(r.delay.as_secs()).unwrap_or(u32::MAX);
+            let loss = i32::try_from(r.give_up_after.as_secs()).unwrap_or(i32::MAX);
+            if delay == 0 || i64::from(loss) < i64::from(delay) {
+                return Err(SpdkError::InvalidArgument {
+                    field: "reconnect",
+                    reason: format!(
+                        "delay {:?} must be at least 1 s and at most give_up_after {:?}",
+                        r.delay, r.give_up_after
+                    ),
+                });
+            }
+            Some((delay, loss))
+        }
+    };
     if address.parse::<std::net::IpAddr>().is_err() {
         return Err(SpdkError::InvalidArgument {
             field: "address",
@@ -53,7 +94,7 @@ pub async fn attach_tcp(
         });
     }
     let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
-    attach(ctrlr, trid, hostnqn).await
+    attach(ctrlr, trid, hostnqn, reconnect).await
 }
 
 /// Take over the local NVMe controller at PCI address `bdf` (`0000:01:00.0`, bound to
@@ -71,10 +112,16 @@ pub async fn attach_pcie(ctrlr: &str, bdf: &str) -> Result<Vec<String>> {
             reason: format!("{bdf:?} is not a PCI address like 0000:01:00.0"),
         });
     }
-    attach(ctrlr, format!("trtype:PCIe traddr:{bdf}"), "").await
+    attach(ctrlr, format!("trtype:PCIe traddr:{bdf}"), "", None).await
 }
 
-async fn attach(ctrlr: &str, trid: String, hostnqn: &str) -> Result<Vec<String>> {
+/// `reconnect`: (seconds between attempts, seconds before giving up), checked by the caller.
+async fn attach(
+    ctrlr: &str,
+    trid: String,
+    hostnqn: &str,
+    reconnect: Option<(u32, i32)>,
+) -> Result<Vec<String>> {
     let (ctrlr, hostnqn) = (ctrlr.to_string(), hostnqn.to_string());
     let address = trid.clone();
     exec(move |reply| {
@@ -119,6 +166,12 @@ async fn attach(ctrlr: &str, trid: String, hostnqn: &str) -> Result<Vec<String>>
         let mut bopts: spdk_sys::spdk_bdev_nvme_ctrlr_opts = unsafe { std::mem::zeroed() };
         // SAFETY: `bopts` writable.
         unsafe { spdk_sys::spdk_bdev_nvme_get_default_ctrlr_opts(&mut bopts) };
+        if let Some((delay, loss)) = reconnect {
+            // I/O waits (fast_io_fail_timeout_sec 0) while SPDK reconnects.
+            bopts.reconnect_delay_sec = delay;
+            bopts.ctrlr_loss_timeout_sec = loss;
+            bopts.fast_io_fail_timeout_sec = 0;
+        }
         let mut a = Box::new(Attach {
             names: vec![std::ptr::null(); 32],
             _strings: (base, host),

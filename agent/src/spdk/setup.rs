@@ -22,7 +22,7 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         no_pci: sp.nvme_pci_addresses.is_empty(),
         rpc_socket: sp.rpc_socket.clone(),
         trace_entries: sp.trace_entries,
-        lock_cores: true,
+        lock_cores: sp.lock_cores,
         request_timeout: cfg.timeouts.spdk_request,
     }
 }

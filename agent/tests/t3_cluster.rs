@@ -1,0 +1,266 @@
+//! T3 multi-node: storage nodes in network namespaces, each agent with its embedded SPDK
+//! (an lvstore on an aio file), and volumes consumed across the namespace boundary with
+//! SPDK's userspace NVMe/TCP initiator (`nvmf-check`, run inside the consumer's namespace;
+//! this kernel has no `nvme_tcp`). Needs root and network namespaces; elsewhere each test
+//! prints one `SKIP` line.
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../local/tests/cluster_common/mod.rs"]
+mod cluster_common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use cluster_common::*;
+use liteio_api::common::SpdkTarget;
+use liteio_local::Engine;
+use liteio_local::cluster::{Cluster, ClusterOptions, Role};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const CHECK: &str = env!("CARGO_BIN_EXE_nvmf-check");
+
+/// `nvmf-check` in node `k`'s network namespace against `t`, as `hostnqn` (a file path or
+/// an NQN); returns a command to spawn.
+fn check_cmd(
+    c: &Cluster,
+    k: usize,
+    t: &SpdkTarget,
+    hostnqn: &str,
+    extra: &[&str],
+) -> tokio::process::Command {
+    let prefix = c.net.exec_prefix(k).unwrap();
+    let mut cmd = tokio::process::Command::new(&prefix[0]);
+    cmd.args(&prefix[1..])
+        .arg(CHECK)
+        .args(["--address", &t.address, "--port", &t.svc_id])
+        .args(["--subnqn", &t.subsys_nqn, "--json"]);
+    if Path::new(hostnqn).is_absolute() {
+        cmd.args(["--hostnqn-file", hostnqn]);
+    } else {
+        cmd.args(["--hostnqn", hostnqn]);
+    }
+    cmd.args(extra).kill_on_drop(true);
+    cmd
+}
+
+/// Runs `nvmf-check` to its end; returns its exit status and the JSON of its last line.
+async fn run_check(
+    c: &Cluster,
+    k: usize,
+    t: &SpdkTarget,
+    hostnqn: &str,
+    extra: &[&str],
+) -> Result<(i32, serde_json::Value), String> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        check_cmd(c, k, t, hostnqn, extra).output(),
+    )
+    .await
+    .map_err(|_| "nvmf-check did not finish in 120 s".to_string())?
+    .map_err(err("run nvmf-check"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "nvmf-check in {} as {hostnqn}:\n{stdout}{}",
+        c.node_name(k),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = stdout
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| format!("no JSON result from nvmf-check: {stdout}"))?;
+    Ok((out.status.code().unwrap_or(-1), json))
+}
+
+fn hostnqn_file(c: &Cluster, k: usize) -> String {
+    c.node_dir(k).join("hostnqn").display().to_string()
+}
+
+/// Creates `name` for consumer node `consumer` with positionAdvice MustRemote and waits
+/// until it is ready; returns the storage node's index and the export.
+async fn remote_volume(
+    c: &Cluster,
+    name: &str,
+    consumer: usize,
+) -> Result<(usize, SpdkTarget), String> {
+    let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
+    create_volume_with(c, name, Some(c.node_name(consumer)), params)
+        .await
+        .map_err(err("join"))??;
+    eventually(c, &format!("{name} ready"), 120, Role::Agent(1), || async {
+        volume(c, name).await.is_some_and(|v| is_ready(&v))
+    })
+    .await?;
+    let v = volume(c, name).await.ok_or("volume gone")?;
+    let on = v.target_node().ok_or("no target node")?.to_string();
+    let k = (1..=c.opts.nodes)
+        .find(|&k| c.node_name(k) == on)
+        .ok_or_else(|| format!("{name} is on {on}, not a node of this run"))?;
+    if k == consumer {
+        return Err(format!("{name} is on its consumer {on}: not remote"));
+    }
+    let t = v.spec.spdk_target.clone().ok_or("no spdkTarget")?;
+    let addr = c.node_address(k).map_err(err("address"))?.to_string();
+    if t.address != addr {
+        return Err(format!(
+            "{name} is exported on {}, not on its node's address {addr}",
+            t.address
+        ));
+    }
+    Ok((k, t))
+}
+
+fn spdk_cluster(nodes: usize) -> ClusterOptions {
+    let mut o = ClusterOptions::new(nodes, Engine::Spdk);
+    o.pool_bytes = 2 << 30;
+    o
+}
+
+/// A volume on node A for consumer B is exported on A's address for B's host NQN only: B
+/// reaches it from its own namespace (data written and read back, 4 KiB random I/O); C,
+/// with its own NQN, is refused, and so is B's namespace presenting C's NQN.
+#[test]
+fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
+    if skip("remote volume") {
+        return;
+    }
+    let dir = scratch("t3-remote");
+    with_cluster(&dir, spdk_cluster(3), Duration::from_secs(420), |c| {
+        Box::pin(async move {
+            let (a, t) = remote_volume(c, "pvc-remote", 2).await?;
+            let other = (1..=3).find(|&k| k != a && k != 2).ok_or("no third node")?;
+            println!(
+                "pvc-remote is on {} at {}:{}, consumed by {}; {} is the outsider",
+                c.node_name(a),
+                t.address,
+                t.svc_id,
+                c.node_name(2),
+                c.node_name(other)
+            );
+            let (code, r) = run_check(
+                c,
+                2,
+                &t,
+                &hostnqn_file(c, 2),
+                &["--check-bytes", "1048576", "--random-seconds", "2"],
+            )
+            .await?;
+            if code != 0
+                || r["checked_bytes"] != 1_048_576
+                || r["random_ios"].as_u64().unwrap_or(0) == 0
+            {
+                return Err(format!("the consumer's check failed ({code}): {r}"));
+            }
+            let (code, r) = run_check(c, other, &t, &hostnqn_file(c, other), &[]).await?;
+            if code != 3 {
+                return Err(format!("the outsider was not refused ({code}): {r}"));
+            }
+            let outsider_nqn =
+                std::fs::read_to_string(hostnqn_file(c, other)).map_err(err("nqn"))?;
+            let (code, r) = run_check(c, 2, &t, outsider_nqn.trim(), &[]).await?;
+            if code != 3 {
+                return Err(format!(
+                    "the consumer's namespace with the outsider's NQN was not refused ({code}): {r}"
+                ));
+            }
+            Ok(())
+        })
+    });
+}
+
+/// The agent on the storage node is SIGKILLed while the consumer writes: the consumer's
+/// writes stall, resume once the agent is back (the export returns with the same NQN, port
+/// and namespace), and every block written before and after reads back.
+#[test]
+fn a_consumer_rides_out_an_agent_kill_on_the_storage_node() {
+    if skip("agent kill under I/O") {
+        return;
+    }
+    let dir = scratch("t3-kill");
+    with_cluster(&dir, spdk_cluster(2), Duration::from_secs(420), |c| {
+        Box::pin(async move {
+            let (a, before) = remote_volume(c, "pvc-kill", 2).await?;
+            let mut child = check_cmd(
+                c,
+                2,
+                &before,
+                &hostnqn_file(c, 2),
+                &[
+                    "--check-bytes",
+                    "0",
+                    "--write-seconds",
+                    "30",
+                    "--reconnect-seconds",
+                    "90",
+                ],
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(err("spawn nvmf-check"))?;
+            let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+            let mut seen = Vec::new();
+            // Writes are under way once the tool reports 64 of them.
+            loop {
+                let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                    .await
+                    .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
+                    .map_err(err("read"))?
+                    .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
+                let started = line.starts_with("written 64 blocks");
+                seen.push(line);
+                if started {
+                    break;
+                }
+            }
+            c.kill(Role::Agent(a)).await.map_err(err("kill"))?;
+            c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
+            while let Some(l) = lines.next_line().await.map_err(err("read"))? {
+                seen.push(l);
+            }
+            let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+                .await
+                .map_err(|_| "nvmf-check did not end".to_string())?
+                .map_err(err("wait"))?;
+            println!("{}", seen.join("\n"));
+            let r: serde_json::Value = seen
+                .last()
+                .and_then(|l| serde_json::from_str(l).ok())
+                .ok_or("no JSON result")?;
+            if !status.success() {
+                return Err(format!("the consumer's writes failed ({status}): {r}"));
+            }
+            let stall = r["longest_stall_ms"].as_u64().unwrap_or(0);
+            let after = r["blocks_after_stall"].as_u64().unwrap_or(0);
+            if stall < 500 || after == 0 {
+                return Err(format!(
+                    "expected a stall during the restart and writes after it: {r}"
+                ));
+            }
+            let v = volume(c, "pvc-kill").await.ok_or("volume gone")?;
+            let now = v
+                .spec
+                .spdk_target
+                .ok_or("no spdkTarget after the restart")?;
+            if (
+                now.subsys_nqn.as_str(),
+                now.svc_id.as_str(),
+                now.ns_uuid.as_str(),
+            ) != (
+                before.subsys_nqn.as_str(),
+                before.svc_id.as_str(),
+                before.ns_uuid.as_str(),
+            ) {
+                return Err(format!("the export changed: {before:?} → {now:?}"));
+            }
+            println!(
+                "agent on {} killed and restarted: writes stalled {stall} ms, {after} blocks written after, all {} verified",
+                c.node_name(a),
+                r["written_blocks"]
+            );
+            Ok(())
+        })
+    });
+}

@@ -1,0 +1,231 @@
+//! Shared by the multi-node tests (T1 in this crate, T3 in the agent's, which includes this
+//! file by path): start a cluster in a scratch directory, run a scenario with a deadline,
+//! shut it down and check that nothing of the run is left; CSI and API helpers.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::Api;
+use liteio_api::common::VolumeStatus;
+use liteio_api::pool::PoolStatus;
+use liteio_api::{AntstorVolume, StoragePool, keys};
+use liteio_csi::csi::{CapacityRange, CreateVolumeRequest, Topology, TopologyRequirement};
+use liteio_local::cluster::{Cluster, ClusterOptions, Role};
+use liteio_local::demo::mount_capability;
+use liteio_local::netns;
+use liteio_local::wait_until;
+
+pub const MIB: i64 = 1 << 20;
+
+pub fn bin_dir() -> PathBuf {
+    // target/<profile>/deps/t1_cluster-… → target/<profile>
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// The reason to skip, printed as the one SKIP line; binaries missing is a failure instead.
+pub fn skip(test: &str) -> bool {
+    if let Some(why) = netns::unsupported() {
+        println!("SKIP {test}: {why}");
+        return true;
+    }
+    for b in [
+        "test-apiserver",
+        "node-disk-controller",
+        "disk-agent",
+        "csi-driver",
+    ] {
+        assert!(
+            bin_dir().join(b).exists(),
+            "{b} is not built in {}; run cargo build --workspace first",
+            bin_dir().display()
+        );
+    }
+    false
+}
+
+pub fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("liteio-cluster-{tag}-{}", std::process::id()));
+    let _ = netns::cleanup(&d);
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Starts a cluster in `dir`, runs `scenario` on it within `limit`, then shuts it down and
+/// checks that no namespace, link or process of the run is left.
+pub fn with_cluster<F>(dir: &Path, opts: ClusterOptions, limit: Duration, scenario: F)
+where
+    F: for<'a> FnOnce(
+        &'a mut Cluster,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>,
+    >,
+{
+    let rt = runtime();
+    let started = std::time::Instant::now();
+    let (result, record, undone) = rt.block_on(async {
+        let mut c = match Cluster::start(dir, &bin_dir(), opts).await {
+            Ok(c) => c,
+            Err(e) => {
+                let tails = log_tails(dir);
+                let _ = netns::cleanup(dir);
+                panic!("the cluster did not start: {e}\n{tails}");
+            }
+        };
+        let result = match tokio::time::timeout(limit, scenario(&mut c)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("timed out after {limit:?}")),
+        };
+        if result.is_err() {
+            println!("{}", log_tails(dir));
+        }
+        let record = c.record().clone();
+        let undone = c.shutdown().await;
+        (result, record, undone)
+    });
+    println!("run took {:.1} s", started.elapsed().as_secs_f64());
+    let left = netns::leftovers(&record);
+    let _ = std::fs::remove_dir_all(dir);
+    result.unwrap();
+    assert!(
+        left.is_empty(),
+        "left behind: {left:?} (cleanup did {undone:?})"
+    );
+}
+
+pub fn log_tails(dir: &Path) -> String {
+    let mut out = String::new();
+    let mut logs = Vec::new();
+    for d in [dir.to_path_buf(), dir.join("nodes")] {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    logs.push(p);
+                } else if p.is_dir() {
+                    logs.extend(
+                        std::fs::read_dir(&p)
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .map(|e| e.path())
+                            .filter(|p| p.extension().is_some_and(|x| x == "log")),
+                    );
+                }
+            }
+        }
+    }
+    for l in logs {
+        let text = std::fs::read_to_string(&l).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("---- {} ----\n", l.display()));
+        for line in &lines[lines.len().saturating_sub(25)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+pub fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// Starts CreateVolume `name` through the CSI controller (pinned to `node` when given) in
+/// the background: the call returns only once the volume is scheduled.
+pub fn create_volume(
+    c: &Cluster,
+    name: &str,
+    node: Option<String>,
+) -> tokio::task::JoinHandle<Result<String, String>> {
+    create_volume_with(c, name, node, HashMap::new())
+}
+
+/// [`create_volume`] with StorageClass `parameters` (`positionAdvice`, ...); with
+/// `positionAdvice` MustRemote, `node` is the consumer and the volume goes elsewhere.
+pub fn create_volume_with(
+    c: &Cluster,
+    name: &str,
+    node: Option<String>,
+    parameters: HashMap<String, String>,
+) -> tokio::task::JoinHandle<Result<String, String>> {
+    let ep = c.csi_controller_endpoint();
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let mut csi = liteio_csi::client::connect(&ep)
+            .await
+            .map_err(|e| e.to_string())?;
+        let req = node.map(|n| {
+            let t = Topology {
+                segments: HashMap::from([(keys::labels::KUBE_HOSTNAME.to_string(), n)]),
+            };
+            TopologyRequirement {
+                requisite: vec![t.clone()],
+                preferred: vec![t],
+            }
+        });
+        csi.controller
+            .create_volume(CreateVolumeRequest {
+                name,
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 64 * MIB,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![mount_capability("xfs")],
+                accessibility_requirements: req,
+                parameters,
+                ..Default::default()
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .volume
+                    .map(|v| v.volume_id)
+                    .unwrap_or_default()
+            })
+            .map_err(|s| format!("CreateVolume: {} ({:?})", s.message(), s.code()))
+    })
+}
+
+pub async fn volume(c: &Cluster, name: &str) -> Option<AntstorVolume> {
+    let api: Api<AntstorVolume> = Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
+    api.get_opt(name).await.ok().flatten()
+}
+
+pub fn is_ready(v: &AntstorVolume) -> bool {
+    v.status
+        .as_ref()
+        .is_some_and(|s| s.status == VolumeStatus::Ready)
+}
+
+pub async fn pool_status(c: &Cluster, node: &str) -> Option<PoolStatus> {
+    let api: Api<StoragePool> = Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
+    api.get_opt(node).await.ok().flatten()?.status?.status
+}
+
+/// Polls `check` until it holds or `secs` pass; the error names `what` and the log.
+pub async fn eventually<F, Fut>(
+    c: &Cluster,
+    what: &str,
+    secs: u64,
+    log: Role,
+    check: F,
+) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    wait_until(what, secs, &c.log(log), check)
+        .await
+        .map_err(|e| e.to_string())
+}
