@@ -23,6 +23,9 @@ enum LogFormat {
 }
 
 /// LiteIO disk-agent: pools this node's disks and serves volumes over NVMe/TCP.
+///
+/// `disk-agent --build-features` (alone) prints the optional features it was built with
+/// (`spdk`: the embedded SPDK engine and NVMe-oF target) and exits.
 #[derive(Parser, Debug)]
 #[command(name = "disk-agent", version)]
 struct Args {
@@ -203,7 +206,20 @@ async fn serve(
     Ok(())
 }
 
+/// The optional features this binary was built with, one per line (`spdk`): what
+/// `disk-agent --build-features` prints, for tools that pick an engine (liteio-local).
+const BUILD_FEATURES: &[&str] = &[
+    #[cfg(feature = "spdk")]
+    "spdk",
+];
+
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--build-features") {
+        for f in BUILD_FEATURES {
+            println!("{f}");
+        }
+        return ExitCode::SUCCESS;
+    }
     let args = Args::parse();
     init_logging(args.log_format);
     let config = match load_config(args.config.as_ref()) {

@@ -18,12 +18,11 @@ use cluster_common::*;
 use liteio_api::common::SpdkTarget;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
+use liteio_local::datapath::{self, HostNqn};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const CHECK: &str = env!("CARGO_BIN_EXE_nvmf-check");
-
 /// `nvmf-check` in node `k`'s network namespace against `t`, as `hostnqn` (a file path or
-/// an NQN); returns a command to spawn.
+/// an NQN).
 fn check_cmd(
     c: &Cluster,
     k: usize,
@@ -31,22 +30,15 @@ fn check_cmd(
     hostnqn: &str,
     extra: &[&str],
 ) -> tokio::process::Command {
-    let prefix = c.net.exec_prefix(k).unwrap();
-    let mut cmd = tokio::process::Command::new(&prefix[0]);
-    cmd.args(&prefix[1..])
-        .arg(CHECK)
-        .args(["--address", &t.address, "--port", &t.svc_id])
-        .args(["--subnqn", &t.subsys_nqn, "--json"]);
-    if Path::new(hostnqn).is_absolute() {
-        cmd.args(["--hostnqn-file", hostnqn]);
+    let nqn = if Path::new(hostnqn).is_absolute() {
+        HostNqn::File(Path::new(hostnqn))
     } else {
-        cmd.args(["--hostnqn", hostnqn]);
-    }
-    cmd.args(extra).kill_on_drop(true);
-    cmd
+        HostNqn::Nqn(hostnqn)
+    };
+    datapath::check_command(&c.bin_dir, &c.net.exec_prefix(k).unwrap(), t, nqn, extra)
 }
 
-/// Runs `nvmf-check` to its end; returns its exit status and the JSON of its last line.
+/// Runs `nvmf-check` to its end; returns its exit status and its JSON result.
 async fn run_check(
     c: &Cluster,
     k: usize,
@@ -54,25 +46,17 @@ async fn run_check(
     hostnqn: &str,
     extra: &[&str],
 ) -> Result<(i32, serde_json::Value), String> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        check_cmd(c, k, t, hostnqn, extra).output(),
-    )
-    .await
-    .map_err(|_| "nvmf-check did not finish in 120 s".to_string())?
-    .map_err(err("run nvmf-check"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = datapath::run_check(check_cmd(c, k, t, hostnqn, extra), Duration::from_secs(120))
+        .await
+        .map_err(err("nvmf-check"))?;
     println!(
-        "nvmf-check in {} as {hostnqn}:\n{stdout}{}",
+        "nvmf-check in {} as {hostnqn} (exit {}):\n{}\n{}",
         c.node_name(k),
-        String::from_utf8_lossy(&out.stderr)
+        out.code,
+        out.lines.join("\n"),
+        out.result
     );
-    let json = stdout
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| format!("no JSON result from nvmf-check: {stdout}"))?;
-    Ok((out.status.code().unwrap_or(-1), json))
+    Ok((out.code, out.result))
 }
 
 fn hostnqn_file(c: &Cluster, k: usize) -> String {

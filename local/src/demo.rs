@@ -70,21 +70,38 @@ fn status(op: &'static str, e: tonic::Status) -> DemoError {
     }
 }
 
-/// Create `name` (`bytes`, xfs) for a consumer on `node` (as a provisioner does for a pod
-/// scheduled there), stage it under `dir/staging`, publish it at `dir/mnt`.
-pub async fn provision(
+/// A volume created through the CSI controller, not staged.
+#[derive(Debug, Clone)]
+pub struct CreatedVolume {
+    /// PV / AntstorVolume name.
+    pub name: String,
+    /// CSI volume id (the volume uuid).
+    pub id: String,
+    /// Volume context returned by CreateVolume.
+    pub context: HashMap<String, String>,
+}
+
+/// CreateVolume `name` (`bytes`, xfs) for a consumer on `node` (as a provisioner does for a
+/// pod scheduled there), with StorageClass `parameters` besides `fsType`.
+pub async fn create(
     csi: &mut CsiClient,
-    dir: &Path,
     node: &str,
     name: &str,
     bytes: i64,
-) -> Result<DemoVolume, DemoError> {
+    parameters: &[(&str, &str)],
+) -> Result<CreatedVolume, DemoError> {
     let topology = Topology {
         segments: HashMap::from([(
             liteio_api::keys::labels::KUBE_HOSTNAME.to_string(),
             node.to_string(),
         )]),
     };
+    let mut params = HashMap::from([("fsType".to_string(), "xfs".to_string())]);
+    params.extend(
+        parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     let created = csi
         .controller
         .create_volume(CreateVolumeRequest {
@@ -94,7 +111,7 @@ pub async fn provision(
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![mount_capability("xfs")],
-            parameters: HashMap::from([("fsType".to_string(), "xfs".to_string())]),
+            parameters: params,
             accessibility_requirements: Some(TopologyRequirement {
                 requisite: vec![topology.clone()],
                 preferred: vec![topology],
@@ -105,6 +122,40 @@ pub async fn provision(
         .map_err(|e| status("CreateVolume", e))?
         .into_inner();
     let vol = created.volume.ok_or(DemoError::NoVolume)?;
+    Ok(CreatedVolume {
+        name: name.into(),
+        id: vol.volume_id,
+        context: vol.volume_context,
+    })
+}
+
+/// DeleteVolume.
+pub async fn delete(csi: &mut CsiClient, id: &str) -> Result<(), DemoError> {
+    csi.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| status("DeleteVolume", e))?;
+    Ok(())
+}
+
+/// Create `name` (`bytes`, xfs) for a consumer on `node`, stage it under `dir/staging`,
+/// publish it at `dir/mnt`.
+pub async fn provision(
+    csi: &mut CsiClient,
+    dir: &Path,
+    node: &str,
+    name: &str,
+    bytes: i64,
+) -> Result<DemoVolume, DemoError> {
+    let created = create(csi, node, name, bytes, &[]).await?;
+    let vol = liteio_csi::csi::Volume {
+        volume_id: created.id,
+        volume_context: created.context,
+        ..Default::default()
+    };
     let staging = dir.join("staging").join(name);
     let target = dir.join("mnt").join(name);
     std::fs::create_dir_all(&staging)?;
@@ -155,12 +206,5 @@ pub async fn remove(csi: &mut CsiClient, v: &DemoVolume) -> Result<(), DemoError
         })
         .await
         .map_err(|e| status("NodeUnstageVolume", e))?;
-    csi.controller
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: v.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| status("DeleteVolume", e))?;
-    Ok(())
+    delete(csi, &v.id).await
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod datapath;
 pub mod demo;
 pub mod netns;
 pub mod sanity;
@@ -68,6 +69,15 @@ pub enum LocalError {
     /// A network namespace, link or address of a multi-node run could not be set up.
     #[error("network: {0}")]
     Network(String),
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::File => "file",
+            Self::Spdk => "SPDK",
+        })
+    }
 }
 
 /// The pool size when none is given: 4 GiB (sparse).

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use liteio_local::{Engine, Local, demo};
+use liteio_local::{Engine, Local, datapath, demo};
 
 /// `--nodes N` with N > 1.
 mod nodes_cmd;
@@ -27,8 +27,10 @@ pub(crate) struct Args {
     /// Node name of this machine.
     #[arg(long, default_value = "local-node")]
     node: String,
-    /// Engine: `auto` picks SPDK when the agent was built with it and the kernel has the
-    /// NVMe/TCP initiator (needed to mount SPDK volumes here), else the file engine.
+    /// Engine: `auto` picks the embedded SPDK engine (an lvstore on an aio file in --dir, no
+    /// hugepages) when the agent was built with SPDK, else the file engine. Where the kernel
+    /// has the NVMe/TCP initiator the demo volume is mounted; where it has not, the volume's
+    /// data path is shown with SPDK's userspace initiator (`nvmf-check`) instead.
     #[arg(long, default_value = "auto", value_parser = ["auto", "file", "spdk"])]
     engine: String,
     /// Size of the node's pool in GiB (a sparse file: the file engine's capacity, or the aio
@@ -42,7 +44,7 @@ pub(crate) struct Args {
     #[arg(long)]
     keep: bool,
     /// Storage nodes. 1 runs every component in this machine's network namespace. N > 1
-    /// (root only, file engine) gives each node `node-<k>` its own network namespace with its
+    /// (root only) gives each node `node-<k>` its own network namespace with its
     /// own disk-agent, CSI node plugin, host NQN and address 127.10.<i>.<10+k>, all joined by
     /// a bridge at 127.10.<i>.1 where the test API server listens; only loopback addresses
     /// are used. Namespaces, links, mounts and processes are recorded in --dir and removed at
@@ -53,11 +55,6 @@ pub(crate) struct Args {
 
 pub(crate) fn say(msg: &str) {
     println!("==> {msg}");
-}
-
-/// Set by scripts/run.sh when it built the agent with the embedded SPDK engine.
-fn agent_has_spdk() -> bool {
-    std::env::var("LITEIO_AGENT_SPDK").is_ok_and(|v| v == "1")
 }
 
 pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {
@@ -79,20 +76,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map(PathBuf::from)
             .context("no binary directory")?,
     };
-    let nvme_tcp = std::path::Path::new("/sys/module/nvme_tcp").exists();
+    let has_spdk = datapath::agent_has_spdk(&bin_dir);
     let engine = match args.engine.as_str() {
         "file" => Engine::File,
+        "spdk" if !has_spdk => anyhow::bail!(
+            "--engine spdk: the disk-agent in {} was built without SPDK (scripts/run.sh builds it with SPDK when SPDK is installed)",
+            bin_dir.display()
+        ),
         "spdk" => Engine::Spdk,
-        _ if agent_has_spdk() && nvme_tcp => Engine::Spdk,
+        _ if has_spdk => Engine::Spdk,
         _ => {
-            if agent_has_spdk() {
-                say(
-                    "the agent has SPDK, but this kernel has no nvme-tcp initiator to mount SPDK volumes: using the file engine",
-                );
-            }
+            say(
+                "the disk-agent was built without SPDK (none was found at build time): using the file engine",
+            );
             Engine::File
         }
     };
+    if engine == Engine::Spdk && !datapath::kernel_has_nvme_tcp() {
+        say(
+            "this kernel has no NVMe/TCP initiator (nvme_tcp): volumes are not mounted; their data path is shown with SPDK's userspace initiator (nvmf-check) instead",
+        );
+    }
     if args.dir.exists() {
         // A run killed earlier may have left namespaces, processes and mounts behind.
         for undone in liteio_local::netns::cleanup(&args.dir) {
@@ -102,16 +106,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot clear {}", args.dir.display()))?;
     }
     if args.nodes > 1 {
-        if args.engine == "spdk" {
-            anyhow::bail!(
-                "--nodes {} runs the file engine only for now; use --engine file (or auto)",
-                args.nodes
-            );
-        }
-        return nodes_cmd::run(&args, &bin_dir).await;
+        return nodes_cmd::run(&args, &bin_dir, engine).await;
     }
     say(&format!(
-        "starting LiteIO in {} ({engine:?} engine, node {})",
+        "starting LiteIO in {} ({engine} engine, node {})",
         args.dir.display(),
         args.node
     ));
@@ -128,7 +126,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "test API server ready on 127.0.0.1:{}; controller, disk-agent and CSI driver ready",
         local.api_port
     ));
-    let result = demo_and_wait(&mut local, &args).await;
+    let result = if engine == Engine::Spdk && !datapath::kernel_has_nvme_tcp() {
+        spdk_demo_and_wait(&mut local, &args).await
+    } else {
+        demo_and_wait(&mut local, &args).await
+    };
     say("stopping components");
     local.stop().await;
     // Normally nothing: the demo volume was unstaged through CSI. After a failed teardown
@@ -172,6 +174,67 @@ async fn demo_and_wait(local: &mut Local, args: &Args) -> anyhow::Result<()> {
     say("unpublishing, unstaging and deleting the demo volume");
     demo::remove(&mut csi, &v).await?;
     say("demo volume removed");
+    Ok(())
+}
+
+/// The demo on the SPDK engine where the kernel cannot mount NVMe/TCP: the volume is created
+/// through CSI and exported by the agent's embedded target; `nvmf-check` connects to it as
+/// this node's host, writes and reads back, and runs a few seconds of 4 KiB random I/O.
+async fn spdk_demo_and_wait(local: &mut Local, args: &Args) -> anyhow::Result<()> {
+    let mut csi = liteio_csi::client::connect(&local.csi_endpoint()).await?;
+    say("creating the demo volume pvc-demo (512 MiB) through the CSI controller");
+    let v = demo::create(&mut csi, &local.node, "pvc-demo", 512 << 20, &[]).await?;
+    let result = show_data_path(local, &v.name).await;
+    if result.is_ok() {
+        println!(
+            "\nLiteIO is running on its SPDK engine. Try:\n  kubectl --kubeconfig {kc} -n obnvmf get storagepools,antstorvolumes\n  \
+             {bin}/csictl --endpoint {ep} list-volumes\nLogs: {dir}/*.log. Press Ctrl-C to clean up and stop.\n",
+            kc = local.kubeconfig().display(),
+            bin = local.bin_dir.display(),
+            ep = local.csi_endpoint(),
+            dir = local.dir.display(),
+        );
+        if !args.once {
+            wait_for_signal().await?;
+        }
+    }
+    say("deleting the demo volume");
+    demo::delete(&mut csi, &v.id).await?;
+    say("demo volume removed");
+    result
+}
+
+async fn show_data_path(local: &Local, name: &str) -> anyhow::Result<()> {
+    let client = local.kube().await?;
+    let agent_log = local.dir.join("disk-agent.log");
+    let t = datapath::wait_exported(&client, name, 120, &agent_log).await?;
+    say(&format!(
+        "{name} is exported by the agent's SPDK target at {}:{} as {}",
+        t.address, t.svc_id, t.subsys_nqn
+    ));
+    let hostnqn = local.dir.join("hostnqn");
+    say(
+        "connecting with SPDK's userspace NVMe/TCP initiator as this node's host NQN: write 4 MiB, read back, then 3 s of 4 KiB random I/O",
+    );
+    let cmd = datapath::check_command(
+        &local.bin_dir,
+        &[],
+        &t,
+        datapath::HostNqn::File(&hostnqn),
+        &["--check-bytes", "4194304", "--random-seconds", "3"],
+    );
+    let out = datapath::run_check(cmd, std::time::Duration::from_secs(120)).await?;
+    for l in &out.lines {
+        println!("    {l}");
+    }
+    if out.code != 0 {
+        anyhow::bail!(
+            "nvmf-check failed (exit {}): {}\n{}",
+            out.code,
+            out.result,
+            out.stderr
+        );
+    }
     Ok(())
 }
 
