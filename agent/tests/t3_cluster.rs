@@ -248,3 +248,31 @@ fn a_consumer_rides_out_an_agent_kill_on_the_storage_node() {
         })
     });
 }
+
+// The failure scenarios of docs/failures.md, on SPDK agents (T1 runs them on the file engine).
+
+#[test]
+fn three_nodes_each_with_its_own_namespace_pool_and_nqn_on_spdk() {
+    cluster_common::scenarios::three_nodes_each_with_its_own_namespace_pool_and_nqn(Engine::Spdk);
+}
+
+#[test]
+fn a_cut_node_goes_offline_keeps_its_volumes_and_comes_back_on_spdk() {
+    cluster_common::scenarios::a_cut_node_goes_offline_keeps_its_volumes_and_comes_back(
+        Engine::Spdk,
+    );
+}
+
+#[test]
+fn a_controller_on_a_lost_node_is_replaced_by_one_on_another_node_on_spdk() {
+    cluster_common::scenarios::a_controller_on_a_lost_node_is_replaced_by_one_on_another_node(
+        Engine::Spdk,
+    );
+}
+
+#[test]
+fn an_agent_cut_from_the_api_server_retries_and_catches_up_on_spdk() {
+    cluster_common::scenarios::an_agent_cut_from_the_api_server_retries_and_catches_up(
+        Engine::Spdk,
+    );
+}

@@ -3,6 +3,8 @@
 //! shut it down and check that nothing of the run is left; CSI and API helpers.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod scenarios;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -141,14 +143,20 @@ pub fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
-/// Starts CreateVolume `name` through the CSI controller (pinned to `node` when given) in
-/// the background: the call returns only once the volume is scheduled.
+/// Starts CreateVolume `name` through the CSI controller in the background (the call returns
+/// only once the volume is scheduled); pinned to `node` when given (`positionAdvice:
+/// MustLocal`: a consumer's topology alone is a preference, and volumes that can be served
+/// remotely, as SPDK's can, may go elsewhere).
 pub fn create_volume(
     c: &Cluster,
     name: &str,
     node: Option<String>,
 ) -> tokio::task::JoinHandle<Result<String, String>> {
-    create_volume_with(c, name, node, HashMap::new())
+    let params = match node {
+        Some(_) => HashMap::from([("positionAdvice".to_string(), "MustLocal".to_string())]),
+        None => HashMap::new(),
+    };
+    create_volume_with(c, name, node, params)
 }
 
 /// [`create_volume`] with StorageClass `parameters` (`positionAdvice`, ...); with
