@@ -71,10 +71,20 @@ pub enum HugepageError {
 /// The 2 MiB pool's counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
-    /// Persistent pages reserved (`nr_hugepages`).
+    /// Pages in the pool (sysfs `nr_hugepages`), surplus pages included.
     pub total: u64,
-    /// Pages reserved and not in use (`free_hugepages`).
+    /// Pages in the pool and not in use (`free_hugepages`).
     pub free: u64,
+    /// Pages beyond the persistent count, freed when their user unmaps them
+    /// (`surplus_hugepages`): those of a reservation given back while still in use.
+    pub surplus: u64,
+}
+
+impl Counts {
+    /// The persistent count, what `/proc/sys/vm/nr_hugepages` shows and a write sets.
+    pub fn persistent(&self) -> u64 {
+        self.total.saturating_sub(self.surplus)
+    }
 }
 
 fn read_count(path: &Path) -> Result<u64, HugepageError> {
@@ -104,6 +114,11 @@ pub fn counts_in(sysfs: &Path) -> Result<Counts, HugepageError> {
     Ok(Counts {
         total: read_count(&sysfs.join("nr_hugepages"))?,
         free: read_count(&sysfs.join("free_hugepages"))?,
+        // Absent in the fakes of unit tests; the kernel always has it.
+        surplus: match sysfs.join("surplus_hugepages") {
+            p if p.exists() => read_count(&p)?,
+            _ => 0,
+        },
     })
 }
 
@@ -140,7 +155,7 @@ impl Reservation {
         pages: u64,
         record: Option<&Path>,
     ) -> Result<Self, HugepageError> {
-        let previous = counts_in(sysfs)?.total;
+        let previous = counts_in(sysfs)?.persistent();
         let wanted = previous.saturating_add(pages);
         if let Some(r) = record {
             std::fs::write(r, format!("{previous}\n")).map_err(|source| HugepageError::Write {
@@ -157,9 +172,8 @@ impl Reservation {
             pages,
             restored: false,
         };
-        let nr = sysfs.join("nr_hugepages");
-        write_count(&nr, wanted)?;
-        let got = read_count(&nr)?;
+        write_count(&sysfs.join("nr_hugepages"), wanted)?;
+        let got = counts_in(sysfs)?.persistent();
         if got < wanted {
             return Err(HugepageError::Short {
                 wanted: pages,
@@ -348,6 +362,14 @@ mod tests {
         drop(r);
         assert_eq!(total(&d), 6);
         assert!(!record.exists(), "the record goes with the reservation");
+    }
+
+    #[test]
+    fn surplus_pages_are_not_persistent() {
+        let d = fake_pool(10, 0);
+        std::fs::write(d.path().join("surplus_hugepages"), "4\n").unwrap();
+        let c = counts_in(d.path()).unwrap();
+        assert_eq!((c.total, c.surplus, c.persistent()), (10, 4, 6));
     }
 
     #[test]
