@@ -70,6 +70,7 @@ mod bench {
             interrupt_mode: a.interrupt,
             no_huge: true,
             mem_size_mb: a.mem_size,
+            huge_dir: None,
             no_pci: true,
             rpc_socket: None,
             trace_entries: 0,

@@ -11,8 +11,9 @@
 //! spdk:
 //!   coreMask: "0x1"
 //!   interruptMode: true
-//!   noHuge: true
+//!   noHuge: true                             # development only; production uses hugepages
 //!   memSizeMiB: 1024
+//!   hugeDir: /dev/hugepages                  # optional hugetlbfs mount (hugepages only)
 //!   rpcSocket: /var/tmp/spdk.sock            # optional SPDK-compatible JSON-RPC socket
 //!   traceEntries: 0                          # SPDK trace buffer for spdk_trace; 0 = none
 //!   nvmePciAddresses: ["0000:00:04.0"]
@@ -405,6 +406,10 @@ pub struct SpdkConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub mem_size_mib: Option<u32>,
+    /// The hugetlbfs mount SPDK takes its 2 MiB hugepages from (DPDK's `--huge-dir`); absent =
+    /// any hugetlbfs mount of the default page size. Not allowed with `noHuge`.
+    #[serde(rename = "hugeDir", default, skip_serializing_if = "Option::is_none")]
+    pub huge_dir: Option<PathBuf>,
     /// Optional SPDK-compatible JSON-RPC socket for debugging tools.
     #[serde(rename = "rpcSocket", default, skip_serializing_if = "Option::is_none")]
     pub rpc_socket: Option<PathBuf>,
@@ -445,6 +450,7 @@ impl Default for SpdkConfig {
             interrupt_mode: false,
             no_huge: false,
             mem_size_mib: None,
+            huge_dir: None,
             rpc_socket: None,
             nvme_pci_addresses: Vec::new(),
             trace_entries: 0,
@@ -997,6 +1003,22 @@ impl Config {
                 mib,
                 format!("is below the minimum of {MIN_MEM_MIB}"),
             ));
+        }
+        if let Some(dir) = &sp.huge_dir {
+            if sp.no_huge {
+                return Err(invalid(
+                    "spdk.hugeDir",
+                    dir.display(),
+                    "is a hugetlbfs mount, which noHuge: true does not use",
+                ));
+            }
+            if !dir.is_absolute() {
+                return Err(invalid(
+                    "spdk.hugeDir",
+                    dir.display(),
+                    "must be an absolute path",
+                ));
+            }
         }
         if let Some(sock) = &sp.rpc_socket
             && !sock.is_absolute()

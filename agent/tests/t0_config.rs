@@ -108,6 +108,27 @@ fn no_huge_gets_a_default_memory_size() {
 }
 
 #[test]
+fn huge_dir_is_taken_with_hugepages_only() {
+    let cfg = Config::from_yaml(&format!(
+        "{MINIMAL_FILE}spdk: {{memSizeMiB: 256, hugeDir: /dev/hugepages}}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        cfg.spdk.huge_dir.as_deref(),
+        Some(std::path::Path::new("/dev/hugepages"))
+    );
+    assert_eq!(cfg.spdk.mem_size_mib(), Some(256));
+    let e = err(&format!(
+        "{MINIMAL_FILE}spdk: {{noHuge: true, hugeDir: /dev/hugepages}}\n"
+    ));
+    assert_eq!(e.field(), Some("spdk.hugeDir"));
+    assert!(e.to_string().contains("noHuge"), "{e}");
+    let e = err(&format!("{MINIMAL_FILE}spdk: {{hugeDir: hugepages}}\n"));
+    assert_eq!(e.field(), Some("spdk.hugeDir"));
+    assert!(e.to_string().contains("absolute"), "{e}");
+}
+
+#[test]
 fn unknown_mode_lists_the_allowed_values() {
     let e = err("storage:\n  pooling: {name: tank, mode: Zfs}\n");
     assert_eq!(e.field(), Some("storage.pooling.mode"));

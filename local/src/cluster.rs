@@ -331,6 +331,7 @@ impl Cluster {
             controller_port: 0,
             api: ApiSource::Test,
             pool_bytes: self.opts.pool_bytes,
+            spdk_memory: Default::default(),
             children: Vec::new(),
         };
         let mut cfg = single.agent_config();
@@ -356,6 +357,7 @@ impl Cluster {
             controller_port: 0,
             api: ApiSource::Test,
             pool_bytes: self.opts.pool_bytes,
+            spdk_memory: Default::default(),
             children: Vec::new(),
         }
         .scheduler_config();

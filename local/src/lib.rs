@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod datapath;
 pub mod demo;
+pub mod hugepages;
 pub mod netns;
 pub mod sanity;
 
@@ -69,6 +70,9 @@ pub enum LocalError {
     /// A network namespace, link or address of a multi-node run could not be set up.
     #[error("network: {0}")]
     Network(String),
+    /// `--hugepages`: the pages could not be reserved, mounted or given back.
+    #[error("{0}")]
+    Hugepages(String),
 }
 
 impl std::fmt::Display for Engine {
@@ -136,6 +140,8 @@ pub struct Local {
     pub api: ApiSource,
     /// Size of the node's pool in bytes.
     pub pool_bytes: u64,
+    /// Where the agent's SPDK takes its memory from.
+    pub spdk_memory: hugepages::SpdkMemory,
     children: Vec<(Component, Child)>,
 }
 
@@ -236,6 +242,21 @@ impl Local {
         api: ApiSource,
         pool_bytes: u64,
     ) -> Result<Self, LocalError> {
+        let memory = hugepages::SpdkMemory::NoHuge;
+        Self::start_on(dir, bin_dir, node, engine, api, pool_bytes, memory).await
+    }
+
+    /// Like [`Local::start_sized`], the agent's SPDK on `memory` (hugepages the caller holds,
+    /// see [`hugepages::RunHugepages`]).
+    pub async fn start_on(
+        dir: &Path,
+        bin_dir: &Path,
+        node: &str,
+        engine: Engine,
+        api: ApiSource,
+        pool_bytes: u64,
+        spdk_memory: hugepages::SpdkMemory,
+    ) -> Result<Self, LocalError> {
         let components: &[Component] = match api {
             ApiSource::Test => &[
                 Component::ApiServer,
@@ -264,6 +285,7 @@ impl Local {
             controller_port: free_port()?,
             api: api.clone(),
             pool_bytes,
+            spdk_memory,
             children: Vec::new(),
         };
         me.write_configs()?;
@@ -329,12 +351,22 @@ impl Local {
                 c
             }
         };
-        // SPDK without hugepages and without busy-polling, on core 0: an agent built with
-        // SPDK also starts it under the file engine, to export volumes over NVMe/TCP.
+        // SPDK without busy-polling, on core 0, without hugepages unless the run holds some
+        // (`--hugepages`): an agent built with SPDK also starts it under the file engine, to
+        // export volumes over NVMe/TCP.
         cfg.spdk.core_mask = "0x1".into();
         cfg.spdk.interrupt_mode = true;
-        cfg.spdk.no_huge = true;
-        cfg.spdk.mem_size_mib = Some(768);
+        match &self.spdk_memory {
+            hugepages::SpdkMemory::NoHuge => {
+                cfg.spdk.no_huge = true;
+                cfg.spdk.mem_size_mib = Some(768);
+            }
+            hugepages::SpdkMemory::Hugepages { dir, mem_mib } => {
+                cfg.spdk.no_huge = false;
+                cfg.spdk.mem_size_mib = Some(*mem_mib);
+                cfg.spdk.huge_dir = Some(dir.clone());
+            }
+        }
         // SPDK's JSON-RPC socket, for spdk_rpc.py / rpc.py -s and the tests.
         cfg.spdk.rpc_socket = Some(self.spdk_rpc_socket());
         cfg.nvmf.listen_address = Some(std::net::IpAddr::from([127, 0, 0, 1]));
@@ -605,6 +637,14 @@ impl Local {
         }
     }
 
+    /// The process id of a running component.
+    pub fn pid(&self, c: Component) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(k, _)| *k == c)
+            .and_then(|(_, child)| child.id())
+    }
+
     /// A client of the API server.
     pub async fn kube(&self) -> Result<Client, LocalError> {
         self.client().await
@@ -756,6 +796,7 @@ mod tests {
             controller_port: 2,
             api: ApiSource::Test,
             pool_bytes: 8 << 30,
+            spdk_memory: hugepages::SpdkMemory::NoHuge,
             children: Vec::new(),
         }
     }
@@ -776,5 +817,20 @@ mod tests {
             let c = ControllerConfig::load(&d.path().join("controller-config.yaml")).unwrap();
             assert_eq!(c.scheduler, l.scheduler_config());
         }
+    }
+
+    #[test]
+    fn with_hugepages_the_agent_takes_them_from_the_runs_mount() {
+        let d = tempfile::tempdir().unwrap();
+        let mut l = local(Engine::Spdk, d.path());
+        l.spdk_memory = hugepages::SpdkMemory::Hugepages {
+            dir: d.path().join("hugepages"),
+            mem_mib: 512,
+        };
+        l.write_configs().unwrap();
+        let a = AgentConfig::load(d.path().join("agent-config.yaml")).unwrap();
+        assert!(!a.spdk.no_huge);
+        assert_eq!(a.spdk.mem_size_mib, Some(512));
+        assert_eq!(a.spdk.huge_dir, Some(d.path().join("hugepages")));
     }
 }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use liteio_local::{Engine, Local, datapath, demo};
+use liteio_local::hugepages::{RunHugepages, SpdkMemory};
+use liteio_local::{Component, Engine, Local, datapath, demo};
 
 /// `--nodes N` with N > 1.
 mod nodes_cmd;
@@ -51,6 +52,13 @@ pub(crate) struct Args {
     /// exit, or by the next run in the same --dir after a crash.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
     nodes: u64,
+    /// Run the agent's SPDK on N 2 MiB hugepages, as production nodes do (root only, N at
+    /// least 256). They are reserved on top of the kernel's count, mounted as a hugetlbfs in
+    /// --dir, and given back at exit (also after an error or Ctrl-C, or by the next run after
+    /// a crash); the run fails if the kernel cannot find them all. Without it SPDK runs on
+    /// ordinary memory (the development mode).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    hugepages: Option<u64>,
 }
 
 pub(crate) fn say(msg: &str) {
@@ -102,30 +110,75 @@ async fn run(args: Args) -> anyhow::Result<()> {
         for undone in liteio_local::netns::cleanup(&args.dir) {
             say(&format!("cleanup of an earlier run: {undone}"));
         }
+        if let Some(undone) = liteio_local::hugepages::restore_after_crash(&args.dir) {
+            say(&format!("cleanup of an earlier run: {undone}"));
+        }
         std::fs::remove_dir_all(&args.dir)
             .with_context(|| format!("cannot clear {}", args.dir.display()))?;
     }
     if args.nodes > 1 {
+        if args.hugepages.is_some() {
+            anyhow::bail!("--hugepages is for the single-node run for now (without --nodes)");
+        }
         return nodes_cmd::run(&args, &bin_dir, engine).await;
     }
+    // Held until the agent stopped; dropped on every early return (unmounted, given back).
+    let huge = reserve_hugepages(&args, has_spdk)?;
+    let memory = huge
+        .as_ref()
+        .map_or(SpdkMemory::NoHuge, RunHugepages::memory);
     say(&format!(
-        "starting LiteIO in {} ({engine} engine, node {})",
+        "starting LiteIO in {} ({engine} engine, node {}, SPDK on {})",
         args.dir.display(),
-        args.node
+        args.node,
+        match &memory {
+            SpdkMemory::NoHuge => "ordinary memory: the no-huge development mode".to_string(),
+            SpdkMemory::Hugepages { mem_mib, .. } => format!("{mem_mib} MiB of hugepages"),
+        }
     ));
-    let mut local = Local::start_sized(
+    let start = Local::start_on(
         &args.dir,
         &bin_dir,
         &args.node,
         engine,
         liteio_local::ApiSource::Test,
         args.pool_size_gib << 30,
-    )
-    .await?;
+        memory,
+    );
+    // A Ctrl-C while starting stops what started (and gives the hugepages back) instead of
+    // leaving the components running.
+    let mut local = tokio::select! {
+        r = start => r?,
+        r = wait_for_signal() => {
+            r?;
+            anyhow::bail!("interrupted while starting; the components started so far were killed");
+        }
+    };
     say(&format!(
         "test API server ready on 127.0.0.1:{}; controller, disk-agent and CSI driver ready",
         local.api_port
     ));
+    // The components run in their own process group and would outlive a killed run (the
+    // agent holding its hugepages): the next run in --dir stops what is recorded here.
+    let mut ledger = liteio_local::netns::Ledger::create(&args.dir)?;
+    for c in [
+        Component::ApiServer,
+        Component::Controller,
+        Component::Agent,
+        Component::Csi,
+    ] {
+        if let Some(pid) = local.pid(c) {
+            ledger.add_process(pid, &format!("{c:?}"))?;
+        }
+    }
+    if let (Some(h), Some(pid)) = (&huge, local.pid(Component::Agent)) {
+        let mapped = liteio_node::hugepages::mapped_bytes(pid, h.mount_path()).unwrap_or(0);
+        say(&format!(
+            "the disk-agent's SPDK maps {} MiB from the hugetlbfs at {}",
+            mapped >> 20,
+            h.mount_path().display()
+        ));
+    }
     let result = if engine == Engine::Spdk && !datapath::kernel_has_nvme_tcp() {
         spdk_demo_and_wait(&mut local, &args).await
     } else {
@@ -133,6 +186,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     say("stopping components");
     local.stop().await;
+    if let Some(h) = huge {
+        match h.release() {
+            Ok(done) => say(&done),
+            Err(e) => say(&format!("cleanup: {e}")),
+        }
+    }
     // Normally nothing: the demo volume was unstaged through CSI. After a failed teardown
     // (a component gone), no mount or loop device of ours stays behind.
     for undone in liteio_local::release_host_resources(&args.dir) {
@@ -142,6 +201,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&args.dir);
     }
     result
+}
+
+/// `--hugepages N`: the pages reserved and mounted in the run directory, or `None`.
+fn reserve_hugepages(args: &Args, has_spdk: bool) -> anyhow::Result<Option<RunHugepages>> {
+    let Some(pages) = args.hugepages else {
+        return Ok(None);
+    };
+    if !has_spdk {
+        anyhow::bail!(
+            "--hugepages {pages}: the disk-agent was built without SPDK; nothing would use the pages"
+        );
+    }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let h = RunHugepages::reserve(&args.dir, pages).map_err(|e| {
+        anyhow::anyhow!(
+            "--hugepages {pages}: {e}; without --hugepages SPDK runs on ordinary memory (the development mode)"
+        )
+    })?;
+    say(&format!(
+        "reserved {pages} 2 MiB hugepages ({} MiB) for this run in a hugetlbfs at {}; nr_hugepages {} -> {}",
+        pages * 2,
+        h.mount_path().display(),
+        h.previous(),
+        h.previous() + pages
+    ));
+    Ok(Some(h))
 }
 
 async fn demo_and_wait(local: &mut Local, args: &Args) -> anyhow::Result<()> {

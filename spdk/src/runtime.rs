@@ -32,8 +32,13 @@ pub struct SpdkOptions {
     pub interrupt_mode: bool,
     /// Use ordinary memory instead of hugepages (development and tests).
     pub no_huge: bool,
-    /// Memory SPDK reserves, in MiB (required with `no_huge`; 0 = SPDK's default).
+    /// Memory SPDK reserves, in MiB (required with `no_huge`; 0 = SPDK's default). With
+    /// hugepages this much is taken from them at start (DPDK's `-m`), and start fails when
+    /// they are not free.
     pub mem_size_mb: u32,
+    /// The hugetlbfs mount to take hugepages from (DPDK's `--huge-dir`); `None` = any
+    /// hugetlbfs mount of the default page size. Only with hugepages (`no_huge` false).
+    pub huge_dir: Option<PathBuf>,
     /// Disable PCI probing (no NVMe devices configured).
     pub no_pci: bool,
     /// Serve SPDK's JSON-RPC on this unix socket for operators' tools; `None` = no socket.
@@ -59,6 +64,7 @@ impl Default for SpdkOptions {
             interrupt_mode: true,
             no_huge: false,
             mem_size_mb: 0,
+            huge_dir: None,
             no_pci: true,
             rpc_socket: None,
             trace_entries: 0,
@@ -113,6 +119,15 @@ impl SpdkOptions {
                     self.mem_size_mb
                 ),
             });
+        }
+        if self.no_huge && self.huge_dir.is_some() {
+            return Err(SpdkError::InvalidArgument {
+                field: "huge_dir",
+                reason: "is a hugetlbfs mount, which no-huge mode does not use".into(),
+            });
+        }
+        if let Some(d) = &self.huge_dir {
+            cstr("huge_dir", &d.to_string_lossy())?;
         }
         if self.request_timeout.is_zero() {
             return Err(SpdkError::InvalidArgument {
@@ -725,13 +740,19 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
             .as_ref()
             .map(|p| cstr("rpc_socket", &p.to_string_lossy()))
             .transpose()?;
+        let huge_dir = opts
+            .huge_dir
+            .as_ref()
+            .map(|p| cstr("huge_dir", &p.to_string_lossy()))
+            .transpose()?;
         Ok((
             cstr("name", &opts.name)?,
             cstr("core_mask", opts.core_mask.trim())?,
             rpc,
+            huge_dir,
         ))
     })();
-    let Ok((name, mask, rpc)) = strings else {
+    let Ok((name, mask, rpc, huge_dir)) = strings else {
         return -22;
     };
     // SAFETY: spdk_app_opts is a plain C struct; zeroed is a valid starting state that
@@ -744,6 +765,7 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     o.rpc_addr = rpc.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
     o.interrupt_mode = opts.interrupt_mode;
     o.no_huge = opts.no_huge;
+    o.hugedir = huge_dir.as_ref().map_or(std::ptr::null(), |d| d.as_ptr());
     if opts.mem_size_mb > 0 {
         o.mem_size = i32::try_from(opts.mem_size_mb).unwrap_or(i32::MAX);
     }

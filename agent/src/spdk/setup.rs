@@ -19,6 +19,7 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         interrupt_mode: sp.interrupt_mode,
         no_huge: sp.no_huge,
         mem_size_mb: sp.mem_size_mib().unwrap_or(0),
+        huge_dir: sp.huge_dir.clone(),
         no_pci: sp.nvme_pci_addresses.is_empty(),
         rpc_socket: sp.rpc_socket.clone(),
         trace_entries: sp.trace_entries,
