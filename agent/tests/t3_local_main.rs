@@ -52,7 +52,7 @@ fn the_main_command_runs_the_spdk_engine_and_shows_its_data_path() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("(SPDK engine, node local-node)"),
+        stdout.contains("(SPDK engine, node local-node,"),
         "auto did not pick SPDK"
     );
     if Path::new("/sys/module/nvme_tcp").exists() {
