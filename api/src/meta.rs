@@ -19,6 +19,18 @@ pub fn has_finalizer(meta: &ObjectMeta, f: &str) -> bool {
         .is_some_and(|v| v.iter().any(|x| x == f))
 }
 
+/// The snapshot a volume is cloned from: `(namespace, name)` from the labels
+/// `VOLUME_SOURCE_SNAP_NAME` and `VOLUME_SOURCE_SNAP_NS` (LiteIO's default namespace when the
+/// latter is absent), or `None` for a volume made from scratch.
+pub fn source_snapshot(meta: &ObjectMeta) -> Option<(&str, &str)> {
+    use crate::keys::{self, labels};
+    let name = label(meta, labels::VOLUME_SOURCE_SNAP_NAME).filter(|n| !n.is_empty())?;
+    let ns = label(meta, labels::VOLUME_SOURCE_SNAP_NS)
+        .filter(|n| !n.is_empty())
+        .unwrap_or(keys::DEFAULT_NAMESPACE);
+    Some((ns, name))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -38,5 +50,35 @@ mod tests {
         assert_eq!(annotation(&m, "b"), Some("2"));
         assert_eq!(annotation(&ObjectMeta::default(), "b"), None);
         assert!(has_finalizer(&m, "f") && !has_finalizer(&m, "g"));
+    }
+
+    #[test]
+    fn the_source_snapshot_defaults_to_liteio_s_namespace() {
+        use crate::keys::{self, labels};
+        let with = |pairs: &[(&str, &str)]| ObjectMeta {
+            labels: Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(source_snapshot(&ObjectMeta::default()), None);
+        assert_eq!(
+            source_snapshot(&with(&[(labels::VOLUME_SOURCE_SNAP_NAME, "s1")])),
+            Some((keys::DEFAULT_NAMESPACE, "s1"))
+        );
+        assert_eq!(
+            source_snapshot(&with(&[
+                (labels::VOLUME_SOURCE_SNAP_NAME, "s1"),
+                (labels::VOLUME_SOURCE_SNAP_NS, "app")
+            ])),
+            Some(("app", "s1"))
+        );
+        assert_eq!(
+            source_snapshot(&with(&[(labels::VOLUME_SOURCE_SNAP_NAME, "")])),
+            None
+        );
     }
 }

@@ -137,7 +137,7 @@ fn differences(v: &AntstorVolume, w: &Wanted) -> Vec<String> {
             w.position.to_string()
         ));
     }
-    let src = label(&v.metadata, labels::VOLUME_SOURCE_SNAP_NAME).map(str::to_string);
+    let src = liteio_api::meta::source_snapshot(&v.metadata).map(|(_, name)| name.to_string());
     if src != w.snapshot.as_ref().map(|s| s.0.clone()) {
         out.push(format!(
             "the volume's source snapshot is {src:?} but the request asks for {:?}",

@@ -308,9 +308,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
 /// the message is on the object).
 async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option<VolumeInfo>> {
     let size = vol.spec.size_byte;
-    if let Some(snap_name) = label(&vol.metadata, labels::VOLUME_SOURCE_SNAP_NAME) {
-        let snap_ns =
-            label(&vol.metadata, labels::VOLUME_SOURCE_SNAP_NS).unwrap_or(keys::DEFAULT_NAMESPACE);
+    if let Some((snap_ns, snap_name)) = liteio_api::meta::source_snapshot(&vol.metadata) {
         let snaps: Api<AntstorSnapshot> = Api::namespaced(ctx.client.clone(), snap_ns);
         let what = format!("AntstorSnapshot {snap_ns}/{snap_name}");
         let snap = ctx
