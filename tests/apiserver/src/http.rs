@@ -612,7 +612,8 @@ fn list(
     };
     let (all, rv) = {
         let s = shared.lock();
-        (s.list(res, ns), s.rv())
+        let keep = |o: &Value| label.matches(o) && field.matches(o);
+        (s.list_matching(res, ns, &keep), s.rv())
     };
     let key = |o: &Value| {
         (
@@ -628,7 +629,6 @@ fn list(
     };
     let mut items: Vec<Value> = all
         .into_iter()
-        .filter(|o| label.matches(o) && field.matches(o))
         .filter(|o| after.as_ref().is_none_or(|a| key(o) > *a))
         .collect();
     let mut meta = json!({"resourceVersion": rv.to_string()});
@@ -717,11 +717,7 @@ fn watch_stream(
         let s = shared.lock();
         match start {
             None => {
-                let items: Vec<Value> = s
-                    .list(&res, ns.as_deref())
-                    .into_iter()
-                    .filter(|o| matches(o))
-                    .collect();
+                let items: Vec<Value> = s.list_matching(&res, ns.as_deref(), &matches);
                 (items, s.rv())
             }
             Some(rv) => (Vec::new(), rv),

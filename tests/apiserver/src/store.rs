@@ -425,10 +425,13 @@ impl State {
         if cursor < self.compacted {
             return Err(self.compacted + 1);
         }
+        // The log is in resourceVersion order: skip what the watch has seen without
+        // looking at it.
+        let first = self.log.partition_point(|e| e.rv <= cursor);
         Ok(self
             .log
-            .iter()
-            .filter(|e| e.rv > cursor && e.group == group && e.plural == plural)
+            .range(first..)
+            .filter(|e| e.group == group && e.plural == plural)
             .cloned()
             .collect())
     }
@@ -476,11 +479,23 @@ impl State {
 
     /// Every object of a resource, in key order; `ns` None means all namespaces.
     pub fn list(&self, res: &ResourceInfo, ns: Option<&str>) -> Vec<Value> {
+        self.list_matching(res, ns, &|_| true)
+    }
+
+    /// The objects of a resource that `keep` accepts, in key order; `ns` None means all
+    /// namespaces. Only those are copied: a selector that picks one object out of
+    /// thousands costs a scan, not a copy of every object.
+    pub fn list_matching(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        keep: &dyn Fn(&Value) -> bool,
+    ) -> Vec<Value> {
         self.objects
             .get(&key(res))
             .map(|m| {
                 m.iter()
-                    .filter(|((n, _), _)| ns.is_none_or(|want| want == n))
+                    .filter(|((n, _), o)| ns.is_none_or(|want| want == n) && keep(o))
                     .map(|(_, o)| Self::present(res, o))
                     .collect()
             })
