@@ -762,7 +762,16 @@ fn watch_stream(
             notify.borrow_and_update();
             let (events, latest) = {
                 let s = shared.lock();
-                (s.events_since(cursor, &res.group, &res.plural), s.rv())
+                // Only events this watch may send: in its namespace, and matching its
+                // selectors now or before (a change out of them is a DELETED).
+                let keep = |e: &crate::store::Event| {
+                    ns.as_deref().is_none_or(|n| n == e.namespace)
+                        && (matches(&e.object) || e.prev.as_ref().is_some_and(&matches))
+                };
+                (
+                    s.events_matching(cursor, &res.group, &res.plural, &keep),
+                    s.rv(),
+                )
             };
             let events = match events {
                 Ok(e) => e,

@@ -422,6 +422,19 @@ impl State {
     /// Events after `cursor` for one resource (all namespaces); `Err(oldest)` when `cursor`
     /// is older than the retained window.
     pub fn events_since(&self, cursor: u64, group: &str, plural: &str) -> Result<Vec<Event>, u64> {
+        self.events_matching(cursor, group, plural, &|_| true)
+    }
+
+    /// Like [`State::events_since`], only the events `keep` accepts. Every write wakes every
+    /// watch; one that follows a single object (a name field selector) copies only that
+    /// object's events instead of every event of the resource.
+    pub fn events_matching(
+        &self,
+        cursor: u64,
+        group: &str,
+        plural: &str,
+        keep: &dyn Fn(&Event) -> bool,
+    ) -> Result<Vec<Event>, u64> {
         if cursor < self.compacted {
             return Err(self.compacted + 1);
         }
@@ -431,7 +444,7 @@ impl State {
         Ok(self
             .log
             .range(first..)
-            .filter(|e| e.group == group && e.plural == plural)
+            .filter(|e| e.group == group && e.plural == plural && keep(e))
             .cloned()
             .collect())
     }
