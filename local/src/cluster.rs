@@ -662,6 +662,14 @@ impl Cluster {
             .is_some_and(|(_, c)| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// The process id of `r`, while it was started and not stopped or killed.
+    pub fn pid(&self, r: Role) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(k, _)| *k == r)
+            .and_then(|(_, c)| c.id())
+    }
+
     /// Cuts node `k` off the network (its veth down) or joins it again.
     pub async fn set_link(&self, k: usize, up: bool) -> Result<(), LocalError> {
         let net = self.net.clone();

@@ -32,24 +32,98 @@ pub(crate) struct Shared {
     pub faults: Faults,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
-    /// Where every write is saved (`--state-file`), if anywhere.
+    /// Where the state is kept (`--state-file`), if anywhere; every write is appended to
+    /// its journal ([`journal_path`]) in between.
     pub state_file: Option<std::path::PathBuf>,
+    /// The open journal and its size.
+    pub journal: Mutex<Journal>,
+}
+
+/// The journal next to the state file: one JSON line per write
+/// ([`crate::store::JournalEntry`]), emptied whenever the whole state is saved.
+#[derive(Debug, Default)]
+pub(crate) struct Journal {
+    file: Option<std::fs::File>,
+    bytes: u64,
+    /// Size of the state file last written: the journal is folded into a new state file
+    /// once it is larger, so the cost of a save is paid at most once per as many bytes of
+    /// writes (amortised O(1) per write, where saving on every write was O(objects)).
+    state_bytes: u64,
+}
+
+/// A journal smaller than this is never folded (a small state is cheap to replay).
+const FOLD_AT_LEAST: u64 = 4 << 20;
+
+/// The journal of state file `path`: `<path>.journal`.
+pub fn journal_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".journal");
+    std::path::PathBuf::from(p)
 }
 
 impl Shared {
-    /// Writes the state to the state file (under the state lock, so saves never reorder):
-    /// a temporary file renamed over the old one, so a crash leaves the old or the new.
+    fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes the whole state to the state file (under the state lock, so saves never
+    /// reorder): a temporary file renamed over the old one, so a crash leaves the old or the
+    /// new; then empties the journal (a crash before that leaves entries the new file
+    /// already holds, which a restore skips).
     pub fn save(&self, state: &State) {
         let Some(path) = &self.state_file else {
             return;
         };
+        let mut j = self.journal();
         let tmp = path.with_extension("tmp");
+        let jpath = journal_path(path);
         let res = serde_json::to_vec(&state.snapshot())
             .map_err(std::io::Error::other)
-            .and_then(|body| std::fs::write(&tmp, body))
-            .and_then(|()| std::fs::rename(&tmp, path));
+            .and_then(|body| {
+                std::fs::write(&tmp, &body)?;
+                std::fs::rename(&tmp, path)?;
+                j.state_bytes = body.len() as u64;
+                j.file = Some(std::fs::File::create(&jpath)?);
+                j.bytes = 0;
+                Ok(())
+            });
         if let Err(e) = res {
+            j.file = None;
             tracing::error!(path = %path.display(), error = %e, "cannot save the state; a restart will lose the last writes");
+        }
+    }
+
+    /// Records the writes after resourceVersion `before`: appends them to the journal, or
+    /// saves the whole state when the journal cannot take them or has grown past the state.
+    fn persist(&self, state: &State, before: u64) {
+        use std::io::Write as _;
+        if self.state_file.is_none() {
+            return;
+        }
+        let appended = {
+            let mut j = self.journal();
+            let fold_at = j.state_bytes.max(FOLD_AT_LEAST);
+            match (state.journal_since(before), j.file.as_mut()) {
+                (Some(entry), Some(f)) => serde_json::to_vec(&entry)
+                    .map_err(std::io::Error::other)
+                    .and_then(|mut line| {
+                        line.push(b'\n');
+                        f.write_all(&line)?;
+                        Ok(line.len() as u64)
+                    })
+                    .map(|n| {
+                        j.bytes += n;
+                        j.bytes <= fold_at
+                    })
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "cannot append to the journal; saving the whole state");
+                        false
+                    }),
+                _ => false,
+            }
+        };
+        if !appended {
+            self.save(state);
         }
     }
 
@@ -57,15 +131,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs a write, saves the state when it changed and a state file is set, and wakes
-    /// watches.
+    /// Runs a write, records it when it changed something and a state file is set, and
+    /// wakes watches.
     fn write<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let (out, rv) = {
             let mut s = self.lock();
             let before = s.rv();
             let out = f(&mut s);
             if s.rv() != before {
-                self.save(&s);
+                self.persist(&s, before);
             }
             (out, s.rv())
         };
@@ -538,7 +612,8 @@ fn list(
     };
     let (all, rv) = {
         let s = shared.lock();
-        (s.list(res, ns), s.rv())
+        let keep = |o: &Value| label.matches(o) && field.matches(o);
+        (s.list_matching(res, ns, &keep), s.rv())
     };
     let key = |o: &Value| {
         (
@@ -554,7 +629,6 @@ fn list(
     };
     let mut items: Vec<Value> = all
         .into_iter()
-        .filter(|o| label.matches(o) && field.matches(o))
         .filter(|o| after.as_ref().is_none_or(|a| key(o) > *a))
         .collect();
     let mut meta = json!({"resourceVersion": rv.to_string()});
@@ -643,11 +717,7 @@ fn watch_stream(
         let s = shared.lock();
         match start {
             None => {
-                let items: Vec<Value> = s
-                    .list(&res, ns.as_deref())
-                    .into_iter()
-                    .filter(|o| matches(o))
-                    .collect();
+                let items: Vec<Value> = s.list_matching(&res, ns.as_deref(), &matches);
                 (items, s.rv())
             }
             Some(rv) => (Vec::new(), rv),
@@ -692,7 +762,16 @@ fn watch_stream(
             notify.borrow_and_update();
             let (events, latest) = {
                 let s = shared.lock();
-                (s.events_since(cursor, &res.group, &res.plural), s.rv())
+                // Only events this watch may send: in its namespace, and matching its
+                // selectors now or before (a change out of them is a DELETED).
+                let keep = |e: &crate::store::Event| {
+                    ns.as_deref().is_none_or(|n| n == e.namespace)
+                        && (matches(&e.object) || e.prev.as_ref().is_some_and(&matches))
+                };
+                (
+                    s.events_matching(cursor, &res.group, &res.plural, &keep),
+                    s.rv(),
+                )
             };
             let events = match events {
                 Ok(e) => e,

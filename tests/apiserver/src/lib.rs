@@ -100,8 +100,9 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// Install LiteIO's six CRDs (those not there yet).
     pub install_crds: bool,
-    /// Keep the objects in this file across restarts (read at start when it exists, written
-    /// after every change); `None` keeps everything in memory only.
+    /// Keep the objects in this file across restarts (read at start when it exists, with
+    /// every change appended to `<file>.journal` before it is answered and folded into the
+    /// file now and then); `None` keeps everything in memory only.
     pub state_file: Option<std::path::PathBuf>,
 }
 
@@ -161,10 +162,25 @@ impl TestApiServer {
                     path: path.clone(),
                     message: e.to_string(),
                 })?;
-                let snap = serde_json::from_slice(&body).map_err(|e| Error::State {
-                    path: path.clone(),
-                    message: format!("not a state file of this server: {e}"),
-                })?;
+                let mut snap: store::Snapshot =
+                    serde_json::from_slice(&body).map_err(|e| Error::State {
+                        path: path.clone(),
+                        message: format!("not a state file of this server: {e}"),
+                    })?;
+                let jpath = http::journal_path(path);
+                match std::fs::read(&jpath) {
+                    Ok(journal) => snap.replay(&journal).map_err(|message| Error::State {
+                        path: jpath.clone(),
+                        message,
+                    })?,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Error::State {
+                            path: jpath,
+                            message: e.to_string(),
+                        });
+                    }
+                }
                 State::restore(opts.event_window, snap).map_err(|message| Error::State {
                     path: path.clone(),
                     message,
@@ -183,6 +199,7 @@ impl TestApiServer {
             addr,
             bookmark_interval: opts.bookmark_interval,
             state_file: opts.state_file.clone(),
+            journal: std::sync::Mutex::default(),
         });
         if opts.install_crds {
             install_liteio_crds(&shared)?;

@@ -191,6 +191,92 @@ struct StoredObject {
     object: Value,
 }
 
+/// One line of the journal kept next to the state file: what one write changed. Appending
+/// it costs the size of the change, where rewriting the state file costs the size of
+/// everything (which made each write O(objects) and a burst of creates quadratic).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct JournalEntry {
+    /// The resourceVersion counter after the write.
+    rv: u64,
+    changes: Vec<Change>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Change {
+    group: String,
+    plural: String,
+    namespace: String,
+    name: String,
+    /// The object as stored after the write; `None`: removed.
+    object: Option<Value>,
+}
+
+impl Snapshot {
+    /// Applies the journal written after this snapshot (JSON lines of [`JournalEntry`]).
+    /// Entries the snapshot already holds (a crash between writing a new snapshot and
+    /// emptying the journal) are skipped; an incomplete last line (a crash in the middle of
+    /// appending it, so never acknowledged) is ignored; any other bad line is an error
+    /// naming its line number.
+    pub fn replay(&mut self, journal: &[u8]) -> Result<(), String> {
+        let text = String::from_utf8_lossy(journal);
+        let complete = text.ends_with('\n');
+        let lines: Vec<&str> = text.lines().collect();
+        let mut objects: BTreeMap<(String, String, String, String), Value> =
+            std::mem::take(&mut self.objects)
+                .into_iter()
+                .map(|o| {
+                    let k = (
+                        o.group,
+                        o.plural,
+                        meta_str(&o.object, "namespace").to_string(),
+                        meta_str(&o.object, "name").to_string(),
+                    );
+                    (k, o.object)
+                })
+                .collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let entry: JournalEntry = match serde_json::from_str(line) {
+                Ok(e) => e,
+                Err(_) if i + 1 == lines.len() && !complete => break,
+                Err(e) => return Err(format!("journal line {}: {e}", i + 1)),
+            };
+            if entry.rv <= self.rv {
+                continue;
+            }
+            for c in entry.changes {
+                let k = (c.group, c.plural, c.namespace, c.name);
+                match c.object {
+                    Some(o) => objects.insert(k, o),
+                    None => objects.remove(&k),
+                };
+            }
+            self.rv = entry.rv;
+        }
+        self.objects = objects
+            .into_iter()
+            .map(|((group, plural, _, _), object)| StoredObject {
+                group,
+                plural,
+                object,
+            })
+            .collect();
+        crds_first(&mut self.objects);
+        Ok(())
+    }
+}
+
+/// Deterministic order; CRDs first so that a restore serves their kinds before it meets
+/// their objects.
+fn crds_first(objects: &mut [StoredObject]) {
+    objects.sort_by(|a, b| {
+        let crd = |o: &StoredObject| o.plural != "customresourcedefinitions";
+        (crd(a), &a.group, &a.plural).cmp(&(crd(b), &b.group, &b.plural))
+    });
+}
+
 /// Namespaces every cluster has.
 pub const SYSTEM_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
@@ -228,12 +314,7 @@ impl State {
                 })
             })
             .collect();
-        // Deterministic order; CRDs first so that a restore serves their kinds before it
-        // meets their objects.
-        objects.sort_by(|a, b| {
-            let crd = |o: &StoredObject| o.plural != "customresourcedefinitions";
-            (crd(a), &a.group, &a.plural).cmp(&(crd(b), &b.group, &b.plural))
-        });
+        crds_first(&mut objects);
         Snapshot {
             rv: self.rv,
             objects,
@@ -341,15 +422,55 @@ impl State {
     /// Events after `cursor` for one resource (all namespaces); `Err(oldest)` when `cursor`
     /// is older than the retained window.
     pub fn events_since(&self, cursor: u64, group: &str, plural: &str) -> Result<Vec<Event>, u64> {
+        self.events_matching(cursor, group, plural, &|_| true)
+    }
+
+    /// Like [`State::events_since`], only the events `keep` accepts. Every write wakes every
+    /// watch; one that follows a single object (a name field selector) copies only that
+    /// object's events instead of every event of the resource.
+    pub fn events_matching(
+        &self,
+        cursor: u64,
+        group: &str,
+        plural: &str,
+        keep: &dyn Fn(&Event) -> bool,
+    ) -> Result<Vec<Event>, u64> {
         if cursor < self.compacted {
             return Err(self.compacted + 1);
         }
+        // The log is in resourceVersion order: skip what the watch has seen without
+        // looking at it.
+        let first = self.log.partition_point(|e| e.rv <= cursor);
         Ok(self
             .log
-            .iter()
-            .filter(|e| e.rv > cursor && e.group == group && e.plural == plural)
+            .range(first..)
+            .filter(|e| e.group == group && e.plural == plural && keep(e))
             .cloned()
             .collect())
+    }
+
+    /// What the writes after resourceVersion `since` changed, for the journal; `None` when
+    /// the event log no longer holds all of it (then the whole state must be saved).
+    pub fn journal_since(&self, since: u64) -> Option<JournalEntry> {
+        if since < self.compacted {
+            return None;
+        }
+        let first = self.log.partition_point(|e| e.rv <= since);
+        let changes = self
+            .log
+            .range(first..)
+            .map(|e| Change {
+                group: e.group.clone(),
+                plural: e.plural.clone(),
+                namespace: e.namespace.clone(),
+                name: meta_str(&e.object, "name").to_string(),
+                object: (e.kind != EventType::Deleted).then(|| e.object.clone()),
+            })
+            .collect();
+        Some(JournalEntry {
+            rv: self.rv,
+            changes,
+        })
     }
 
     /// The object presented as `res` (its version) sees it.
@@ -371,11 +492,23 @@ impl State {
 
     /// Every object of a resource, in key order; `ns` None means all namespaces.
     pub fn list(&self, res: &ResourceInfo, ns: Option<&str>) -> Vec<Value> {
+        self.list_matching(res, ns, &|_| true)
+    }
+
+    /// The objects of a resource that `keep` accepts, in key order; `ns` None means all
+    /// namespaces. Only those are copied: a selector that picks one object out of
+    /// thousands costs a scan, not a copy of every object.
+    pub fn list_matching(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        keep: &dyn Fn(&Value) -> bool,
+    ) -> Vec<Value> {
         self.objects
             .get(&key(res))
             .map(|m| {
                 m.iter()
-                    .filter(|((n, _), _)| ns.is_none_or(|want| want == n))
+                    .filter(|((n, _), o)| ns.is_none_or(|want| want == n) && keep(o))
                     .map(|(_, o)| Self::present(res, o))
                     .collect()
             })
@@ -1114,4 +1247,103 @@ fn crd_causes(crd: &Value) -> Vec<Cause> {
         });
     }
     causes
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn cm(name: &str, v: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "default"}, "data": {"k": v}})
+    }
+
+    /// Journal lines for the writes `f` makes, one line per write as the server appends them.
+    fn journaled(s: &mut State, f: impl FnOnce(&mut State)) -> String {
+        let before = s.rv();
+        f(s);
+        // One entry for everything `f` did: a line may hold several changes.
+        let e = s.journal_since(before).unwrap();
+        format!("{}\n", serde_json::to_string(&e).unwrap())
+    }
+
+    fn data(s: &State, name: &str) -> Option<String> {
+        let res = s.find("", "v1", "configmaps").unwrap();
+        s.get(&res, "default", name)
+            .ok()
+            .map(|o| o["data"]["k"].as_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn a_snapshot_and_its_journal_restore_every_write() {
+        let mut s = State::new(100);
+        let res = s.find("", "v1", "configmaps").unwrap();
+        let o = WriteOpts::default();
+        s.create(&res, "default", cm("kept", "1"), &o).unwrap();
+        s.create(&res, "default", cm("gone", "1"), &o).unwrap();
+        let snap = s.snapshot();
+        let mut journal = journaled(&mut s, |s| {
+            s.create(&res, "default", cm("new", "2"), &o).unwrap();
+        });
+        journal += &journaled(&mut s, |s| {
+            let mut v = s.get(&res, "default", "kept").unwrap();
+            v["data"]["k"] = json!("3");
+            s.update(&res, "default", "kept", v, false, &o).unwrap();
+            s.delete(&res, "default", "gone", &Value::Null, false)
+                .unwrap();
+        });
+        let mut snap2 = State::restore(100, snap).unwrap().snapshot();
+        snap2.replay(journal.as_bytes()).unwrap();
+        let r = State::restore(100, snap2).unwrap();
+        assert_eq!(r.rv(), s.rv());
+        assert_eq!(data(&r, "kept").as_deref(), Some("3"));
+        assert_eq!(data(&r, "new").as_deref(), Some("2"));
+        assert_eq!(data(&r, "gone"), None);
+    }
+
+    #[test]
+    fn replay_skips_what_the_snapshot_holds_and_ignores_a_torn_last_line() {
+        let mut s = State::new(100);
+        let res = s.find("", "v1", "configmaps").unwrap();
+        let o = WriteOpts::default();
+        let journal = journaled(&mut s, |s| {
+            s.create(&res, "default", cm("a", "1"), &o).unwrap();
+        });
+        // The snapshot was written after the entry (a crash before the journal was emptied),
+        // and "a" changed since: the stale entry must not bring the old value back.
+        let mut v = s.get(&res, "default", "a").unwrap();
+        v["data"]["k"] = json!("2");
+        s.update(&res, "default", "a", v, false, &o).unwrap();
+        let mut snap = s.snapshot();
+        let torn = format!("{journal}{{\"rv\": 99999, \"chan");
+        snap.replay(torn.as_bytes()).unwrap();
+        let r = State::restore(100, snap).unwrap();
+        assert_eq!(data(&r, "a").as_deref(), Some("2"));
+        assert_eq!(r.rv(), s.rv());
+
+        // A bad line that is not the last one is an error naming it.
+        let mut snap = s.snapshot();
+        let bad = format!("not json\n{journal}");
+        let err = snap.replay(bad.as_bytes()).unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn an_entry_is_refused_once_the_log_lost_part_of_it() {
+        let mut s = State::new(2);
+        let res = s.find("", "v1", "configmaps").unwrap();
+        let before = s.rv();
+        for i in 0..3 {
+            s.create(
+                &res,
+                "default",
+                cm(&format!("c{i}"), "1"),
+                &WriteOpts::default(),
+            )
+            .unwrap();
+        }
+        assert!(s.journal_since(before).is_none());
+        assert_eq!(s.journal_since(s.rv()).unwrap().changes.len(), 0);
+    }
 }

@@ -127,6 +127,50 @@ async fn objects_and_resource_versions_survive_a_restart() {
     .expect("timed out");
 }
 
+/// A write appends its change to `<state file>.journal` instead of rewriting the whole
+/// state (which made every write cost O(objects)); updates and deletions made that way
+/// survive a restart.
+#[tokio::test]
+async fn writes_go_to_the_journal_and_survive_a_restart() {
+    tokio::time::timeout(LIMIT, async {
+        let dir = scratch("journal");
+        let file = dir.join("state.json");
+        let journal = dir.join("state.json.journal");
+        {
+            let server = start(&file).await;
+            let cms: Api<ConfigMap> = Api::namespaced(server.client().await.unwrap(), "default");
+            let state_before = std::fs::read(&file).unwrap();
+            for i in 0..20 {
+                cms.create(&PostParams::default(), &config_map(&format!("c{i}"), "1"))
+                    .await
+                    .unwrap();
+            }
+            let mut c = cms.get("c1").await.unwrap();
+            c.data = Some([("k".to_string(), "changed".to_string())].into());
+            cms.replace("c1", &PostParams::default(), &c).await.unwrap();
+            cms.delete("c2", &Default::default()).await.unwrap();
+            assert_eq!(
+                std::fs::read(&file).unwrap(),
+                state_before,
+                "the state file was rewritten for small writes"
+            );
+            let lines = std::fs::read_to_string(&journal).unwrap().lines().count();
+            assert_eq!(lines, 22, "one journal line per write");
+        }
+        let server = start(&file).await;
+        let cms: Api<ConfigMap> = Api::namespaced(server.client().await.unwrap(), "default");
+        assert_eq!(cms.get("c1").await.unwrap().data.unwrap()["k"], "changed");
+        assert!(cms.get_opt("c2").await.unwrap().is_none(), "c2 came back");
+        assert!(cms.get_opt("c19").await.unwrap().is_some(), "c19 is lost");
+        // Starting folds the journal into the state file.
+        assert_eq!(std::fs::read(&journal).unwrap().len(), 0);
+        drop(server);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("timed out");
+}
+
 #[tokio::test]
 async fn a_broken_state_file_is_refused_with_its_path() {
     tokio::time::timeout(LIMIT, async {
