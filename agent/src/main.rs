@@ -169,6 +169,17 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || spdk.stop())
             .await
             .context("the SPDK stop task failed")?;
+        // Deprecated SPDK features this run used (SPDK 26.05 still makes some itself): they
+        // go in the next SPDK release, so say which, once, in our own log.
+        for d in liteio_agent::spdk::deprecation::deprecation_hits() {
+            tracing::warn!(
+                tag = %d.tag,
+                hits = d.hits,
+                remove_release = %d.remove_release,
+                "SPDK deprecation hit: {}",
+                d.description
+            );
+        }
     }
     served
 }

@@ -12,6 +12,7 @@
 #![cfg(feature = "link")]
 
 pub mod bdev;
+pub mod deprecation;
 pub mod error;
 pub mod initiator;
 pub mod io;
@@ -20,5 +21,6 @@ pub mod nvmf;
 pub mod runtime;
 pub mod stats;
 
+pub use deprecation::{Deprecation, deprecation_hits, deprecations};
 pub use error::{ErrorKind, Result, SpdkError};
 pub use runtime::{Spdk, SpdkOptions};

@@ -114,6 +114,27 @@ fn trid(address: &str, port: u16) -> Result<spdk_sys::spdk_nvme_transport_id> {
     Ok(t)
 }
 
+/// The options `ss` was created with (type, serial and model numbers); SPDK 26.05 deprecates
+/// the single-field getters for these.
+///
+/// # Safety
+/// `ss` must be a live subsystem and the call must run on an SPDK thread; the result lives as
+/// long as `ss`.
+unsafe fn opts(ss: *mut spdk_nvmf_subsystem) -> *const spdk_sys::spdk_nvmf_subsystem_opts {
+    // SAFETY: the caller's contract; SPDK returns a pointer into the subsystem, never NULL.
+    unsafe { spdk_sys::spdk_nvmf_subsystem_get_opts(ss) }
+}
+
+/// Copy `s` into the fixed-size C string `dst`, NUL-terminated; `s` must be shorter than
+/// `dst` (checked by [`validate`]).
+fn fill(dst: &mut [std::ffi::c_char], s: &str) {
+    dst.fill(0);
+    let room = dst.len().saturating_sub(1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
+        *d = b as std::ffi::c_char;
+    }
+}
+
 /// What SPDK reports of `ss`.
 ///
 /// # Safety
@@ -151,7 +172,7 @@ unsafe fn info(ss: *mut spdk_nvmf_subsystem) -> SubsystemInfo {
         }
         SubsystemInfo {
             nqn: from_c(spdk_sys::spdk_nvmf_subsystem_get_nqn(ss)),
-            serial: from_c(spdk_sys::spdk_nvmf_subsystem_get_sn(ss)),
+            serial: super::runtime::from_c_array(&(*opts(ss)).sn),
             bdevs,
             listeners,
             hosts,
@@ -205,10 +226,8 @@ pub async fn subsystems() -> Result<Vec<SubsystemInfo>> {
         // SAFETY: iteration on the reactor.
         let mut ss = unsafe { spdk_sys::spdk_nvmf_subsystem_get_first(t) };
         while !ss.is_null() {
-            // SAFETY: `ss` is live.
-            if unsafe { spdk_sys::spdk_nvmf_subsystem_get_type(ss) }
-                == spdk_sys::SPDK_NVMF_SUBTYPE_NVME
-            {
+            // SAFETY: `ss` is live; the options are packed, so the type is copied out.
+            if unsafe { (*opts(ss)).type_ } == spdk_sys::SPDK_NVMF_SUBTYPE_NVME {
                 // SAFETY: `ss` is live: returned by the iteration on this thread.
                 out.push(unsafe { info(ss) });
             }
@@ -273,16 +292,21 @@ fn validate(spec: &SubsystemSpec) -> Result<()> {
             reason: format!("{:?} is not an NQN (nqn.…, at most 223 bytes)", spec.nqn),
         });
     }
-    if spec.serial.is_empty() || spec.serial.len() > 20 || !spec.serial.is_ascii() {
+    // NVMe allows printable ASCII only (SPDK refuses the rest).
+    let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    if spec.serial.is_empty() || spec.serial.len() > 20 || !printable(&spec.serial) {
         return Err(SpdkError::InvalidArgument {
             field: "serial",
-            reason: format!("{:?} must be 1-20 ASCII characters", spec.serial),
+            reason: format!("{:?} must be 1-20 printable ASCII characters", spec.serial),
         });
     }
-    if spec.model.len() > 40 || !spec.model.is_ascii() {
+    if spec.model.len() > 40 || !printable(&spec.model) {
         return Err(SpdkError::InvalidArgument {
             field: "model",
-            reason: format!("{:?} must be at most 40 ASCII characters", spec.model),
+            reason: format!(
+                "{:?} must be at most 40 printable ASCII characters",
+                spec.model
+            ),
         });
     }
     if spec.port == 0 {
@@ -398,17 +422,20 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
             let t = tgt(r)?;
             bdev_by_name(r, &spec.bdev)?;
             let trid = trid(&spec.address, spec.port)?;
-            let (nqn, sn, mn, bdev, uuid) = (
-                cstr("nqn", &spec.nqn)?,
-                cstr("serial", &spec.serial)?,
-                cstr("model", &spec.model)?,
-                cstr("bdev", &spec.bdev)?,
-                cstr("ns_uuid", &spec.ns_uuid)?,
-            );
+            let (nqn, bdev, uuid) = (cstr("nqn", &spec.nqn)?, cstr("bdev", &spec.bdev)?, cstr("ns_uuid", &spec.ns_uuid)?);
             let hosts: Vec<_> = spec.hosts.iter().map(|h| cstr("hosts", h)).collect::<Result<_>>()?;
-            // SAFETY: on the reactor; strings are copied by SPDK.
-            let ss = unsafe { spdk_sys::spdk_nvmf_subsystem_create(t, nqn.as_ptr(), spdk_sys::SPDK_NVMF_SUBTYPE_NVME, 1) };
+            let mut sopts = spdk_sys::spdk_nvmf_subsystem_opts::default();
+            // SAFETY: `sopts` is writable and `opts_size` is its size; SPDK fills in defaults.
+            unsafe { spdk_sys::spdk_nvmf_subsystem_opts_init(spdk_sys::SPDK_NVMF_SUBTYPE_NVME, &mut sopts, std::mem::size_of::<spdk_sys::spdk_nvmf_subsystem_opts>()) };
+            sopts.__bindgen_anon_1.max_namespaces = 1;
+            fill(&mut sopts.sn, &spec.serial);
+            if !spec.model.is_empty() {
+                fill(&mut sopts.mn, &spec.model);
+            }
+            // SAFETY: on the reactor; the NQN and `sopts` are copied by SPDK.
+            let ss = unsafe { spdk_sys::spdk_nvmf_subsystem_create_ext(t, nqn.as_ptr(), spdk_sys::SPDK_NVMF_SUBTYPE_NVME, &sopts) };
             if ss.is_null() {
+                // `validate` checked the NQN, serial and model: most likely the NQN is taken.
                 return Err(SpdkError::errno("create subsystem", spec.nqn.clone(), -libc_errno::EINVAL));
             }
             let fail = |e: SpdkError| {
@@ -418,12 +445,6 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
             };
             // SAFETY: `ss` is a new inactive subsystem on the reactor.
             unsafe {
-                if spdk_sys::spdk_nvmf_subsystem_set_sn(ss, sn.as_ptr()) != 0 {
-                    return Err(fail(SpdkError::InvalidArgument { field: "serial", reason: format!("{:?} rejected by SPDK", spec.serial) }));
-                }
-                if !spec.model.is_empty() && spdk_sys::spdk_nvmf_subsystem_set_mn(ss, mn.as_ptr()) != 0 {
-                    return Err(fail(SpdkError::InvalidArgument { field: "model", reason: format!("{:?} rejected by SPDK", spec.model) }));
-                }
                 spdk_sys::spdk_nvmf_subsystem_set_allow_any_host(ss, false);
                 if spdk_sys::liteio_nvmf_add_ns(ss, bdev.as_ptr(), uuid.as_ptr()) == 0 {
                     return Err(fail(SpdkError::InvalidArgument {
