@@ -647,38 +647,6 @@ fn default_bin_dir() -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot tell the profile directory from {}", exe.display()))
 }
 
-fn log_tails(dir: &Path, lines: usize) -> String {
-    let mut logs = Vec::new();
-    for d in [dir.to_path_buf(), dir.join("nodes")] {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "log") {
-                logs.push(p);
-            } else if p.is_dir() {
-                logs.extend(
-                    std::fs::read_dir(&p)
-                        .into_iter()
-                        .flatten()
-                        .flatten()
-                        .map(|e| e.path())
-                        .filter(|p| p.extension().is_some_and(|x| x == "log")),
-                );
-            }
-        }
-    }
-    let mut out = String::new();
-    for l in logs {
-        let text = std::fs::read_to_string(&l).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        out.push_str(&format!("---- {} ----\n", l.display()));
-        for line in &all[all.len().saturating_sub(lines)..] {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 async fn one_run(args: &Args, bin_dir: &Path, run: usize) -> Result<Figures> {
     let dir = std::env::temp_dir().join(format!("liteio-scale-{}-{run}", std::process::id()));
     let _ = netns::cleanup(&dir);
@@ -700,7 +668,7 @@ async fn one_run(args: &Args, bin_dir: &Path, run: usize) -> Result<Figures> {
     let mut c = match Cluster::start(&dir, bin_dir, opts).await {
         Ok(c) => c,
         Err(e) => {
-            let tails = log_tails(&dir, 20);
+            let tails = liteio_local::cluster::log_tails(&dir, 20);
             let _ = netns::cleanup(&dir);
             bail!("the cluster did not start: {e}\n{tails}");
         }
@@ -713,7 +681,7 @@ async fn one_run(args: &Args, bin_dir: &Path, run: usize) -> Result<Figures> {
     );
     let result = scenario(&c, args).await;
     if result.is_err() {
-        println!("{}", log_tails(&dir, 30));
+        println!("{}", liteio_local::cluster::log_tails(&dir, 30));
     }
     let record = c.record().clone();
     let undone = c.shutdown().await;

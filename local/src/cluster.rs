@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use liteio_agent::config::Config as AgentConfig;
@@ -23,6 +23,40 @@ use tokio::process::{Child, Command};
 
 use crate::netns::{Ledger, Network};
 use crate::{ApiSource, Engine, Local, LocalError, http_ok, wait_until};
+
+/// The last `lines` lines of every log of a run in `dir` (the root namespace's components and
+/// each node's), for failure reports.
+pub fn log_tails(dir: &Path, lines: usize) -> String {
+    let mut logs = Vec::new();
+    for d in [dir.to_path_buf(), dir.join("nodes")] {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "log") {
+                logs.push(p);
+            } else if p.is_dir() {
+                logs.extend(
+                    std::fs::read_dir(&p)
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|x| x == "log")),
+                );
+            }
+        }
+    }
+    let mut out = String::new();
+    for l in logs {
+        let text = std::fs::read_to_string(&l).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("---- {} ----\n", l.display()));
+        for line in &all[all.len().saturating_sub(lines)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
 
 /// Port of each node's agent metrics (in the node's namespace, on its address).
 pub const AGENT_METRICS_PORT: u16 = 9100;
@@ -592,17 +626,7 @@ impl Cluster {
 
     /// The namespace and one Node object per node, with its address.
     async fn seed(&self, client: &Client) -> Result<(), LocalError> {
-        let ns: Api<Namespace> = Api::all(client.clone());
-        if ns.get_opt(keys::DEFAULT_NAMESPACE).await?.is_none() {
-            let obj = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(keys::DEFAULT_NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            ns.create(&PostParams::default(), &obj).await?;
-        }
+        crate::ensure_namespace(client).await?;
         let nodes: Api<Node> = Api::all(client.clone());
         for k in 1..=self.opts.nodes {
             let name = self.node_name(k);

@@ -567,17 +567,7 @@ impl Local {
 
     /// The namespace and this machine's Node object.
     async fn seed(&self, client: &Client) -> Result<(), LocalError> {
-        let ns: Api<Namespace> = Api::all(client.clone());
-        if ns.get_opt(keys::DEFAULT_NAMESPACE).await?.is_none() {
-            let obj = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(keys::DEFAULT_NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            ns.create(&PostParams::default(), &obj).await?;
-        }
+        ensure_namespace(client).await?;
         let nodes: Api<Node> = Api::all(client.clone());
         if nodes.get_opt(&self.node).await?.is_none() {
             let labels = [
@@ -725,6 +715,22 @@ pub fn log_tails(dir: &Path, lines: usize) -> String {
         }
     }
     out
+}
+
+/// Creates LiteIO's namespace when it is missing.
+pub(crate) async fn ensure_namespace(client: &Client) -> Result<(), LocalError> {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    if ns.get_opt(keys::DEFAULT_NAMESPACE).await?.is_none() {
+        let obj = Namespace {
+            metadata: ObjectMeta {
+                name: Some(keys::DEFAULT_NAMESPACE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        ns.create(&PostParams::default(), &obj).await?;
+    }
+    Ok(())
 }
 
 /// Undoes what volumes may have left on this host under `dir`: unmounts every mount below it

@@ -79,7 +79,7 @@ where
         let mut c = match Cluster::start(dir, &bin_dir(), opts).await {
             Ok(c) => c,
             Err(e) => {
-                let tails = log_tails(dir);
+                let tails = liteio_local::cluster::log_tails(dir, 25);
                 let _ = netns::cleanup(dir);
                 panic!("the cluster did not start: {e}\n{tails}");
             }
@@ -89,7 +89,7 @@ where
             Err(_) => Err(format!("timed out after {limit:?}")),
         };
         if result.is_err() {
-            println!("{}", log_tails(dir));
+            println!("{}", liteio_local::cluster::log_tails(dir, 25));
         }
         let record = c.record().clone();
         let undone = c.shutdown().await;
@@ -103,40 +103,6 @@ where
         left.is_empty(),
         "left behind: {left:?} (cleanup did {undone:?})"
     );
-}
-
-pub fn log_tails(dir: &Path) -> String {
-    let mut out = String::new();
-    let mut logs = Vec::new();
-    for d in [dir.to_path_buf(), dir.join("nodes")] {
-        if let Ok(rd) = std::fs::read_dir(&d) {
-            for e in rd.flatten() {
-                let p = e.path();
-                if p.extension().is_some_and(|x| x == "log") {
-                    logs.push(p);
-                } else if p.is_dir() {
-                    logs.extend(
-                        std::fs::read_dir(&p)
-                            .into_iter()
-                            .flatten()
-                            .flatten()
-                            .map(|e| e.path())
-                            .filter(|p| p.extension().is_some_and(|x| x == "log")),
-                    );
-                }
-            }
-        }
-    }
-    for l in logs {
-        let text = std::fs::read_to_string(&l).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        out.push_str(&format!("---- {} ----\n", l.display()));
-        for line in &lines[lines.len().saturating_sub(25)..] {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
 }
 
 pub fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {

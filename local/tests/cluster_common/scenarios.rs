@@ -463,7 +463,12 @@ pub fn cleanup_after_a_killed_run_removes_everything(engine: Engine) {
     let record = rt.block_on(async {
         let c = Cluster::start(&dir, &bin_dir(), ClusterOptions::new(2, engine))
             .await
-            .unwrap_or_else(|e| panic!("the cluster did not start: {e}\n{}", log_tails(&dir)));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the cluster did not start: {e}\n{}",
+                    liteio_local::cluster::log_tails(&dir, 25)
+                )
+            });
         let record = c.record().clone();
         // As if the harness were SIGKILLed: nothing is stopped.
         c.abandon();
