@@ -5,16 +5,26 @@
 //! Also prints the agent's resident memory with all volumes in place (SPDK's memory pools
 //! excluded: the file-engine run has no SPDK).
 //!
-//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT] [--sequential]`
+//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT] [--sequential] [--runs N] [--engine file|spdk]`
 //!
 //! `--agent-memory` instead runs the `disk-agent` binary as its own process (file engine)
 //! and prints its resident memory with COUNT ready volumes.
 //!
 //! By default all volumes are created at once (a burst: latency includes queueing behind the
 //! others); `--sequential` creates the next volume only when the previous one is ready.
+//!
+//! `--runs N` repeats the measurement N times, each in a fresh process (a new API server,
+//! agent and SPDK), and prints the worst run's p99 and the median run's p50 per engine.
+//! `--engine file|spdk` measures one engine only.
+//!
+//! Each run also says where its slowest volumes spent their time, from the agent's own
+//! accounting (`liteio_agent::sync::provision`, captured from its log events in this
+//! process) and this program's clock:
+//! `queue` (created → the agent's first pass), `engine`, `export`, `api` (the agent's steps),
+//! `waiting` (between the agent's passes), `delivery` (ready patch done → seen in the watch).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -86,6 +96,162 @@ fn volume(i: usize) -> (String, AntstorVolume) {
     (name, v)
 }
 
+/// The agent's provisioning figures of one volume, from its "volume ready" event (ms).
+#[derive(Clone, Copy, Debug, Default)]
+struct AgentFigures {
+    took: f64,
+    engine: f64,
+    export: f64,
+    api: f64,
+    waiting: f64,
+    passes: u64,
+}
+
+/// What the agent's provisioning events said, by volume name, with when they came.
+#[derive(Debug, Default)]
+struct Seen {
+    started: HashMap<String, Instant>,
+    ready: HashMap<String, (Instant, AgentFigures)>,
+}
+
+/// A tracing layer keeping the agent's provisioning events (target
+/// `liteio_agent::sync::provision`) in [`Seen`].
+#[derive(Clone, Debug, Default)]
+struct Capture(Arc<Mutex<Seen>>);
+
+impl Capture {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    volume: String,
+    message: String,
+    figures: AgentFigures,
+    has_figures: bool,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        let f = &mut self.figures;
+        match field.name() {
+            "took_ms" => f.took = value,
+            "engine_ms" => f.engine = value,
+            "export_ms" => f.export = value,
+            "api_ms" => f.api = value,
+            "waiting_ms" => f.waiting = value,
+            _ => return,
+        }
+        self.has_figures = true;
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        if field.name() == "passes" {
+            self.figures.passes = value;
+        }
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "volume" {
+            // `namespace/name`, or the name alone.
+            self.volume = value.rsplit('/').next().unwrap_or(value).to_string();
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "volume" => {
+                let v = format!("{value:?}");
+                self.volume = v.rsplit('/').next().unwrap_or(&v).to_string();
+            }
+            "message" => self.message = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != "liteio_agent::sync::provision" {
+            return;
+        }
+        let at = Instant::now();
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if f.volume.is_empty() {
+            return;
+        }
+        let mut seen = self.seen();
+        if f.has_figures {
+            // The first time the agent made it ready (a later pass may report again).
+            seen.ready.entry(f.volume).or_insert((at, f.figures));
+        } else if f.message.contains("provisioning started") {
+            seen.started.entry(f.volume).or_insert(at);
+        }
+    }
+}
+
+/// Where one volume's time went (ms): this program's view and the agent's.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Breakdown {
+    total: f64,
+    queue: f64,
+    engine: f64,
+    export: f64,
+    api: f64,
+    waiting: f64,
+    delivery: f64,
+    passes: u64,
+}
+
+impl Breakdown {
+    fn line(&self) -> String {
+        format!(
+            "{:.0} ms = queue {:.0} + engine {:.0} + export {:.0} + api {:.0} + waiting {:.0} + delivery {:.0} ({} passes)",
+            self.total,
+            self.queue,
+            self.engine,
+            self.export,
+            self.api,
+            self.waiting,
+            self.delivery,
+            self.passes
+        )
+    }
+
+    fn mean(all: &[Breakdown]) -> Breakdown {
+        let n = all.len().max(1) as f64;
+        let sum = |f: fn(&Breakdown) -> f64| all.iter().map(f).sum::<f64>() / n;
+        Breakdown {
+            total: sum(|b| b.total),
+            queue: sum(|b| b.queue),
+            engine: sum(|b| b.engine),
+            export: sum(|b| b.export),
+            api: sum(|b| b.api),
+            waiting: sum(|b| b.waiting),
+            delivery: sum(|b| b.delivery),
+            passes: (all.iter().map(|b| b.passes).sum::<u64>() as f64 / n).round() as u64,
+        }
+    }
+}
+
+/// One run's result, printed as a `RESULT {json}` line for `--runs`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct RunResult {
+    engine: String,
+    ready: usize,
+    count: usize,
+    p50: f64,
+    p99: f64,
+    /// The slowest 1 % of volumes, on average.
+    slowest: Breakdown,
+    /// Every volume, on average.
+    mean: Breakdown,
+    memory_mib: f64,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run(
     label: &str,
     engine: Arc<dyn PoolEngine>,
@@ -93,7 +259,9 @@ async fn run(
     config: Config,
     count: usize,
     sequential: bool,
-) -> anyhow::Result<()> {
+    capture: &Capture,
+) -> anyhow::Result<RunResult> {
+    *capture.seen() = Seen::default();
     let (_server, client) = cluster().await?;
     let dir = tempfile::tempdir()?;
     let mut opts = AgentOptions::from_config(NODE, config);
@@ -119,6 +287,24 @@ async fn run(
     });
     let mut created = BTreeMap::new();
     let mut lat = Vec::new();
+    let mut breakdowns = Vec::new();
+    // Where the time of a volume created at `t0` and seen ready at `at` went.
+    let breakdown = |name: &str, t0: Instant, at: Instant| {
+        let seen = capture.seen();
+        let mut b = Breakdown {
+            total: at.duration_since(t0).as_secs_f64() * 1000.0,
+            ..Breakdown::default()
+        };
+        if let Some(started) = seen.started.get(name) {
+            b.queue = started.saturating_duration_since(t0).as_secs_f64() * 1000.0;
+        }
+        if let Some((ready, f)) = seen.ready.get(name) {
+            (b.engine, b.export, b.api, b.waiting, b.passes) =
+                (f.engine, f.export, f.api, f.waiting, f.passes);
+            b.delivery = at.saturating_duration_since(*ready).as_secs_f64() * 1000.0;
+        }
+        b
+    };
     for i in 0..count {
         let (name, v) = volume(i);
         created.insert(name, Instant::now());
@@ -129,6 +315,7 @@ async fn run(
                 .ok_or_else(|| anyhow::anyhow!("readiness watch ended"))?;
             if let Some(t0) = created.remove(&name) {
                 lat.push(at.duration_since(t0).as_secs_f64() * 1000.0);
+                breakdowns.push(breakdown(&name, t0, at));
             }
         }
     }
@@ -139,16 +326,21 @@ async fn run(
         };
         if let Some(t0) = created.remove(&name) {
             lat.push(at.duration_since(t0).as_secs_f64() * 1000.0);
+            breakdowns.push(breakdown(&name, t0, at));
         }
     }
     lat.sort_by(f64::total_cmp);
+    breakdowns.sort_by(|a, b| b.total.total_cmp(&a.total));
+    let slowest = Breakdown::mean(&breakdowns[..breakdowns.len().div_ceil(100)]);
+    let mean = Breakdown::mean(&breakdowns);
     let p = |q: f64| {
         lat.get(((lat.len().max(1) - 1) as f64 * q).round() as usize)
             .copied()
             .unwrap_or(f64::NAN)
     };
+    let memory_mib = proc_mib("self", "VmRSS:");
     println!(
-        "{label}{}: {} of {count} volumes ready; creation to ready p50 {:.1} ms, p99 {:.1} ms; resident memory {:.0} MiB",
+        "{label}{}: {} of {count} volumes ready; creation to ready p50 {:.1} ms, p99 {:.1} ms; resident memory {memory_mib:.0} MiB",
         if sequential {
             ", one at a time"
         } else {
@@ -157,10 +349,82 @@ async fn run(
         lat.len(),
         p(0.5),
         p(0.99),
-        proc_mib("self", "VmRSS:")
     );
+    println!("  slowest 1 %: {}", slowest.line());
+    println!("  mean:        {}", mean.line());
     watch.abort();
     agent.shutdown(Duration::from_secs(10)).await;
+    Ok(RunResult {
+        engine: label.to_string(),
+        ready: lat.len(),
+        count,
+        p50: p(0.5),
+        p99: p(0.99),
+        slowest,
+        mean,
+        memory_mib,
+    })
+}
+
+/// `--runs N`: runs this program N times (`--one-run`), each a fresh process, and prints
+/// the worst run's p99 and the median run's p50 per engine, with where the worst run's
+/// slowest volumes spent their time.
+fn repeat(runs: usize, args: &[String]) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let mut pass_on: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--runs" {
+            it.next();
+        } else {
+            pass_on.push(a.clone());
+        }
+    }
+    let mut by_engine: BTreeMap<String, Vec<RunResult>> = BTreeMap::new();
+    for i in 1..=runs {
+        let out = std::process::Command::new(&exe)
+            .args(&pass_on)
+            .arg("--one-run")
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        anyhow::ensure!(out.status.success(), "run {i} failed: {}", out.status);
+        for json in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("RESULT "))
+        {
+            let r: RunResult = serde_json::from_str(json)?;
+            println!(
+                "run {i:>2} {}: {} of {} ready, p50 {:.1} ms, p99 {:.1} ms; slowest 1 %: {}",
+                r.engine,
+                r.ready,
+                r.count,
+                r.p50,
+                r.p99,
+                r.slowest.line()
+            );
+            by_engine.entry(r.engine.clone()).or_default().push(r);
+        }
+    }
+    println!();
+    for (engine, rs) in &by_engine {
+        let Some(worst) = rs.iter().max_by(|a, b| a.p99.total_cmp(&b.p99)) else {
+            continue;
+        };
+        let mut p50s: Vec<f64> = rs.iter().map(|r| r.p50).collect();
+        p50s.sort_by(f64::total_cmp);
+        let incomplete = rs.iter().filter(|r| r.ready < r.count).count();
+        println!(
+            "{engine}, {} runs of {} volumes: worst-run p99 {:.1} ms, median-run p50 {:.1} ms, best-run p99 {:.1} ms; runs with p99 above 300 ms: {}; runs with volumes not ready: {incomplete}",
+            rs.len(),
+            worst.count,
+            worst.p99,
+            p50s[p50s.len() / 2],
+            rs.iter().map(|r| r.p99).fold(f64::INFINITY, f64::min),
+            rs.iter().filter(|r| r.p99 > 300.0).count(),
+        );
+        println!("  worst run, slowest 1 %: {}", worst.slowest.line());
+        println!("  worst run, mean:        {}", worst.mean.line());
+    }
     Ok(())
 }
 
@@ -251,17 +515,61 @@ async fn agent_process_memory(count: usize) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Warnings and errors only (RUST_LOG overrides): a failed step shows up in the run.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let capture = Capture::default();
+    {
+        use tracing_subscriber::prelude::*;
+        // Warnings and errors only (RUST_LOG overrides): a failed step shows up in the run.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter),
+            )
+            .with(
+                capture.clone().with_filter(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("liteio_agent::sync::provision", tracing::Level::DEBUG),
+                ),
+            )
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let sequential = args.iter().any(|a| a == "--sequential");
-    let count: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
+    let one_run = args.iter().any(|a| a == "--one-run");
+    let count: usize = args
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--runs" | "--engine"))
+        .find_map(|(_, a)| a.parse().ok())
+        .unwrap_or(200);
+    let engine = value("--engine");
+    anyhow::ensure!(
+        matches!(engine.as_deref(), None | Some("file" | "spdk")),
+        "--engine: expected file or spdk, got {:?}",
+        engine.unwrap_or_default()
+    );
+    let want = |e: &str| engine.as_deref().is_none_or(|x| x == e);
+    if let Some(runs) = value("--runs") {
+        let runs: usize =
+            runs.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                anyhow::anyhow!("--runs: expected a positive number, got {runs:?}")
+            })?;
+        return repeat(runs, &args);
+    }
+    let report = |r: RunResult| -> anyhow::Result<()> {
+        if one_run {
+            println!("RESULT {}", serde_json::to_string(&r)?);
+        }
+        Ok(())
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -270,16 +578,24 @@ fn main() -> anyhow::Result<()> {
     }
     let dir = tempfile::tempdir()?;
     let pool = dir.path().join("pool");
-    rt.block_on(run(
-        "file engine",
-        Arc::new(FileEngine::new("bench", &pool, 64 << 30)),
-        Arc::new(NoExporter),
-        Config::file_pool("bench", &pool),
-        count,
-        sequential,
-    ))?;
+    if want("file") {
+        report(rt.block_on(run(
+            "file engine",
+            Arc::new(FileEngine::new("bench", &pool, 64 << 30)),
+            Arc::new(NoExporter),
+            Config::file_pool("bench", &pool),
+            count,
+            sequential,
+            &capture,
+        ))?)?;
+    }
+    #[cfg(not(feature = "spdk"))]
+    anyhow::ensure!(
+        want("file"),
+        "--engine spdk: this build has no SPDK (build with --features spdk)"
+    );
     #[cfg(feature = "spdk")]
-    {
+    if want("spdk") {
         use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
         use liteio_agent::spdk::{Spdk, SpdkOptions};
         let spdk = Spdk::start(&SpdkOptions {
@@ -305,17 +621,18 @@ fn main() -> anyhow::Result<()> {
         // SPDK volumes are always exported: one subsystem and listener port each.
         let exporter = Arc::new(liteio_agent::spdk::exporter::SpdkExporter::new(
             "127.0.0.1",
-            21000..=21999,
+            21000..=21000 + count.clamp(1000, 40_000) as u16,
             liteio_agent::spdk::nvmf::TcpTransportOptions::default(),
         ));
-        rt.block_on(run(
+        report(rt.block_on(run(
             "SPDK engine (with NVMe/TCP export)",
             engine,
             exporter,
             config,
             count,
             sequential,
-        ))?;
+            &capture,
+        ))?)?;
         drop(rt);
         spdk.stop();
     }

@@ -202,6 +202,8 @@ impl Agent {
             retry_max: opts.retry_max,
             pool_epoch: watch::channel(0).0,
             pool_name,
+            provisioning: Default::default(),
+            own_writes: Default::default(),
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();

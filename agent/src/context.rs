@@ -39,6 +39,10 @@ pub struct Ctx {
     pub pool_epoch: watch::Sender<u64>,
     /// Pool name (VG, lvstore or file pool name).
     pub pool_name: String,
+    /// Where the volumes being provisioned spend their time.
+    pub provisioning: crate::sync::provision::Provisioning,
+    /// Versions of objects the agent's own passes superseded.
+    pub own_writes: crate::sync::OwnWrites,
 }
 
 impl std::fmt::Debug for Ctx {

@@ -97,6 +97,25 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
         );
         assert!(!text.contains("blk_write_req{"), "{text}");
 
+        // Its provisioning was timed once, per step (observed right after the ready patch).
+        let text = eventually("provisioning figures", Duration::from_secs(5), || async {
+            let text = scrape(&agent).await;
+            let total = [("node", NODE), ("step", "total")];
+            (metric_value(&text, "liteio_provision_seconds_count", &total)? >= 1.0).then_some(text)
+        })
+        .await;
+        for step in ["total", "engine", "export", "api", "waiting"] {
+            assert_eq!(
+                metric_value(
+                    &text,
+                    "liteio_provision_seconds_count",
+                    &[("node", NODE), ("step", step)]
+                ),
+                Some(1.0),
+                "step {step}: {text}"
+            );
+        }
+
         let lo = Loop::attach(&file);
         let dev = lo.0.trim_start_matches("/dev/").to_string();
         let labels = [

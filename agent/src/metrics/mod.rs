@@ -41,8 +41,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    CounterVec, Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    CounterVec, Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::engine::{PoolEngine, VolumeIo};
@@ -178,6 +178,7 @@ pub struct Metrics {
     reconcile_errors: IntCounterVec,
     orphans: IntGaugeVec,
     collect_errors: IntCounterVec,
+    provision: HistogramVec,
     /// (volume, uuid) → engine volume name.
     known_volumes: Mutex<BTreeMap<(String, String), String>>,
     sources: Mutex<Vec<Arc<dyn ScrapeSource>>>,
@@ -278,6 +279,20 @@ impl Metrics {
                     &["source"],
                 ),
             )?,
+            provision: reg(
+                &r,
+                "liteio_provision_seconds",
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "liteio_provision_seconds",
+                        "Time from the first reconcile of a new volume to ready, in total and per step (engine, export, api, waiting between passes)",
+                    )
+                    .buckets(vec![
+                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    ]),
+                    &["step"],
+                ),
+            )?,
             registry: r,
             known_volumes: Mutex::new(BTreeMap::new()),
             sources: Mutex::new(Vec::new()),
@@ -344,6 +359,21 @@ impl Metrics {
         self.reconcile_errors
             .with_label_values(&[resource, kind])
             .inc();
+    }
+
+    /// A volume became ready: where its provisioning spent its time.
+    pub fn provisioned(&self, report: &crate::sync::provision::Report) {
+        for (step, d) in [
+            ("engine", report.steps.engine),
+            ("export", report.steps.export),
+            ("api", report.steps.api),
+            ("waiting", report.waiting()),
+            ("total", report.total),
+        ] {
+            self.provision
+                .with_label_values(&[step])
+                .observe(d.as_secs_f64());
+        }
     }
 
     /// Orphans currently seen, by kind (`volume`, `snapshot`).

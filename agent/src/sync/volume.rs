@@ -40,11 +40,12 @@ use liteio_api::{
     AntstorSnapshot, AntstorVolume, SpdkTarget, StoragePool, VolumeStatus, VolumeType, keys, naming,
 };
 use serde_json::{Value, json};
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
+use super::provision::{self, Pass, Step};
 use super::{
-    annotation, describe, has_finalizer, label, patch_guarded, patch_status, remove_finalizers,
-    with_finalizer,
+    annotation, describe, has_finalizer, label, object_key, patch_guarded, patch_status,
+    remove_finalizers, with_finalizer,
 };
 use crate::context::Ctx;
 use crate::crash::{self, CrashPoint};
@@ -169,10 +170,19 @@ pub async fn reconcile(vol: Arc<AntstorVolume>, ctx: Arc<Ctx>) -> Result<Action>
 }
 
 async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
+    let key = object_key(vol);
+    if ctx
+        .own_writes
+        .is_superseded(&key, vol.metadata.resource_version.as_deref())
+    {
+        debug!("a copy this agent superseded; waiting for its own last write");
+        return Ok(Action::await_change());
+    }
     if vol.metadata.deletion_timestamp.is_some() {
         return delete(vol, ctx).await;
     }
     if !has_finalizer(&vol.metadata, finalizers::IN_STATE) || vol.spec.target_node_id != ctx.node {
+        ctx.provisioning.forget(&key);
         return Ok(Action::await_change());
     }
     if let Err(errs) = liteio_api::validate::volume(vol) {
@@ -197,7 +207,14 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let api = api(ctx, vol);
+    // Time the passes of a volume that is not ready yet (see `provision`).
+    let mut pass = ctx
+        .provisioning
+        .begin(key.clone(), vol.phase() != VolumeStatus::Ready);
     let mut vol = vol.clone();
+    // The versions this pass goes through (see `OwnWrites`).
+    let mut rvs: Vec<String> = vol.metadata.resource_version.iter().cloned().collect();
+    let mut wrote = |v: &AntstorVolume| rvs.extend(v.metadata.resource_version.iter().cloned());
     let ename = engine_name(&vol);
     if !LOGIC_FINALIZERS
         .iter()
@@ -206,22 +223,34 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         let body = json!({"metadata": {
             "finalizers": with_finalizer(&vol.metadata, finalizers::LOGIC_VOLUME),
         }});
-        vol = patch_guarded(ctx, &api, &vol, body).await?;
+        vol = pass
+            .time(Step::Api, patch_guarded(ctx, &api, &vol, body))
+            .await?;
+        wrote(&vol);
         crash::reached(CrashPoint::AfterFinalizer, &vol.name_any());
     }
     if !recorded(&vol) {
-        let Some(info) = provision(ctx, &vol, &ename).await? else {
+        let Some(info) = pass
+            .time(Step::Engine, provision(ctx, &vol, &ename))
+            .await?
+        else {
             return Ok(Action::requeue(ctx.retry));
         };
         crash::reached(CrashPoint::AfterCreate, &vol.name_any());
-        vol = record_provisioned(ctx, &api, &vol, &info, want).await?;
+        vol = pass
+            .time(Step::Api, record_provisioned(ctx, &api, &vol, &info, want))
+            .await?;
+        wrote(&vol);
         crash::reached(CrashPoint::AfterRecord, &vol.name_any());
         ctx.pool_changed();
         info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
     } else {
         let n = ename.clone();
-        match ctx
-            .engine_call("find", &ename, move |e| e.device_path(&n))
+        match pass
+            .time(
+                Step::Engine,
+                ctx.engine_call("find", &ename, move |e| e.device_path(&n)),
+            )
             .await
         {
             Ok(_) => {}
@@ -267,12 +296,16 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             "annotations": {annotations::ALLOCATED_BYTES: allocated_annotation(&vol, info.size_bytes)},
         }});
         vol = patch_guarded(ctx, &api, &vol, body).await?;
+        wrote(&vol);
         real_size = info.size_bytes;
         info!(size = info.size_bytes, "volume expanded");
     }
     if needs_export(&vol, kind) {
-        match ensure_export(ctx, &api, &vol, &ename, real_size).await {
-            Ok(v) => vol = v,
+        match ensure_export(ctx, &api, &vol, &ename, real_size, &mut pass).await {
+            Ok(v) => {
+                wrote(&v);
+                vol = v;
+            }
             Err(AgentError::Export {
                 source: source @ ExportError::Unavailable { .. },
                 ..
@@ -286,19 +319,32 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         }
     } else if is_exported(&vol) {
         vol = withdraw_export(ctx, &api, &vol).await?;
+        wrote(&vol);
     }
     let st = vol.status.as_ref();
     if vol.phase() != VolumeStatus::Ready || st.is_some_and(|s| !s.message.is_empty()) {
         crash::reached(CrashPoint::BeforeReady, &vol.name_any());
-        patch_status(
-            ctx,
-            &api,
-            &vol,
-            json!({"status": VolumeStatus::Ready, "msg": ""}),
-        )
-        .await?;
-        info!("volume ready");
+        vol = pass
+            .time(
+                Step::Api,
+                patch_status(
+                    ctx,
+                    &api,
+                    &vol,
+                    json!({"status": VolumeStatus::Ready, "msg": ""}),
+                ),
+            )
+            .await?;
+        wrote(&vol);
+        match pass.finish() {
+            Some(report) => {
+                provision::log(&key, &report);
+                ctx.metrics.provisioned(&report);
+            }
+            None => info!("volume ready"),
+        }
     }
+    ctx.own_writes.record(key, rvs);
     ctx.metrics
         .set_volume(&vol.name_any(), &vol.spec.uuid, &ename, real_size);
     Ok(Action::requeue(ctx.resync))
@@ -443,12 +489,16 @@ async fn ensure_export(
     vol: &AntstorVolume,
     ename: &str,
     size: u64,
+    pass: &mut Pass<'_>,
 ) -> Result<AntstorVolume> {
     let n = ename.to_string();
-    let path = ctx
-        .engine_call("find", ename, move |e| e.device_path(&n))
+    let path = pass
+        .time(
+            Step::Engine,
+            ctx.engine_call("find", ename, move |e| e.device_path(&n)),
+        )
         .await?;
-    let hosts = allowed_hosts(ctx, vol).await?;
+    let hosts = pass.time(Step::Api, allowed_hosts(ctx, vol)).await?;
     let info = VolumeInfo {
         name: ename.to_string(),
         uuid: None,
@@ -460,15 +510,14 @@ async fn ensure_export(
         thin: vol.spec.is_thin,
     };
     let req = export_request(ctx, vol, &info, hosts).await;
-    let target: SpdkTarget =
-        ctx.exporter
-            .ensure_export(&req)
-            .await
-            .map_err(|source| AgentError::Export {
-                op: "create",
-                volume: vol.name_any(),
-                source,
-            })?;
+    let target: SpdkTarget = pass
+        .time(Step::Export, ctx.exporter.ensure_export(&req))
+        .await
+        .map_err(|source| AgentError::Export {
+            op: "create",
+            volume: vol.name_any(),
+            source,
+        })?;
     if vol.spec.spdk_target.as_ref() == Some(&target)
         && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
     {
@@ -479,7 +528,9 @@ async fn ensure_export(
         "metadata": {"finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET)},
         "spec": {"spdkTarget": target},
     });
-    let v = patch_guarded(ctx, api, vol, body).await?;
+    let v = pass
+        .time(Step::Api, patch_guarded(ctx, api, vol, body))
+        .await?;
     info!(nqn = %target.subsys_nqn, port = %target.svc_id, "volume exported");
     Ok(v)
 }
@@ -530,6 +581,7 @@ async fn withdraw_export(
 }
 
 async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
+    ctx.provisioning.forget(&object_key(vol));
     let api = api(ctx, vol);
     let mut vol = vol.clone();
     let ours = finalizers::AGENT_VOLUME
