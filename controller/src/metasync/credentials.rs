@@ -55,7 +55,7 @@ pub enum PasswordSource {
     /// `metaSync.passwordSecret`: a key of a Secret, one trailing newline trimmed.
     Secret {
         /// Secrets of the controller's namespace.
-        secrets: Api<Secret>,
+        secrets: Box<Api<Secret>>,
         /// `namespace/name` of the Secret (messages).
         namespace: String,
         /// Which Secret and key.

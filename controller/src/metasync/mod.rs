@@ -39,7 +39,7 @@ pub use row::{Cell, Row};
 #[derive(Debug, Clone)]
 enum Backend {
     Sqlite(sqlite::Sqlite),
-    Postgres(postgres::Postgres),
+    Postgres(Box<postgres::Postgres>),
 }
 
 fn unix(t: Timestamp) -> i64 {
@@ -87,7 +87,7 @@ impl MetaSync {
                             ));
                         };
                         credentials::PasswordSource::Secret {
-                            secrets: kube::Api::namespaced(client.clone(), namespace),
+                            secrets: Box::new(kube::Api::namespaced(client.clone(), namespace)),
                             namespace: namespace.to_string(),
                             reference: reference.clone(),
                         }
@@ -97,11 +97,11 @@ impl MetaSync {
                     (None, None, None) => credentials::PasswordSource::Url,
                 };
                 Ok(Self {
-                    backend: Backend::Postgres(postgres::Postgres::with(
+                    backend: Backend::Postgres(Box::new(postgres::Postgres::with(
                         &url,
                         config.ca_file.as_deref(),
                         password,
-                    )?),
+                    )?)),
                     cluster: config.cluster.clone(),
                 })
             }
@@ -129,7 +129,7 @@ impl MetaSync {
     /// is checked now, the connection made on first use.
     pub fn postgres(url: &str, cluster: &str) -> Result<Self> {
         Ok(Self {
-            backend: Backend::Postgres(postgres::Postgres::new(url)?),
+            backend: Backend::Postgres(Box::new(postgres::Postgres::new(url)?)),
             cluster: cluster.to_string(),
         })
     }

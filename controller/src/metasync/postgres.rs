@@ -446,7 +446,13 @@ impl Postgres {
             }
         };
         let mut client = match timeout(STATEMENT_TIMEOUT, connecting).await {
-            Ok(r) => r.map_err(pg(action))?,
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(match tls::refusal(&e) {
+                    Some(reason) => Error::PostgresTls { action, reason },
+                    None => pg(action)(e),
+                });
+            }
             Err(_) => {
                 return Err(Error::SqlTimeout {
                     action,

@@ -264,6 +264,30 @@ impl ServerCertVerifier for Checked {
     }
 }
 
+/// The message of a certificate refusal of [`Checked`] somewhere in `err`'s chain (rustls
+/// shows it only in `Debug` form), so that the error says `server certificate not trusted
+/// (sslmode=verify-full, CA from metaSync.caFile /etc/ca.pem): UnknownIssuer`.
+pub fn refusal(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        // io::Error::source() skips the error it wraps: look inside it.
+        let inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        for candidate in [Some(e), inner].into_iter().flatten() {
+            if let Some(rustls::Error::InvalidCertificate(CertificateError::Other(o))) =
+                candidate.downcast_ref::<rustls::Error>()
+                && let Some(nt) = o.0.downcast_ref::<NotTrusted>()
+            {
+                return Some(nt.to_string());
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// The CA file given by the config or the URL (at most one), or `None`.
 pub fn ca_file(config_ca: Option<&Path>, url_ca: Option<&Path>) -> Result<Option<CaFile>> {
     match (config_ca, url_ca) {
