@@ -413,11 +413,11 @@ impl Config {
         } else {
             let de = serde_yaml::Deserializer::from_str(text);
             serde_path_to_error::deserialize::<_, Config>(de).map_err(|e| {
-                let field = e.path().to_string();
+                let field = redact_url_passwords(&e.path().to_string());
                 Error::ConfigParse {
                     path: PathBuf::from("<text>"),
                     field: if field == "." { "(root)".into() } else { field },
-                    message: e.into_inner().to_string(),
+                    message: redact_url_passwords(&e.into_inner().to_string()),
                 }
             })?
         };
@@ -552,6 +552,38 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `text` with the password of every `scheme://user:password@host` in it replaced by
+/// `<redacted>`. The YAML parser quotes a value of the wrong type in its message
+/// (`invalid type: string "postgres://u:pw@db/m", expected struct MetaSyncConfig`), and
+/// that message goes to the log.
+pub fn redact_url_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority
+            .rfind('@')
+            .map(|at| (&authority[..at], &authority[at..]))
+        {
+            Some((userinfo, host)) if userinfo.contains(':') => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                out.push_str(user);
+                out.push_str(":<redacted>");
+                out.push_str(host);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn check_ratio(field: &str, r: f64) -> Result<()> {
@@ -833,6 +865,21 @@ pluginConfigs:
             .unwrap_err()
             .to_string();
         assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    /// Found by the issue 16 sweep: a URL with a password written where the config
+    /// expects another type was quoted, password and all, in the parse error.
+    #[test]
+    fn parse_errors_do_not_quote_url_passwords() {
+        let err = Config::parse("metaSync: \"postgres://u:s3cret@db:5432/m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(err.contains("postgres://u:<redacted>@db:5432/m"), "{err}");
+        assert_eq!(
+            redact_url_passwords("a postgres://u:p@w:rd@h/x?y b http://h:1/ c postgres://u@h"),
+            "a postgres://u:<redacted>@h/x?y b http://h:1/ c postgres://u@h"
+        );
     }
 
     #[test]

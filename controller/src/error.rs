@@ -177,11 +177,12 @@ impl Error {
         }
     }
 
-    /// A config error about `field`.
+    /// A config error about `field`. URL passwords in `reason` (a quoted bad value) and in
+    /// `field` (a map key) are redacted.
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::ConfigInvalid {
-            field: field.into(),
-            reason: reason.into(),
+            field: crate::config::redact_url_passwords(&field.into()),
+            reason: crate::config::redact_url_passwords(&reason.into()),
         }
     }
 
