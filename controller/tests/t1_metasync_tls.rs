@@ -10,8 +10,11 @@
 //! `SKIP …` line and passes, like the other PostgreSQL tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -32,7 +35,41 @@ use tokio::time::timeout;
 const LIMIT: Duration = Duration::from_secs(180);
 const PASSWORD: &str = "pw-Zq83-not-in-any-log";
 const USER: &str = "liteio";
-const NS: &str = "obnvmf";
+const NS: &str = common::NS;
+
+/// Every log line of this test binary (all levels down to debug), to grep for passwords.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Installs the capture as the process's subscriber (one test runs per process here).
+    fn install() -> Self {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("one subscriber per test binary");
+        logs
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
 
 /// A throwaway CA and its PEM.
 struct Ca {
@@ -279,6 +316,7 @@ fn skip_or_start(ca: &Ca, names: &[&str]) -> Option<Server> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_tls_and_password_sources() {
+    let logs = Logs::install();
     timeout(LIMIT, async {
         let ca = Ca::new("liteio test CA");
         let Some(server) = tokio::task::block_in_place(|| skip_or_start(&ca, &["localhost"]))
@@ -349,6 +387,17 @@ async fn postgres_tls_and_password_sources() {
         let err = fails(&m).await;
         assert!(err.contains("password authentication failed"), "{err}");
         assert!(!err.contains("not-the-password-Yx1"), "{err}");
+        // The controller running with the wrong password: the reconcile fails, is logged
+        // and retried, and neither password is in any log line.
+        let mut controller_config = common::test_config();
+        controller_config.meta_sync = Some(c.clone());
+        let h = common::start_with(controller_config, vec![Arc::new(m.clone())]).await;
+        h.add_pool(pool("p-logs", 1 << 30)).await;
+        common::eventually("the refused login is logged", || async {
+            logs.text().contains("password authentication failed")
+        })
+        .await;
+        h.stop().await;
         // The URL's own password works too, and is not shown.
         let url = format!(
             "postgres://{USER}:{PASSWORD}@127.0.0.1:{}/postgres?sslmode=require",
@@ -442,6 +491,16 @@ async fn postgres_tls_and_password_sources() {
         assert!(stdout.contains("env password: TLS session"), "{stdout}");
         assert!(!stdout.contains(PASSWORD), "{stdout}");
         drop(server);
+        let text = logs.text();
+        assert!(
+            text.contains("connected to PostgreSQL"),
+            "the capture works"
+        );
+        assert!(!text.contains(PASSWORD), "the password is in a log line");
+        assert!(
+            !text.contains("not-the-password-Yx1"),
+            "the wrong password is in a log line"
+        );
     })
     .await
     .unwrap();
