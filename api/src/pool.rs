@@ -234,15 +234,14 @@ impl StoragePool {
             .unwrap_or(0)
     }
 
-    /// Total minus the `reserved-*` LVs.
+    /// Total minus the `reserved-*` LVs (sums saturate: sizes come from the API server).
     pub fn available_bytes(&self) -> u64 {
         let reserved: u64 = self
             .spec
             .kernel_lvm
             .reserved_lvol
             .iter()
-            .map(|l| l.size_byte)
-            .sum();
+            .fold(0u64, |sum, l| sum.saturating_add(l.size_byte));
         self.total_bytes().saturating_sub(reserved)
     }
 

@@ -493,7 +493,11 @@ pub async fn describe_pool(
             )
             .field(1, "Data clusters", lvs.total_data_clusters.to_string());
     }
-    let charged: u64 = on_pool.iter().map(AntstorVolume::total_size).sum();
+    // Saturating: sizes and annotations come from the API server.
+    let charged = on_pool
+        .iter()
+        .map(AntstorVolume::total_size)
+        .fold(0u64, |sum, s| sum.saturating_add(s));
     f.field(0, "Total", bytes(pool.total_bytes()))
         .field(0, "Schedulable", bytes(pool.available_bytes()))
         .field(0, "Free (reported)", bytes(pool.reported_free_bytes()))

@@ -605,3 +605,24 @@ async fn the_binary_reads_a_kubeconfig_and_exits_1_on_errors() {
     })
     .await;
 }
+
+/// Found by the bad-input sweep (issue 16): volume sizes come from the API server; two
+/// whose allocated sizes add past u64 made `describe pool` overflow (a panic in debug).
+#[tokio::test]
+async fn describe_pool_with_huge_volumes_does_not_overflow() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), NS);
+        for name in ["pvc-a", "pvc-b"] {
+            let patch = json!({"metadata": {"annotations": {
+                liteio_api::keys::annotations::ALLOCATED_BYTES: u64::MAX.to_string()
+            }}});
+            vols.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+        let text = out(&client, &["describe", "pool", "node-1"]).await;
+        assert!(squash(&text).contains("Charged to volumes:"), "{text}");
+    })
+    .await;
+}

@@ -17,7 +17,14 @@
 //! liveness: {unknownAfter: 3m, offlineAfter: 24h, tick: 15s}
 //! leaderElection: {leaseName: node-disk-controller, leaseDuration: 15s, renewDeadline: 10s, retryPeriod: 2s}
 //! metaSync: {sqlitePath: /var/lib/liteio/meta.db, cluster: prod}
-//! # or, in production: metaSync: {postgresUrl: "postgres://liteio:secret@db:5432/liteio", cluster: prod}
+//! # or, in production, PostgreSQL over TLS with the password in a Secret of the
+//! # controller's namespace (or passwordEnv: VAR, or passwordFile: /path; at most one, and
+//! # then no password in the URL):
+//! # metaSync:
+//! #   postgresUrl: "postgres://liteio@db:5432/liteio?sslmode=verify-full"
+//! #   passwordSecret: {name: liteio-metasync, key: password}
+//! #   caFile: /etc/liteio/pg-ca.pem
+//! #   cluster: prod
 //! pluginConfigs: {}
 //! reconcileTimeout: 60s
 //! ```
@@ -217,17 +224,33 @@ impl Default for LeaderElectionConfig {
 }
 
 /// The SQL metadata mirror (`metaSync:`): exactly one of `sqlitePath` and `postgresUrl`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct MetaSyncConfig {
     /// SQLite database file (created with its schema when missing).
     #[serde(default)]
     pub sqlite_path: Option<PathBuf>,
-    /// PostgreSQL URL, `postgres://user:password@host:port/database` (libpq URL
-    /// parameters such as `connect_timeout`, `sslmode=disable` and
-    /// `options=-c%20search_path%3Dschema` are accepted; TLS is not supported).
+    /// PostgreSQL URL, `postgres://user[:password]@host:port/database` (libpq URL
+    /// parameters such as `connect_timeout`, `options=-c%20search_path%3Dschema`,
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` (default `prefer`) and
+    /// `sslrootcert=/path/ca.pem` are accepted).
     #[serde(default)]
     pub postgres_url: Option<String>,
+    /// The PostgreSQL password from a key of a Secret in the controller's namespace (read
+    /// at every connect; one trailing newline trimmed).
+    #[serde(default)]
+    pub password_secret: Option<crate::metasync::credentials::SecretKeyRef>,
+    /// The PostgreSQL password from this environment variable of the controller.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// The PostgreSQL password from this file, e.g. a mounted Secret (read at every
+    /// connect; one trailing newline trimmed).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the PostgreSQL server's certificate (for
+    /// `sslmode=require|verify-ca|verify-full`; or `sslrootcert` in the URL).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// Cluster name written into every row.
     #[serde(default)]
     pub cluster: String,
@@ -238,12 +261,16 @@ impl std::fmt::Debug for MetaSyncConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let url = self.postgres_url.as_deref().map(|u| {
             crate::metasync::postgres::parse_url(u)
-                .map(|c| crate::metasync::postgres::describe(&c))
+                .map(|c| crate::metasync::postgres::describe(&c.config))
                 .unwrap_or_else(|_| "<invalid>".into())
         });
         f.debug_struct("MetaSyncConfig")
             .field("sqlite_path", &self.sqlite_path)
             .field("postgres_url", &url)
+            .field("password_secret", &self.password_secret)
+            .field("password_env", &self.password_env)
+            .field("password_file", &self.password_file)
+            .field("ca_file", &self.ca_file)
             .field("cluster", &self.cluster)
             .finish()
     }
@@ -273,11 +300,91 @@ impl MetaSyncConfig {
             (Some(p), None) if p.as_os_str().is_empty() => {
                 Err(Error::config("metaSync.sqlitePath", "must not be empty"))
             }
-            (Some(p), None) => Ok(MetaSyncTarget::Sqlite(p.clone())),
-            (None, Some(u)) => match crate::metasync::postgres::parse_url(u) {
-                Ok(_) => Ok(MetaSyncTarget::Postgres(u.clone())),
-                Err(reason) => Err(Error::config("metaSync.postgresUrl", reason)),
-            },
+            (Some(p), None) => {
+                for (field, set) in [
+                    ("metaSync.passwordSecret", self.password_secret.is_some()),
+                    ("metaSync.passwordEnv", self.password_env.is_some()),
+                    ("metaSync.passwordFile", self.password_file.is_some()),
+                    ("metaSync.caFile", self.ca_file.is_some()),
+                ] {
+                    if set {
+                        return Err(Error::config(field, "is for postgresUrl, not sqlitePath"));
+                    }
+                }
+                Ok(MetaSyncTarget::Sqlite(p.clone()))
+            }
+            (None, Some(u)) => {
+                let url = crate::metasync::postgres::parse_url(u)
+                    .map_err(|reason| Error::config("metaSync.postgresUrl", reason))?;
+                let sources: Vec<&str> = [
+                    ("passwordSecret", self.password_secret.is_some()),
+                    ("passwordEnv", self.password_env.is_some()),
+                    ("passwordFile", self.password_file.is_some()),
+                ]
+                .into_iter()
+                .filter_map(|(f, set)| set.then_some(f))
+                .collect();
+                if sources.len() > 1 {
+                    return Err(Error::config(
+                        "metaSync",
+                        format!(
+                            "set at most one of passwordSecret, passwordEnv and passwordFile, not {}",
+                            sources.join(" and ")
+                        ),
+                    ));
+                }
+                if let Some(source) = sources.first()
+                    && url.has_password()
+                {
+                    return Err(Error::config(
+                        "metaSync.postgresUrl",
+                        format!(
+                            "holds a password and metaSync.{source} is set too: keep the \
+                             password in one place"
+                        ),
+                    ));
+                }
+                if let Some(r) = &self.password_secret {
+                    if r.name.trim().is_empty() {
+                        return Err(Error::config(
+                            "metaSync.passwordSecret.name",
+                            "must not be empty",
+                        ));
+                    }
+                    if r.key.trim().is_empty() {
+                        return Err(Error::config(
+                            "metaSync.passwordSecret.key",
+                            "must not be empty",
+                        ));
+                    }
+                }
+                if self
+                    .password_env
+                    .as_deref()
+                    .is_some_and(|v| v.is_empty() || v.contains('='))
+                {
+                    return Err(Error::config(
+                        "metaSync.passwordEnv",
+                        "must be the name of an environment variable",
+                    ));
+                }
+                if self
+                    .password_file
+                    .as_deref()
+                    .is_some_and(|p| p.as_os_str().is_empty())
+                {
+                    return Err(Error::config("metaSync.passwordFile", "must not be empty"));
+                }
+                if self
+                    .ca_file
+                    .as_deref()
+                    .is_some_and(|p| p.as_os_str().is_empty())
+                {
+                    return Err(Error::config("metaSync.caFile", "must not be empty"));
+                }
+                crate::metasync::postgres::tls_settings(&url, self.ca_file.as_deref())?;
+                Ok(MetaSyncTarget::Postgres(u.clone()))
+            }
         }
     }
 }
@@ -306,11 +413,11 @@ impl Config {
         } else {
             let de = serde_yaml::Deserializer::from_str(text);
             serde_path_to_error::deserialize::<_, Config>(de).map_err(|e| {
-                let field = e.path().to_string();
+                let field = redact_url_passwords(&e.path().to_string());
                 Error::ConfigParse {
                     path: PathBuf::from("<text>"),
                     field: if field == "." { "(root)".into() } else { field },
-                    message: e.into_inner().to_string(),
+                    message: redact_url_passwords(&e.into_inner().to_string()),
                 }
             })?
         };
@@ -445,6 +552,38 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `text` with the password of every `scheme://user:password@host` in it replaced by
+/// `<redacted>`. The YAML parser quotes a value of the wrong type in its message
+/// (`invalid type: string "postgres://u:pw@db/m", expected struct MetaSyncConfig`), and
+/// that message goes to the log.
+pub fn redact_url_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority
+            .rfind('@')
+            .map(|at| (&authority[..at], &authority[at..]))
+        {
+            Some((userinfo, host)) if userinfo.contains(':') => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                out.push_str(user);
+                out.push_str(":<redacted>");
+                out.push_str(host);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn check_ratio(field: &str, r: f64) -> Result<()> {
@@ -647,6 +786,43 @@ pluginConfigs:
                 "metaSync.postgresUrl: is not a valid PostgreSQL URL",
             ),
             ("metaSync: {postgresUrl: 5}\n", "metaSync.postgresUrl"),
+            (
+                "metaSync: {postgresUrl: \"postgres://u:pw@h/db\", passwordEnv: PGPW}\n",
+                "metaSync.postgresUrl: holds a password and metaSync.passwordEnv is set too",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db\", passwordEnv: A, passwordFile: /p}\n",
+                "metaSync: set at most one of passwordSecret, passwordEnv and passwordFile, \
+                 not passwordEnv and passwordFile",
+            ),
+            (
+                "metaSync: {sqlitePath: /m.db, passwordFile: /p}\n",
+                "metaSync.passwordFile: is for postgresUrl",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db?sslmode=verify-full\"}\n",
+                "metaSync.caFile: sslmode=verify-full needs the CA",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db?sslmode=disable\", caFile: /ca.pem}\n",
+                "metaSync.caFile: a CA is set but sslmode=disable",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db?sslmode=require&sslrootcert=/a.pem\", caFile: /ca.pem}\n",
+                "metaSync.caFile: set, and the URL sets sslrootcert too",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db\", passwordSecret: {name: \"\", key: k}}\n",
+                "metaSync.passwordSecret.name: must not be empty",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db\", passwordSecret: {name: s}}\n",
+                "metaSync.passwordSecret",
+            ),
+            (
+                "metaSync: {postgresUrl: \"postgres://u@h/db\", passwordEnv: \"\"}\n",
+                "metaSync.passwordEnv: must be the name",
+            ),
         ];
         for (text, field) in cases {
             let err = Config::parse(text).expect_err(text).to_string();
@@ -674,10 +850,36 @@ pluginConfigs:
             "{debug}"
         );
         assert!(!debug.contains("s3cret"), "{debug}");
+        let c = Config::parse(
+            "metaSync: {postgresUrl: \"postgres://liteio@db/m?sslmode=verify-full\", \
+             passwordSecret: {name: pg, key: password}, caFile: /etc/ca.pem}",
+        )
+        .unwrap();
+        let m = c.meta_sync.unwrap();
+        let debug = format!("{m:?}");
+        assert!(
+            debug.contains("name: \"pg\"") && debug.contains("/etc/ca.pem"),
+            "{debug}"
+        );
         let err = Config::parse("metaSync: {postgresUrl: \"postgres://u:s3cret@h:x/db\"}")
             .unwrap_err()
             .to_string();
         assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    /// Found by the issue 16 sweep: a URL with a password written where the config
+    /// expects another type was quoted, password and all, in the parse error.
+    #[test]
+    fn parse_errors_do_not_quote_url_passwords() {
+        let err = Config::parse("metaSync: \"postgres://u:s3cret@db:5432/m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(err.contains("postgres://u:<redacted>@db:5432/m"), "{err}");
+        assert_eq!(
+            redact_url_passwords("a postgres://u:p@w:rd@h/x?y b http://h:1/ c postgres://u@h"),
+            "a postgres://u:<redacted>@h/x?y b http://h:1/ c postgres://u@h"
+        );
     }
 
     #[test]

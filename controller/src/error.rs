@@ -104,6 +104,15 @@ pub enum Error {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The PostgreSQL server's certificate was refused (`sslmode=verify-ca|verify-full`).
+    #[error("metadata sync: {action} failed: {reason}")]
+    PostgresTls {
+        /// What was attempted (`connect to PostgreSQL at postgres://liteio@db:5432/meta`).
+        action: String,
+        /// Why (`server certificate not trusted (sslmode=verify-full, CA from
+        /// metaSync.caFile /etc/ca.pem): UnknownIssuer`).
+        reason: String,
+    },
     /// A metadata-mirror operation did not finish in time (the connection is dropped).
     #[error("metadata sync: {action} timed out after {after:?}")]
     SqlTimeout {
@@ -151,7 +160,10 @@ impl Error {
             },
             Self::InvalidObject { .. } => ErrorKind::Invalid,
             Self::ReconcileTimeout { .. } => ErrorKind::Api,
-            Self::Sql { .. } | Self::Postgres { .. } | Self::SqlTimeout { .. } => ErrorKind::Sql,
+            Self::Sql { .. }
+            | Self::Postgres { .. }
+            | Self::PostgresTls { .. }
+            | Self::SqlTimeout { .. } => ErrorKind::Sql,
             Self::Io { .. } => ErrorKind::Io,
             Self::LeadershipLost { .. } => ErrorKind::Leadership,
         }
@@ -165,11 +177,12 @@ impl Error {
         }
     }
 
-    /// A config error about `field`.
+    /// A config error about `field`. URL passwords in `reason` (a quoted bad value) and in
+    /// `field` (a map key) are redacted.
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::ConfigInvalid {
-            field: field.into(),
-            reason: reason.into(),
+            field: crate::config::redact_url_passwords(&field.into()),
+            reason: crate::config::redact_url_passwords(&reason.into()),
         }
     }
 

@@ -38,11 +38,12 @@ pub struct Options {
     pub clock: Option<Arc<dyn Clock>>,
 }
 
-/// Builds the plug-ins the config asks for (MetaSync when `metaSync` is set).
-pub fn plugins(config: &Config) -> Result<Vec<Arc<dyn Plugin>>> {
+/// Builds the plug-ins the config asks for (MetaSync when `metaSync` is set; its
+/// `passwordSecret` is read from `namespace` through `client`).
+pub fn plugins(config: &Config, client: &Client, namespace: &str) -> Result<Vec<Arc<dyn Plugin>>> {
     let mut v: Vec<Arc<dyn Plugin>> = Vec::new();
     if let Some(m) = &config.meta_sync {
-        let sync = MetaSync::open(m)?;
+        let sync = MetaSync::open_in(m, client, namespace)?;
         info!(backend = sync.backend_name(), "metadata sync enabled");
         v.push(Arc::new(sync));
     }

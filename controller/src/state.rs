@@ -157,8 +157,7 @@ impl PoolEntry {
         self.reservations
             .iter()
             .filter(|(id, _)| !self.matched.contains_key(*id))
-            .map(|(_, s)| *s)
-            .sum()
+            .fold(0u64, |sum, (_, s)| sum.saturating_add(*s))
     }
 }
 
@@ -890,6 +889,25 @@ mod tests {
         assert_eq!(s.free_bytes("n1"), Some(i128::from(75 * GIB)));
         s.remove_volume(&ObjectKey::new("obnvmf", "v1"));
         assert_eq!(s.free_bytes("n1"), Some(i128::from(70 * GIB)));
+    }
+
+    /// Found by the bad-input sweep (issue 16): reservation sizes come from the config
+    /// file; two that add past u64 overflowed (a panic in debug builds).
+    #[test]
+    fn huge_reservations_saturate() {
+        let mut cfg = SchedulerConfig::default();
+        for id in ["a", "b"] {
+            cfg.node_reservations.push(crate::config::NodeReservation {
+                id: id.into(),
+                size: u64::MAX,
+            });
+        }
+        let mut s = State::new(&cfg);
+        s.upsert_pool(pool("n1", 100 * GIB).arc());
+        assert_eq!(
+            s.free_bytes("n1"),
+            Some(i128::from(100 * GIB) - i128::from(u64::MAX))
+        );
     }
 
     #[test]

@@ -91,6 +91,7 @@ fn pg_config(url: &str) -> Config {
         sqlite_path: None,
         postgres_url: Some(url.into()),
         cluster: CLUSTER.into(),
+        ..MetaSyncConfig::default()
     });
     c
 }
@@ -289,6 +290,7 @@ async fn sqlite_rows_follow_the_objects() {
             sqlite_path: Some(dir.path().join("meta.db")),
             postgres_url: None,
             cluster: CLUSTER.into(),
+            ..MetaSyncConfig::default()
         };
         let sync = MetaSync::open(&m).unwrap();
         assert_eq!(sync.backend_name(), "SQLite");

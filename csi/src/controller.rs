@@ -827,7 +827,8 @@ impl ControllerService {
             })
             .map(StoragePool::reported_free_bytes)
             .collect();
-        let total: u64 = free.iter().sum();
+        // Saturating: the free sizes come from the API server (vgFreeSize).
+        let total = free.iter().fold(0u64, |sum, f| sum.saturating_add(*f));
         let largest = free.iter().copied().max().unwrap_or(0);
         Ok(GetCapacityResponse {
             available_capacity: i64_of(total),

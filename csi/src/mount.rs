@@ -27,9 +27,11 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
+        // `\ooo` with a value that fits a byte (`\000`..`\377`); anything else is literal.
         if b[i] == b'\\'
             && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+            && (b'0'..=b'3').contains(&b[i + 1])
+            && b[i + 2..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
@@ -233,6 +235,16 @@ mod tests {
 102 22 0:5 /loop0 /var/lib/kubelet/pods/p/dev/v rw,nosuid shared:2 - devtmpfs udev rw,size=1k
 garbage line
 ";
+
+    /// Found by the issue 16 sweep: `\\4xx`..`\\7xx` overflowed a byte (a panic in debug
+    /// builds); such a sequence is not an escape the kernel writes, so it stays literal.
+    #[test]
+    fn escapes_past_a_byte_stay_literal() {
+        assert_eq!(unescape("a\\040b"), "a b");
+        assert_eq!(unescape("a\\777b"), "a\\777b");
+        assert_eq!(unescape("\\377"), "\u{FFFD}");
+        assert_eq!(unescape("end\\04"), "end\\04");
+    }
 
     #[test]
     fn mountinfo_parsing() {

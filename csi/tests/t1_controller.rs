@@ -549,3 +549,24 @@ async fn list_volumes_pages() {
     })
     .await;
 }
+
+/// Found by the bad-input sweep (issue 16): the free sizes of pools come from the API
+/// server, and two huge ones made GetCapacity's sum overflow (a panic in debug builds).
+#[tokio::test]
+async fn capacity_of_huge_pools_saturates() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        pool(&env.client, "big-1", u64::MAX).await;
+        pool(&env.client, "big-2", u64::MAX).await;
+        let cap = env
+            .csi
+            .controller
+            .get_capacity(GetCapacityRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(cap.available_capacity, i64::MAX);
+        env.stop().await;
+    })
+    .await;
+}

@@ -119,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| format!("node-disk-controller-{}", std::process::id()))
     });
-    let plugins = run::plugins(&config)?;
+    let plugins = run::plugins(&config, &client, &args.namespace)?;
     let opts = run::Options {
         config,
         namespace: args.namespace,

@@ -5,7 +5,9 @@
 //!   version in `PRAGMA user_version`.
 //! - [`postgres`]: PostgreSQL (tokio-postgres), the production target
 //!   (`metaSync.postgresUrl`); schema version in the table `liteio_schema_version`,
-//!   connected on first use and reconnected after a lost connection.
+//!   connected on first use and reconnected after a lost connection; TLS per the URL's
+//!   `sslmode` ([`tls`]), the password from the URL or from a Secret, an environment
+//!   variable or a file ([`credentials`]), never shown in logs, errors or `Debug` output.
 //!
 //! [`row`] is the one place that turns an object into columns and builds the upsert. Unlike
 //! LiteIO, the schema ships with the code (migrations applied in order), rows are keyed by
@@ -16,9 +18,11 @@
 //! [`Error`](crate::Error) of kind `Sql` naming what failed; the reconcile that ran the step
 //! retries with back-off.
 
+pub mod credentials;
 pub mod postgres;
 pub mod row;
 pub mod sqlite;
+pub mod tls;
 
 use std::path::Path;
 
@@ -35,7 +39,7 @@ pub use row::{Cell, Row};
 #[derive(Debug, Clone)]
 enum Backend {
     Sqlite(sqlite::Sqlite),
-    Postgres(postgres::Postgres),
+    Postgres(Box<postgres::Postgres>),
 }
 
 fn unix(t: Timestamp) -> i64 {
@@ -51,11 +55,56 @@ pub struct MetaSync {
 
 impl MetaSync {
     /// The mirror the `metaSync` section asks for. SQLite is opened and migrated at once;
-    /// PostgreSQL is connected on first use.
+    /// PostgreSQL is connected on first use. A `passwordSecret` needs [`MetaSync::open_in`].
     pub fn open(config: &MetaSyncConfig) -> Result<Self> {
+        Self::open_with(config, None)
+    }
+
+    /// As [`MetaSync::open`], reading `metaSync.passwordSecret` (if set) from `namespace`
+    /// through `client`.
+    pub fn open_in(
+        config: &MetaSyncConfig,
+        client: &kube::Client,
+        namespace: &str,
+    ) -> Result<Self> {
+        Self::open_with(config, Some((client, namespace)))
+    }
+
+    fn open_with(config: &MetaSyncConfig, kube: Option<(&kube::Client, &str)>) -> Result<Self> {
         match config.target()? {
             MetaSyncTarget::Sqlite(path) => Self::open_sqlite(&path, &config.cluster),
-            MetaSyncTarget::Postgres(url) => Self::postgres(&url, &config.cluster),
+            MetaSyncTarget::Postgres(url) => {
+                let password = match (
+                    &config.password_secret,
+                    &config.password_env,
+                    &config.password_file,
+                ) {
+                    (Some(reference), _, _) => {
+                        let Some((client, namespace)) = kube else {
+                            return Err(crate::Error::config(
+                                "metaSync.passwordSecret",
+                                "needs a Kubernetes client to read the Secret",
+                            ));
+                        };
+                        credentials::PasswordSource::Secret {
+                            secrets: Box::new(kube::Api::namespaced(client.clone(), namespace)),
+                            namespace: namespace.to_string(),
+                            reference: reference.clone(),
+                        }
+                    }
+                    (None, Some(var), _) => credentials::PasswordSource::Env(var.clone()),
+                    (None, None, Some(path)) => credentials::PasswordSource::File(path.clone()),
+                    (None, None, None) => credentials::PasswordSource::Url,
+                };
+                Ok(Self {
+                    backend: Backend::Postgres(Box::new(postgres::Postgres::with(
+                        &url,
+                        config.ca_file.as_deref(),
+                        password,
+                    )?)),
+                    cluster: config.cluster.clone(),
+                })
+            }
         }
     }
 
@@ -80,7 +129,7 @@ impl MetaSync {
     /// is checked now, the connection made on first use.
     pub fn postgres(url: &str, cluster: &str) -> Result<Self> {
         Ok(Self {
-            backend: Backend::Postgres(postgres::Postgres::new(url)?),
+            backend: Backend::Postgres(Box::new(postgres::Postgres::new(url)?)),
             cluster: cluster.to_string(),
         })
     }

@@ -1,4 +1,6 @@
-//! The PostgreSQL backend (tokio-postgres, no TLS): the production target.
+//! The PostgreSQL backend (tokio-postgres; TLS per `sslmode`, see [`super::tls`]): the
+//! production target. The password comes from the URL or from a
+//! [`PasswordSource`](super::credentials::PasswordSource) read at every (re)connect.
 //!
 //! The connection is made on first use, not at start-up, so a database that is down does
 //! not keep the controller from reconciling volumes: the plug-in step fails, the reconcile
@@ -12,6 +14,7 @@
 //! `search_path` of the connection picks the schema (`?options=-c%20search_path%3Dliteio`
 //! in the URL).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +23,12 @@ use tokio::time::timeout;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tracing::{info, warn};
 
+use super::credentials::PasswordSource;
 use super::row::{self, Cell, Dialect, Row};
+use super::tls;
 use crate::error::{Error, Result};
 use crate::plugin::Kind;
 use crate::state::ObjectKey;
@@ -114,32 +120,185 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound of one statement (or a connect with its migrations).
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How the connection is secured: libpq's `sslmode`, from the URL (`?sslmode=`; libpq's
+/// default, `prefer`, when absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain TCP, never TLS.
+    Disable,
+    /// TLS when the server offers it, plain otherwise; the certificate is not checked.
+    Prefer,
+    /// TLS or no connection; the certificate is not checked unless a CA is given, which
+    /// makes it `verify-ca` (as libpq does).
+    Require,
+    /// TLS, the server's certificate signed by the CA; its name is not checked.
+    VerifyCa,
+    /// TLS, the certificate signed by the CA and naming the host connected to.
+    VerifyFull,
+}
+
+impl TlsMode {
+    /// The `sslmode` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            "allow" => {
+                return Err("sslmode=allow is not supported: use disable or prefer".into());
+            }
+            other => {
+                return Err(format!(
+                    "sslmode={other:?} is not one of disable, prefer, require, verify-ca, verify-full"
+                ));
+            }
+        })
+    }
+
+    /// True when the server's certificate must chain to a CA.
+    pub fn verifies(self) -> bool {
+        matches!(self, Self::VerifyCa | Self::VerifyFull)
+    }
+}
+
+/// A parsed `postgres://` URL: what tokio-postgres connects with, plus the TLS settings it
+/// does not know (`sslmode=verify-ca|verify-full`, `sslrootcert`).
+#[derive(Debug, Clone)]
+pub struct PgUrl {
+    /// Connection settings (`sslmode` mapped to what tokio-postgres knows).
+    pub config: Config,
+    /// The URL's `sslmode`.
+    pub tls: TlsMode,
+    /// The URL's `sslrootcert` (a PEM file of CA certificates).
+    pub root_cert: Option<PathBuf>,
+}
+
+impl PgUrl {
+    /// True when the URL holds a password.
+    pub fn has_password(&self) -> bool {
+        self.config.get_password().is_some()
+    }
+}
+
+/// Decodes `%XX` escapes of a URL query value (`+` stays itself, as libpq reads it).
+fn percent_decode(s: &str) -> std::result::Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "has a bad %-escape in a parameter".to_string())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "has a parameter that is not UTF-8".to_string())
+}
+
 /// Parses a `postgres://` or `postgresql://` URL. The error says what is wrong without
 /// repeating the URL (it may hold a password).
-pub fn parse_url(url: &str) -> std::result::Result<Config, String> {
+pub fn parse_url(url: &str) -> std::result::Result<PgUrl, String> {
     let url = url.trim();
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err("must be a URL starting with postgres:// or postgresql://".into());
     }
-    let mut config: Config = url
+    // tokio-postgres knows sslmode disable/prefer/require and no sslrootcert: take both
+    // out of the query and hand it the rest.
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut kept = Vec::new();
+    let mut tls = TlsMode::Prefer;
+    let mut root_cert = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "sslmode" => tls = TlsMode::parse(&percent_decode(v)?)?,
+            "sslrootcert" => {
+                let path = percent_decode(v)?;
+                if path.is_empty() {
+                    return Err("has an empty sslrootcert".into());
+                }
+                root_cert = Some(PathBuf::from(path));
+            }
+            "sslcert" | "sslkey" | "sslpassword" => {
+                return Err(format!(
+                    "sets {k}, but client certificates are not supported: authenticate with a password"
+                ));
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let rest = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    let mut config: Config = rest
         .parse()
         .map_err(|e: tokio_postgres::Error| format!("is not a valid PostgreSQL URL: {e}"))?;
     if config.get_hosts().is_empty() {
         return Err("names no host (postgres://user@host:5432/database)".into());
     }
-    if config.get_ssl_mode() == SslMode::Require {
-        return Err(
-            "asks for sslmode=require, but TLS is not supported: use sslmode=disable or prefer"
-                .into(),
-        );
-    }
+    config.ssl_mode(match tls {
+        TlsMode::Disable => SslMode::Disable,
+        TlsMode::Prefer => SslMode::Prefer,
+        TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => SslMode::Require,
+    });
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     if config.get_application_name().is_none() {
         config.application_name("liteio-metasync");
     }
-    Ok(config)
+    Ok(PgUrl {
+        config,
+        tls,
+        root_cert,
+    })
+}
+
+/// The CA file of `url` and `metaSync.caFile` (at most one), checked against `sslmode`: a
+/// CA with `disable`/`prefer` (where it would be ignored) and `verify-*` without one are
+/// config errors naming the field.
+pub fn tls_settings(url: &PgUrl, ca_file: Option<&Path>) -> Result<Option<tls::CaFile>> {
+    let ca = tls::ca_file(ca_file, url.root_cert.as_deref())?;
+    match &ca {
+        Some(ca) if matches!(url.tls, TlsMode::Disable | TlsMode::Prefer) => Err(Error::config(
+            ca.field,
+            format!(
+                "a CA is set but sslmode={} does not check certificates: use require, \
+                 verify-ca or verify-full",
+                url.tls.as_str()
+            ),
+        )),
+        None if url.tls.verifies() => Err(Error::config(
+            "metaSync.caFile",
+            format!(
+                "sslmode={} needs the CA that signed the server's certificate: set \
+                 metaSync.caFile or sslrootcert in the URL",
+                url.tls.as_str()
+            ),
+        )),
+        _ => Ok(ca),
+    }
 }
 
 /// `postgres://user@host:port/database` of `config`, without the password (errors, logs).
@@ -183,6 +342,9 @@ fn param(c: &Cell) -> &(dyn ToSql + Sync) {
 pub struct Postgres {
     config: Arc<Config>,
     target: String,
+    tls: TlsMode,
+    connector: Option<MakeRustlsConnect>,
+    password: PasswordSource,
     client: Arc<Mutex<Option<Arc<Client>>>>,
 }
 
@@ -190,18 +352,62 @@ impl std::fmt::Debug for Postgres {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Postgres")
             .field("target", &self.target)
+            .field("sslmode", &self.tls.as_str())
+            .field("password", &self.password)
             .finish_non_exhaustive()
     }
 }
 
+/// Connects with `tls` and runs the connection on its own task.
+async fn connect_with<T>(
+    config: &Config,
+    tls: T,
+    target: &str,
+) -> std::result::Result<Client, tokio_postgres::Error>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, conn) = config.connect(tls).await?;
+    let target = target.to_string();
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            warn!(target, error = %e, "PostgreSQL connection closed");
+        }
+    });
+    Ok(client)
+}
+
 impl Postgres {
-    /// A backend for `url`; nothing is connected yet.
+    /// A backend for `url` (password, `sslmode` and `sslrootcert` from the URL); nothing is
+    /// connected yet.
     pub fn new(url: &str) -> Result<Self> {
-        let config =
+        Self::with(url, None, PasswordSource::Url)
+    }
+
+    /// A backend for `url` with the CA of `metaSync.caFile` and the password from
+    /// `password`. The URL, the CA file and the combination are checked now (errors name the
+    /// field); the password is read at every connect.
+    pub fn with(url: &str, ca_file: Option<&Path>, password: PasswordSource) -> Result<Self> {
+        let parsed =
             parse_url(url).map_err(|reason| Error::config("metaSync.postgresUrl", reason))?;
+        if parsed.has_password() && !matches!(password, PasswordSource::Url) {
+            return Err(Error::config(
+                "metaSync.postgresUrl",
+                format!(
+                    "holds a password and {} is set too: keep the password in one place",
+                    password.field()
+                ),
+            ));
+        }
+        let ca = tls_settings(&parsed, ca_file)?;
+        let connector = tls::connector(parsed.tls, ca.as_ref())?;
         Ok(Self {
-            target: describe(&config),
-            config: Arc::new(config),
+            target: describe(&parsed.config),
+            tls: parsed.tls,
+            config: Arc::new(parsed.config),
+            connector,
+            password,
             client: Arc::new(Mutex::new(None)),
         })
     }
@@ -209,6 +415,11 @@ impl Postgres {
     /// `postgres://user@host:port/database` (no password).
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// The `sslmode` in force.
+    pub fn tls_mode(&self) -> TlsMode {
+        self.tls
     }
 
     /// The live connection, connecting and migrating when there is none.
@@ -219,9 +430,29 @@ impl Postgres {
         }
         *slot = None;
         let action = format!("connect to PostgreSQL at {}", self.target);
-        let (mut client, conn) = match timeout(STATEMENT_TIMEOUT, self.config.connect(NoTls)).await
-        {
-            Ok(r) => r.map_err(pg(action))?,
+        let mut with_password;
+        let config = match self.password.read().await? {
+            Some(p) => {
+                with_password = Config::clone(&self.config);
+                with_password.password(p.expose());
+                &with_password
+            }
+            None => self.config.as_ref(),
+        };
+        let connecting = async {
+            match &self.connector {
+                Some(tls) => connect_with(config, tls.clone(), &self.target).await,
+                None => connect_with(config, NoTls, &self.target).await,
+            }
+        };
+        let mut client = match timeout(STATEMENT_TIMEOUT, connecting).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(match tls::refusal(&e) {
+                    Some(reason) => Error::PostgresTls { action, reason },
+                    None => pg(action)(e),
+                });
+            }
             Err(_) => {
                 return Err(Error::SqlTimeout {
                     action,
@@ -229,12 +460,6 @@ impl Postgres {
                 });
             }
         };
-        let target = self.target.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                warn!(target, error = %e, "PostgreSQL connection closed");
-            }
-        });
         let action = format!("migrate the schema at {}", self.target);
         match timeout(STATEMENT_TIMEOUT, migrate(&mut client)).await {
             Ok(Ok(applied)) if applied > 0 => {
@@ -448,24 +673,112 @@ mod tests {
 
     #[test]
     fn urls() {
-        let c = parse_url("postgres://liteio:secret@db.example:6543/meta").unwrap();
+        let c = parse_url("postgres://liteio:secret@db.example:6543/meta")
+            .unwrap()
+            .config;
         assert_eq!(describe(&c), "postgres://liteio@db.example:6543/meta");
         assert_eq!(c.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
         assert_eq!(c.get_application_name(), Some("liteio-metasync"));
-        let c = parse_url("postgresql://h/db?options=-c%20search_path%3Dx").unwrap();
+        let c = parse_url("postgresql://h/db?options=-c%20search_path%3Dx")
+            .unwrap()
+            .config;
         assert_eq!(c.get_options(), Some("-c search_path=x"));
         assert_eq!(describe(&c), "postgres://h:5432/db");
         for (url, says) in [
             ("mysql://h/db", "postgres://"),
             ("host=h dbname=x", "postgres://"),
             ("postgres://h:notaport/db", "not a valid PostgreSQL URL"),
-            ("postgres://h/db?sslmode=require", "TLS"),
+            (
+                "postgres://h/db?sslmode=allow",
+                "sslmode=allow is not supported",
+            ),
+            (
+                "postgres://h/db?sslmode=maybe",
+                "not one of disable, prefer",
+            ),
+            ("postgres://h/db?sslcert=/c.pem", "client certificates"),
+            ("postgres://h/db?sslrootcert=", "empty sslrootcert"),
+            ("postgres://h/db?sslrootcert=%zz", "%-escape"),
             ("postgres:///db", "no host"),
         ] {
             let err = parse_url(url).unwrap_err();
             assert!(err.contains(says), "{url}: {err}");
             assert!(!err.contains("secret"));
         }
+    }
+
+    #[test]
+    fn sslmodes() {
+        for (q, mode, pg) in [
+            ("", TlsMode::Prefer, SslMode::Prefer),
+            ("?sslmode=disable", TlsMode::Disable, SslMode::Disable),
+            ("?sslmode=prefer", TlsMode::Prefer, SslMode::Prefer),
+            ("?sslmode=require", TlsMode::Require, SslMode::Require),
+            ("?sslmode=verify-ca", TlsMode::VerifyCa, SslMode::Require),
+            (
+                "?sslmode=verify-full",
+                TlsMode::VerifyFull,
+                SslMode::Require,
+            ),
+        ] {
+            let u = parse_url(&format!("postgres://u:pw@h/db{q}")).unwrap();
+            assert_eq!((u.tls, u.config.get_ssl_mode()), (mode, pg), "{q}");
+            assert!(u.has_password());
+        }
+        let u = parse_url(
+            "postgres://h/db?connect_timeout=3&sslrootcert=%2Fetc%2Fca.pem&sslmode=verify-full",
+        )
+        .unwrap();
+        assert_eq!(u.root_cert.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(
+            u.config.get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
+        assert!(!u.has_password());
+    }
+
+    #[test]
+    fn password_in_one_place_and_ca_only_where_it_counts() {
+        let err = Postgres::with(
+            "postgres://u:s3cret@h/db",
+            None,
+            PasswordSource::Env("PGPW".into()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("metaSync.postgresUrl: holds a password and metaSync.passwordEnv"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+        let err = Postgres::with(
+            "postgres://u@h/db?sslmode=disable",
+            Some(Path::new("/ca.pem")),
+            PasswordSource::Url,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("metaSync.caFile: a CA is set but sslmode=disable"),
+            "{err}"
+        );
+        let err = Postgres::with(
+            "postgres://u@h/db?sslmode=verify-full",
+            None,
+            PasswordSource::Url,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("metaSync.caFile"), "{err}");
+        let p = Postgres::with(
+            "postgres://u@h/db?sslmode=require",
+            None,
+            PasswordSource::File("/run/pw".into()),
+        )
+        .unwrap();
+        assert_eq!(p.tls_mode(), TlsMode::Require);
+        let d = format!("{p:?}");
+        assert!(d.contains("require") && d.contains("/run/pw"), "{d}");
     }
 
     #[test]

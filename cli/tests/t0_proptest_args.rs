@@ -1,0 +1,98 @@
+//! T0 property tests: `kubectl-liteio` argument parsing on arbitrary command lines (issue 16,
+//! item 5). Words from the real vocabulary (sub-commands, aliases, flags) mixed with
+//! arbitrary strings: parsing never panics (clap's debug assertions included), a refusal is
+//! a clap error with a message, and an accepted command line carries the words given.
+//!
+//! Cases per property: 256, or `PROPTEST_CASES`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use clap::{CommandFactory, Parser};
+use liteio_cli::Cli;
+use liteio_cli::args::{Command, DescribeTarget, PoolTarget};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
+
+const CASES: u32 = 256;
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CASES)
+}
+
+fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
+where
+    S::Value: std::fmt::Debug,
+{
+    let config = PtConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..PtConfig::default()
+    };
+    let ran = std::sync::atomic::AtomicU32::new(0);
+    let result = TestRunner::new(config).run(&strategy, |v| {
+        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        test(v)
+    });
+    println!(
+        "property {name}: {} cases",
+        ran.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    if let Err(e) = result {
+        panic!("property {name} failed: {e}");
+    }
+}
+
+fn word() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => prop::sample::select(vec![
+            "pools", "pool", "volumes", "volume", "vol", "snapshots", "snap", "describe",
+            "lock", "unlock", "-o", "--output", "json", "yaml", "table", "xml", "-n",
+            "--namespace", "--kubeconfig", "--help", "-h", "--version", "--", "-", "=",
+            "-o=json", "--namespace=", "-nfoo",
+        ])
+        .prop_map(str::to_string),
+        1 => "\\PC{0,20}",
+        1 => Just(String::new()),
+        1 => Just("ünïcödé-🦀".to_string()),
+    ]
+}
+
+#[test]
+fn clap_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn any_command_line_is_parsed_or_refused() {
+    check(
+        "Cli::try_parse_from(any words)",
+        prop::collection::vec(word(), 0..6),
+        |words| {
+            let argv = std::iter::once("kubectl-liteio".to_string()).chain(words.iter().cloned());
+            match Cli::try_parse_from(argv) {
+                Ok(cli) => {
+                    // The names and namespace are the words given, unchanged.
+                    let name = match &cli.command {
+                        Command::Describe {
+                            target: DescribeTarget::Volume { name } | DescribeTarget::Pool { name },
+                        }
+                        | Command::Lock {
+                            target: PoolTarget::Pool { name },
+                        }
+                        | Command::Unlock {
+                            target: PoolTarget::Pool { name },
+                        } => Some(name.clone()),
+                        _ => None,
+                    };
+                    if let Some(n) = name {
+                        prop_assert!(words.contains(&n), "{n:?} not in {words:?}");
+                    }
+                }
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+            Ok(())
+        },
+    );
+}
