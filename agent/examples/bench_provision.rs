@@ -56,6 +56,62 @@ fn proc_mib(pid: &str, field: &str) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
+/// Resident memory of this process by mapping, from /proc/self/smaps: (MiB, size MiB,
+/// name), largest first. Anonymous mappings are named `[anon]`.
+fn resident_mappings() -> Vec<(f64, f64, String)> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return Vec::new();
+    };
+    let mut out: Vec<(f64, f64, String)> = Vec::new();
+    let kib = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or_default();
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            let name = f.nth(4).unwrap_or("[anon]").to_string();
+            out.push((0.0, 0.0, name));
+        } else if let Some(last) = out.last_mut() {
+            if first == "Rss:" {
+                last.0 = kib(line);
+            } else if first == "Size:" {
+                last.1 = kib(line);
+            }
+        }
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0));
+    out
+}
+
+/// Resident memory split (MiB): SPDK's memory arena (the anonymous mapping of at least
+/// `arena_mib`, DPDK's memory without hugepages), other anonymous memory (heaps, stacks),
+/// and file-backed memory (code, libraries).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct MemorySplit {
+    spdk_arena: f64,
+    heap: f64,
+    files: f64,
+}
+
+fn memory_split(arena_mib: f64) -> MemorySplit {
+    let mut m = MemorySplit::default();
+    for (rss, size, name) in resident_mappings() {
+        if name.starts_with('/') && !name.starts_with("/memfd:") {
+            m.files += rss;
+        } else if arena_mib > 0.0 && size >= arena_mib {
+            m.spdk_arena += rss;
+        } else {
+            m.heap += rss;
+        }
+    }
+    m
+}
+
 /// A test API server with the namespace and this node.
 async fn cluster() -> anyhow::Result<(TestApiServer, kube::Client)> {
     let server = TestApiServer::start().await?;
@@ -249,6 +305,7 @@ struct RunResult {
     /// Every volume, on average.
     mean: Breakdown,
     memory_mib: f64,
+    memory: MemorySplit,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -260,6 +317,7 @@ async fn run(
     count: usize,
     sequential: bool,
     capture: &Capture,
+    arena_mib: f64,
 ) -> anyhow::Result<RunResult> {
     *capture.seen() = Seen::default();
     let (_server, client) = cluster().await?;
@@ -350,6 +408,16 @@ async fn run(
         p(0.5),
         p(0.99),
     );
+    let memory = memory_split(arena_mib);
+    println!(
+        "  resident memory: SPDK arena {:.0} MiB, other anonymous (heaps, stacks) {:.0} MiB, files {:.0} MiB",
+        memory.spdk_arena, memory.heap, memory.files
+    );
+    if std::env::var_os("BENCH_MAPPINGS").is_some() {
+        for (rss, size, name) in resident_mappings().into_iter().take(8) {
+            println!("    {rss:8.1} MiB resident of {size:8.1} MiB  {name}");
+        }
+    }
     println!("  slowest 1 %: {}", slowest.line());
     println!("  mean:        {}", mean.line());
     watch.abort();
@@ -363,6 +431,7 @@ async fn run(
         slowest,
         mean,
         memory_mib,
+        memory,
     })
 }
 
@@ -581,12 +650,18 @@ fn main() -> anyhow::Result<()> {
     if want("file") {
         report(rt.block_on(run(
             "file engine",
-            Arc::new(FileEngine::new("bench", &pool, 64 << 30)),
+            // 16 MiB volumes with room to spare: 64 GiB at least.
+            Arc::new(FileEngine::new(
+                "bench",
+                &pool,
+                ((count as u64 * 16 * MIB) * 5 / 4).max(64 << 30),
+            )),
             Arc::new(NoExporter),
             Config::file_pool("bench", &pool),
             count,
             sequential,
             &capture,
+            0.0,
         ))?)?;
     }
     #[cfg(not(feature = "spdk"))]
@@ -632,6 +707,7 @@ fn main() -> anyhow::Result<()> {
             count,
             sequential,
             &capture,
+            f64::from(SpdkOptions::small().mem_size_mb),
         ))?)?;
         drop(rt);
         spdk.stop();

@@ -144,6 +144,11 @@ impl Retries {
     pub fn any_failing(&self) -> bool {
         !self.lock().is_empty()
     }
+
+    /// The keys of the objects waiting for a retry.
+    pub fn failing(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
 }
 
 #[cfg(test)]

@@ -241,10 +241,12 @@ pub(crate) async fn run_controller<K, F, Fut>(
         }
     };
     let controller = Controller::new(api, wc);
-    // A pool change may be what a failing object waited for: reconcile everything then
-    // (settled objects are cheap to check), but only while something is failing. Failures
-    // of objects gone from this node's cache (deleted, or moved to another node) are
-    // forgotten first: they wait for nothing any more.
+    // A pool change may be what a failing object waited for (freed space, a repaired disk):
+    // reconcile those objects then, whatever their back-off says. Only those: with thousands
+    // of settled objects, reconciling all of them on every pool change (each new volume is
+    // one) flooded the engine and the target. Failures of objects gone from this node's
+    // cache (deleted, or moved to another node) are forgotten first: they wait for nothing
+    // any more.
     let store = controller.store();
     let waiting = Arc::clone(&retries);
     let pool_changes = futures::stream::unfold(ctx.pool_epoch.subscribe(), move |mut rx| {
@@ -256,14 +258,23 @@ pub(crate) async fn run_controller<K, F, Fut>(
                     let (ns, name) = key.split_once('/').unwrap_or(("", key));
                     store.get(&ObjectRef::<K>::new(name).within(ns)).is_some()
                 });
-                if waiting.any_failing() {
-                    return Some(((), rx));
+                let refs: Vec<ObjectRef<K>> = waiting
+                    .failing()
+                    .iter()
+                    .map(|key| {
+                        let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                        ObjectRef::new(name).within(ns)
+                    })
+                    .collect();
+                if !refs.is_empty() {
+                    return Some((futures::stream::iter(refs), rx));
                 }
             }
         }
-    });
+    })
+    .flatten();
     let controller = controller
-        .reconcile_all_on(pool_changes)
+        .reconcile_on(pool_changes)
         .graceful_shutdown_on(async move {
             let _ = stop_rx.await;
         })
