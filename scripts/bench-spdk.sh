@@ -131,6 +131,7 @@ note() { printf '  # %s\n' "$*" >&2; }
 # --- targets: the bench example and stock nvmf_tgt ---------------------------------------
 
 start_agent() { # case [--interrupt]
+    : >"$WORK/target.log" # not the READY of the previous target
     "$AGENT" --case "$1" --port "$PORT" --aio-file "$WORK/agent.img" --size-mib $BACKING_MIB ${2:-} >"$WORK/target.log" 2>&1 &
     TARGET_PID=$! CPU_PID=$!
     wait_for 60 grep -q READY "$WORK/target.log" || { cat "$WORK/target.log"; exit 1; }
@@ -140,6 +141,7 @@ start_agent() { # case [--interrupt]
 start_stock() { # case [--interrupt-mode] [image]
     local img=${3:-$WORK/stock.img}
     rm -f "$WORK/spdk.sock"
+    : >"$WORK/target.log"
     "$NVMF_TGT" --no-huge -s 1024 -m 0x1 -u -r "$WORK/spdk.sock" ${2:-} >"$WORK/target.log" 2>&1 &
     TARGET_PID=$! CPU_PID=$!
     wait_for 60 rpc spdk_get_version || { cat "$WORK/target.log"; exit 1; }
@@ -181,6 +183,7 @@ perf() {
         >"$WORK/perf.txt" 2>&1 || { cat "$WORK/perf.txt"; return 1; }
     c1=$(cpu_ticks "$CPU_PID") w1=$(date +%s%N)
     [ -n "$TIME" ] && pc=$(tr -d '%' <"$WORK/perf.cpu")
+    grep -q '^Total' "$WORK/perf.txt" || { echo "spdk_nvme_perf $1 printed no result against $TR:" >&2; cat "$WORK/perf.txt" >&2; return 1; }
     awk -v c="$((c1 - c0))" -v w="$((w1 - w0))" -v hz="$(getconf CLK_TCK)" -v pc="$pc" \
         '/^Total/ {iops=$3; mean=$5} /99\.00000%/ {gsub("us","",$3); p99=$3}
          END {printf "%s %s %s %.0f %s\n", iops, mean, p99, c / hz * 1e11 / w, pc}' "$WORK/perf.txt"
@@ -294,6 +297,7 @@ kc() { kubectl --kubeconfig "$LDIR/kubeconfig" -n obnvmf "$@"; }
 start_local() {
     local flags=(--dir "$LDIR" --engine spdk --pool-size-gib 1 --agent-metrics-addr "127.0.0.1:$METRICS_PORT")
     [ "$PROD_MODE" = poll ] && flags+=(--spdk-polling)
+    : >"$WORK/local.log" # not the readiness line of the previous run
     "$LOCAL" "${flags[@]}" >"$WORK/local.log" 2>&1 &
     LOCAL_PID=$!
     # liteio-local provisions its demo volume through the CSI controller, checks its data path
