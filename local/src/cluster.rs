@@ -366,6 +366,8 @@ impl Cluster {
             api: ApiSource::Test,
             pool_bytes: self.opts.pool_bytes,
             spdk_memory: Default::default(),
+            agent_metrics: None,
+            spdk_polling: false,
             children: Vec::new(),
         };
         let mut cfg = single.agent_config();
@@ -392,6 +394,8 @@ impl Cluster {
             api: ApiSource::Test,
             pool_bytes: self.opts.pool_bytes,
             spdk_memory: Default::default(),
+            agent_metrics: None,
+            spdk_polling: false,
             children: Vec::new(),
         }
         .scheduler_config();

@@ -142,7 +142,23 @@ pub struct Local {
     pub pool_bytes: u64,
     /// Where the agent's SPDK takes its memory from.
     pub spdk_memory: hugepages::SpdkMemory,
+    /// Where the agent serves `/metrics` (`None`: no metrics server).
+    pub agent_metrics: Option<std::net::SocketAddr>,
+    /// The agent's SPDK reactors poll (as on production nodes) instead of sleeping when idle.
+    pub spdk_polling: bool,
     children: Vec<(Component, Child)>,
+}
+
+/// How the local agent runs where a run departs from the development defaults (no hugepages,
+/// interrupt mode, no metrics server).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentTuning {
+    /// Where the agent's SPDK takes its memory from.
+    pub memory: hugepages::SpdkMemory,
+    /// Serve the agent's `/metrics` on this address.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// SPDK reactors poll, keeping their core busy, as on production nodes.
+    pub spdk_polling: bool,
 }
 
 /// Which Kubernetes API server the components talk to.
@@ -255,7 +271,24 @@ impl Local {
         engine: Engine,
         api: ApiSource,
         pool_bytes: u64,
-        spdk_memory: hugepages::SpdkMemory,
+        memory: hugepages::SpdkMemory,
+    ) -> Result<Self, LocalError> {
+        let tuning = AgentTuning {
+            memory,
+            ..AgentTuning::default()
+        };
+        Self::start_tuned(dir, bin_dir, node, engine, api, pool_bytes, tuning).await
+    }
+
+    /// Like [`Local::start_sized`], the agent run as `tuning` says.
+    pub async fn start_tuned(
+        dir: &Path,
+        bin_dir: &Path,
+        node: &str,
+        engine: Engine,
+        api: ApiSource,
+        pool_bytes: u64,
+        tuning: AgentTuning,
     ) -> Result<Self, LocalError> {
         let components: &[Component] = match api {
             ApiSource::Test => &[
@@ -285,7 +318,9 @@ impl Local {
             controller_port: free_port()?,
             api: api.clone(),
             pool_bytes,
-            spdk_memory,
+            spdk_memory: tuning.memory,
+            agent_metrics: tuning.metrics,
+            spdk_polling: tuning.spdk_polling,
             children: Vec::new(),
         };
         me.write_configs()?;
@@ -351,11 +386,12 @@ impl Local {
                 c
             }
         };
-        // SPDK without busy-polling, on core 0, without hugepages unless the run holds some
+        // SPDK without busy-polling (unless the run asks for it), on core 0, without hugepages unless the run holds some
         // (`--hugepages`): an agent built with SPDK also starts it under the file engine, to
         // export volumes over NVMe/TCP.
         cfg.spdk.core_mask = "0x1".into();
-        cfg.spdk.interrupt_mode = true;
+        cfg.spdk.interrupt_mode = !self.spdk_polling;
+        cfg.metrics.listen_address = self.agent_metrics;
         match &self.spdk_memory {
             hugepages::SpdkMemory::NoHuge => {
                 cfg.spdk.no_huge = true;
@@ -803,6 +839,8 @@ mod tests {
             api: ApiSource::Test,
             pool_bytes: 8 << 30,
             spdk_memory: hugepages::SpdkMemory::NoHuge,
+            agent_metrics: None,
+            spdk_polling: false,
             children: Vec::new(),
         }
     }
@@ -838,5 +876,17 @@ mod tests {
         assert!(!a.spdk.no_huge);
         assert_eq!(a.spdk.mem_size_mib, Some(512));
         assert_eq!(a.spdk.huge_dir, Some(d.path().join("hugepages")));
+    }
+
+    #[test]
+    fn a_tuned_agent_polls_and_serves_metrics() {
+        let d = tempfile::tempdir().unwrap();
+        let mut l = local(Engine::Spdk, d.path());
+        l.spdk_polling = true;
+        l.agent_metrics = Some("127.0.0.1:9109".parse().unwrap());
+        l.write_configs().unwrap();
+        let a = AgentConfig::load(d.path().join("agent-config.yaml")).unwrap();
+        assert!(!a.spdk.interrupt_mode);
+        assert_eq!(a.metrics.listen_address, l.agent_metrics);
     }
 }

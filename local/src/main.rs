@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Parser;
 use liteio_local::hugepages::{RunHugepages, SpdkMemory};
-use liteio_local::{Component, Engine, Local, datapath, demo};
+use liteio_local::{AgentTuning, Component, Engine, Local, datapath, demo};
 
 /// `--nodes N` with N > 1.
 mod nodes_cmd;
@@ -59,6 +59,14 @@ pub(crate) struct Args {
     /// ordinary memory (the development mode).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
     hugepages: Option<u64>,
+    /// Serve the disk-agent's Prometheus metrics at this address (`/metrics`), for
+    /// benchmarks and for looking around; by default it serves none (single-node run only).
+    #[arg(long, value_name = "ADDR")]
+    agent_metrics_addr: Option<std::net::SocketAddr>,
+    /// Run the agent's SPDK reactor polling, as production nodes do, instead of in interrupt
+    /// mode: it then keeps core 0 busy all the time (single-node run only).
+    #[arg(long)]
+    spdk_polling: bool,
 }
 
 pub(crate) fn say(msg: &str) {
@@ -120,6 +128,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if args.hugepages.is_some() {
             anyhow::bail!("--hugepages is for the single-node run for now (without --nodes)");
         }
+        if args.agent_metrics_addr.is_some() || args.spdk_polling {
+            anyhow::bail!(
+                "--agent-metrics-addr and --spdk-polling are for the single-node run (without --nodes)"
+            );
+        }
         return nodes_cmd::run(&args, &bin_dir, engine).await;
     }
     // Held until the agent stopped; dropped on every early return (unmounted, given back).
@@ -128,22 +141,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .as_ref()
         .map_or(SpdkMemory::NoHuge, RunHugepages::memory);
     say(&format!(
-        "starting LiteIO in {} ({engine} engine, node {}, SPDK on {})",
+        "starting LiteIO in {} ({engine} engine, node {}, SPDK on {}, {})",
         args.dir.display(),
         args.node,
         match &memory {
             SpdkMemory::NoHuge => "ordinary memory: the no-huge development mode".to_string(),
             SpdkMemory::Hugepages { mem_mib, .. } => format!("{mem_mib} MiB of hugepages"),
+        },
+        if args.spdk_polling {
+            "its reactor polling core 0"
+        } else {
+            "its reactor in interrupt mode"
         }
     ));
-    let start = Local::start_on(
+    let tuning = AgentTuning {
+        memory,
+        metrics: args.agent_metrics_addr,
+        spdk_polling: args.spdk_polling,
+    };
+    let start = Local::start_tuned(
         &args.dir,
         &bin_dir,
         &args.node,
         engine,
         liteio_local::ApiSource::Test,
         args.pool_size_gib << 30,
-        memory,
+        tuning,
     );
     // A Ctrl-C while starting stops what started (and gives the hugepages back) instead of
     // leaving the components running.
@@ -158,6 +181,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "test API server ready on 127.0.0.1:{}; controller, disk-agent and CSI driver ready",
         local.api_port
     ));
+    if let Some(addr) = args.agent_metrics_addr {
+        say(&format!(
+            "the disk-agent serves its metrics at http://{addr}/metrics"
+        ));
+    }
     // The components run in their own process group and would outlive a killed run (the
     // agent holding its hugepages): the next run in --dir stops what is recorded here.
     let mut ledger = liteio_local::netns::Ledger::create(&args.dir)?;
