@@ -5,7 +5,7 @@
 //! Also prints the agent's resident memory with all volumes in place (SPDK's memory pools
 //! excluded: the file-engine run has no SPDK).
 //!
-//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT] [--sequential] [--runs N] [--engine file|spdk]`
+//! `cargo run --release -p liteio-agent [--features spdk] --example bench_provision [-- COUNT] [--sequential] [--runs N] [--engine file|spdk] [--polling]`
 //!
 //! `--agent-memory` instead runs the `disk-agent` binary as its own process (file engine)
 //! and prints its resident memory with COUNT ready volumes.
@@ -15,7 +15,8 @@
 //!
 //! `--runs N` repeats the measurement N times, each in a fresh process (a new API server,
 //! agent and SPDK), and prints the worst run's p99 and the median run's p50 per engine.
-//! `--engine file|spdk` measures one engine only.
+//! `--engine file|spdk` measures one engine only. `--polling` runs SPDK's reactor polling,
+//! as the agent does by default on production nodes (otherwise it runs in interrupt mode).
 //!
 //! Each run also says where its slowest volumes spent their time, from the agent's own
 //! accounting (`liteio_agent::sync::provision`, captured from its log events in this
@@ -613,6 +614,7 @@ fn main() -> anyhow::Result<()> {
     };
     let sequential = args.iter().any(|a| a == "--sequential");
     let one_run = args.iter().any(|a| a == "--one-run");
+    let polling = args.iter().any(|a| a == "--polling");
     let count: usize = args
         .iter()
         .enumerate()
@@ -666,8 +668,8 @@ fn main() -> anyhow::Result<()> {
     }
     #[cfg(not(feature = "spdk"))]
     anyhow::ensure!(
-        want("file"),
-        "--engine spdk: this build has no SPDK (build with --features spdk)"
+        want("file") && !polling,
+        "--engine spdk, --polling: this build has no SPDK (build with --features spdk)"
     );
     #[cfg(feature = "spdk")]
     if want("spdk") {
@@ -675,6 +677,8 @@ fn main() -> anyhow::Result<()> {
         use liteio_agent::spdk::{Spdk, SpdkOptions};
         let spdk = Spdk::start(&SpdkOptions {
             name: "bench-provision".into(),
+            // Production nodes poll (the agent's default); tests use interrupt mode.
+            interrupt_mode: !polling,
             ..SpdkOptions::small()
         })?;
         let file = dir.path().join("lvs.img");
