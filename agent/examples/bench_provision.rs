@@ -679,6 +679,8 @@ fn main() -> anyhow::Result<()> {
             name: "bench-provision".into(),
             // Production nodes poll (the agent's default); tests use interrupt mode.
             interrupt_mode: !polling,
+            // One subsystem per volume, beyond SPDK's default of 1,024.
+            max_subsystems: (count as u32 + 16).max(1024),
             ..SpdkOptions::small()
         })?;
         let file = dir.path().join("lvs.img");

@@ -16,6 +16,7 @@
 //!   hugeDir: /dev/hugepages                  # optional hugetlbfs mount (hugepages only)
 //!   rpcSocket: /var/tmp/spdk.sock            # optional SPDK-compatible JSON-RPC socket
 //!   traceEntries: 0                          # SPDK trace buffer for spdk_trace; 0 = none
+//!   maxSubsystems: 4096                      # most volumes the node can export
 //!   nvmePciAddresses: ["0000:00:04.0"]
 //! nvmf:
 //!   listenAddress: 192.168.0.10              # default: the node IP
@@ -429,6 +430,17 @@ pub struct SpdkConfig {
     /// one machine for development (`liteio-local --nodes N`).
     #[serde(rename = "lockCores", default = "yes")]
     pub lock_cores: bool,
+    /// Most volumes this node can export: the NVMe-oF target's subsystem slots (default
+    /// 4,096; SPDK's own default, 1,024, capped a node at 1,023 volumes).
+    #[serde(rename = "maxSubsystems", default = "default_max_subsystems")]
+    pub max_subsystems: u32,
+}
+
+/// Default of `spdk.maxSubsystems`.
+pub const DEFAULT_MAX_SUBSYSTEMS: u32 = 4096;
+
+fn default_max_subsystems() -> u32 {
+    DEFAULT_MAX_SUBSYSTEMS
 }
 
 fn yes() -> bool {
@@ -455,6 +467,7 @@ impl Default for SpdkConfig {
             nvme_pci_addresses: Vec::new(),
             trace_entries: 0,
             lock_cores: true,
+            max_subsystems: DEFAULT_MAX_SUBSYSTEMS,
         }
     }
 }
@@ -1002,6 +1015,13 @@ impl Config {
                 "spdk.memSizeMiB",
                 mib,
                 format!("is below the minimum of {MIN_MEM_MIB}"),
+            ));
+        }
+        if sp.max_subsystems < 2 {
+            return Err(invalid(
+                "spdk.maxSubsystems",
+                sp.max_subsystems,
+                "must be at least 2 (the discovery subsystem takes one)",
             ));
         }
         if let Some(dir) = &sp.huge_dir {

@@ -280,6 +280,10 @@ fn spdk_trace_buffer_is_off_unless_asked() {
     assert_eq!(c.spdk.trace_entries, 0);
     let c = Config::from_yaml(&format!("{MINIMAL_FILE}spdk: {{traceEntries: 4096}}\n")).unwrap();
     assert_eq!(c.spdk.trace_entries, 4096);
+    // A node exports up to 4,095 volumes unless told otherwise (SPDK alone allows 1,023).
+    assert_eq!(c.spdk.max_subsystems, 4096);
+    let c = Config::from_yaml(&format!("{MINIMAL_FILE}spdk: {{maxSubsystems: 10000}}\n")).unwrap();
+    assert_eq!(c.spdk.max_subsystems, 10000);
 }
 
 #[test]
@@ -288,6 +292,7 @@ fn spdk_options_are_checked() {
         ("{coreMask: '3'}", "spdk.coreMask"),
         ("{coreMask: '0x0'}", "spdk.coreMask"),
         ("{memSizeMiB: 8}", "spdk.memSizeMiB"),
+        ("{maxSubsystems: 1}", "spdk.maxSubsystems"),
         ("{rpcSocket: spdk.sock}", "spdk.rpcSocket"),
         (
             "{nvmePciAddresses: ['00:04.0']}",

@@ -435,8 +435,22 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
             // SAFETY: on the reactor; the NQN and `sopts` are copied by SPDK.
             let ss = unsafe { spdk_sys::spdk_nvmf_subsystem_create_ext(t, nqn.as_ptr(), spdk_sys::SPDK_NVMF_SUBTYPE_NVME, &sopts) };
             if ss.is_null() {
-                // `validate` checked the NQN, serial and model: most likely the NQN is taken.
-                return Err(SpdkError::errno("create subsystem", spec.nqn.clone(), -libc_errno::EINVAL));
+                // `validate` checked the NQN, serial and model: the NQN is taken, or every
+                // subsystem slot of the target is (SPDK logs which).
+                let mut count = 0usize;
+                // SAFETY: iteration on the reactor over SPDK's own list; nothing yields.
+                unsafe {
+                    let mut cur = spdk_sys::spdk_nvmf_subsystem_get_first(t);
+                    while !cur.is_null() {
+                        count += 1;
+                        cur = spdk_sys::spdk_nvmf_subsystem_get_next(cur);
+                    }
+                }
+                return Err(SpdkError::errno(
+                    "create subsystem",
+                    format!("{} (the NQN is taken, or the target's {count} subsystems fill its slots: raise spdk.maxSubsystems)", spec.nqn),
+                    -libc_errno::ENOSPC,
+                ));
             }
             let fail = |e: SpdkError| {
                 // SAFETY: `ss` was just created and never started.

@@ -54,6 +54,10 @@ pub struct SpdkOptions {
     /// [`SpdkError::Timeout`] ([`DEFAULT_REQUEST_TIMEOUT`]). The one place this deadline is
     /// set, for every call of this crate and so every engine call of the agent.
     pub request_timeout: Duration,
+    /// Most NVMe-oF subsystems the target holds, i.e. volumes one node can export; 0 =
+    /// SPDK's default (1,024, one of them the discovery subsystem). Each slot costs a pointer
+    /// in the target and a small record per poll group.
+    pub max_subsystems: u32,
 }
 
 impl Default for SpdkOptions {
@@ -70,6 +74,7 @@ impl Default for SpdkOptions {
             trace_entries: 0,
             lock_cores: true,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_subsystems: 0,
         }
     }
 }
@@ -774,6 +779,12 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     o.disable_signal_handlers = true;
     o.disable_cpumask_locks = !opts.lock_cores;
     o.print_level = spdk_sys::SPDK_LOG_WARN;
+    // Start-up settings of SPDK's own subsystems go through its JSON config (SPDK copies it).
+    let config = startup_config(opts);
+    if let Some(c) = &config {
+        o.json_data = c.as_ptr().cast_mut().cast::<c_void>();
+        o.json_data_size = c.len();
+    }
     let ctx = Box::into_raw(Box::new(StartCtx { ready })).cast::<c_void>();
     // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs the
     // framework on this thread until spdk_app_stop; `ctx` stays valid for the whole call.
@@ -789,6 +800,18 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     // that ran it.
     unsafe { spdk_sys::spdk_app_fini() };
     rc
+}
+
+/// SPDK's start-up JSON config for what `opts` sets beyond the app options (today the
+/// NVMe-oF target's `max_subsystems`); `None` when SPDK's defaults do.
+fn startup_config(opts: &SpdkOptions) -> Option<Vec<u8>> {
+    (opts.max_subsystems > 0).then(|| {
+        format!(
+            r#"{{"subsystems":[{{"subsystem":"nvmf","config":[{{"method":"nvmf_set_max_subsystems","params":{{"max_subsystems":{}}}}}]}}]}}"#,
+            opts.max_subsystems
+        )
+        .into_bytes()
+    })
 }
 
 /// A running SPDK runtime. Dropping it stops SPDK (see [`Spdk::stop`]).

@@ -25,6 +25,7 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         trace_entries: sp.trace_entries,
         lock_cores: sp.lock_cores,
         request_timeout: cfg.timeouts.spdk_request,
+        max_subsystems: sp.max_subsystems,
     }
 }
 
