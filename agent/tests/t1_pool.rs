@@ -109,7 +109,16 @@ async fn pool_object_is_registered_within_two_seconds() {
             "{body}"
         );
         assert!(http_get(addr, "/healthz").await.0.contains("200"));
-        assert!(http_get(addr, "/readyz").await.0.contains("200"));
+        // Ready once the agent has handled the answer to its pool write, which may come just
+        // after the pool shows in the API.
+        eventually("/readyz 200", Duration::from_secs(2), || async {
+            http_get(addr, "/readyz")
+                .await
+                .0
+                .contains("200")
+                .then_some(())
+        })
+        .await;
         assert!(http_get(addr, "/nope").await.0.contains("404"));
         agent.shutdown(Duration::from_secs(5)).await;
     })
