@@ -193,6 +193,12 @@ pub(crate) fn object_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
+/// The reference of the object under `key` (see [`object_key`]).
+fn object_ref<K: Resource<DynamicType = ()>>(key: &str) -> ObjectRef<K> {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    ObjectRef::new(name).within(ns)
+}
+
 /// Runs a controller for `K` with the agent's label selector until `shutdown`.
 pub(crate) async fn run_controller<K, F, Fut>(
     ctx: Arc<Ctx>,
@@ -254,18 +260,9 @@ pub(crate) async fn run_controller<K, F, Fut>(
         async move {
             loop {
                 rx.changed().await.ok()?;
-                waiting.retain(|key| {
-                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                    store.get(&ObjectRef::<K>::new(name).within(ns)).is_some()
-                });
-                let refs: Vec<ObjectRef<K>> = waiting
-                    .failing()
-                    .iter()
-                    .map(|key| {
-                        let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                        ObjectRef::new(name).within(ns)
-                    })
-                    .collect();
+                waiting.retain(|key| store.get(&object_ref::<K>(key)).is_some());
+                let refs: Vec<ObjectRef<K>> =
+                    waiting.failing().iter().map(|k| object_ref(k)).collect();
                 if !refs.is_empty() {
                     return Some((futures::stream::iter(refs), rx));
                 }
