@@ -851,7 +851,10 @@ impl Config {
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let de = serde_yaml::Deserializer::from_str(text);
         let cfg: Self = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
+            // An empty key (YAML `?`) has an empty path: say so rather than name nothing.
+            let field = Some(e.path().to_string())
+                .filter(|f| !f.is_empty())
+                .unwrap_or_else(|| "(empty key)".to_string());
             let inner = e.into_inner();
             let mut message = inner.to_string();
             // serde_yaml prefixes the parent's path ("storage.pooling: …"); the field path
