@@ -1,6 +1,8 @@
 //! LiteIO's naming scheme for engine-side objects. Kept identical to the original so that
 //! hosts connected to a LiteIO target see the same subsystem after a switch.
 
+use crate::validate::ValidationError;
+
 /// Prefix of a volume's subsystem NQN.
 pub const SUBSYS_NQN_PREFIX: &str = "nqn.2021-03.com.alipay.ob:uuid:";
 /// Prefix of a node's host NQN.
@@ -79,7 +81,65 @@ pub fn data_control_vg(namespace: &str, name: &str) -> String {
     format!("{namespace}-{name}")
 }
 
+/// Prefix of a volume's authentication Secret.
+pub const AUTH_SECRET_PREFIX: &str = "liteio-auth-";
+/// Longest name of a Secret (a DNS subdomain).
+pub const SECRET_NAME_MAX: usize = 253;
+
+/// Name of the Secret that holds the authentication keys of the volume whose CSI volume name
+/// (PV name) is `csi_volume_name`: `liteio-auth-<name>`. StorageClasses name it as
+/// `liteio-auth-${pv.name}` (see [`crate::auth`]).
+pub fn auth_secret(csi_volume_name: &str) -> String {
+    format!("{AUTH_SECRET_PREFIX}{csi_volume_name}")
+}
+
+/// True for a DNS-1123 label: lower-case letters, digits and `-`, starting and ending with a
+/// letter or digit.
+fn is_dns_label(label: &str) -> bool {
+    let b = label.as_bytes();
+    match (b.first(), b.last()) {
+        (Some(first), Some(last)) => {
+            first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// True for a DNS-1123 subdomain of at most 253 bytes (the names of Secrets and PVs).
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= SECRET_NAME_MAX && name.split('.').all(is_dns_label)
+}
+
+/// [`auth_secret`], checked to be a valid Secret name; the error names the volume.
+pub fn auth_secret_checked(csi_volume_name: &str) -> Result<String, ValidationError> {
+    let name = auth_secret(csi_volume_name);
+    if name.len() > SECRET_NAME_MAX {
+        return Err(ValidationError::new(
+            "volume name",
+            format!(
+                "volume {csi_volume_name:?} gives an authentication Secret name of {} bytes; \
+                 Secret names have at most {SECRET_NAME_MAX}",
+                name.len()
+            ),
+        ));
+    }
+    if !is_dns_subdomain(&name) {
+        return Err(ValidationError::new(
+            "volume name",
+            format!(
+                "volume {csi_volume_name:?} gives the authentication Secret name {name:?}, \
+                 which is not a DNS subdomain (lower-case letters, digits, '-' and '.')"
+            ),
+        ));
+    }
+    Ok(name)
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -120,5 +180,32 @@ mod tests {
         assert!(snapshot_name(&"é".repeat(40)).len() <= ENGINE_NAME_MAX);
         assert_eq!(nvme_ns_bdev("mig-1"), "mig-1n1");
         assert_eq!(data_control_vg("obnvmf", "dc"), "obnvmf-dc");
+    }
+
+    #[test]
+    fn auth_secret_names() {
+        assert_eq!(auth_secret("pvc-1a2b"), "liteio-auth-pvc-1a2b");
+        assert_eq!(
+            auth_secret_checked("pvc-1a2b").unwrap(),
+            "liteio-auth-pvc-1a2b"
+        );
+        assert_eq!(auth_secret_checked("a.b").unwrap(), "liteio-auth-a.b");
+        let longest = "p".repeat(SECRET_NAME_MAX - AUTH_SECRET_PREFIX.len());
+        assert_eq!(
+            auth_secret_checked(&longest).unwrap().len(),
+            SECRET_NAME_MAX
+        );
+        let e = auth_secret_checked(&format!("{longest}p")).unwrap_err();
+        assert!(e.to_string().contains("254 bytes"), "{e}");
+        assert!(e.to_string().contains(&format!("{longest}p")), "{e}");
+        for bad in ["", "PVC-1", "pvc_1", "pvc-", "a..b", "a.-b", "pvc 1"] {
+            let e = auth_secret_checked(bad).unwrap_err();
+            assert!(
+                e.reason.contains(&format!("volume {bad:?}")),
+                "{bad:?}: {e}"
+            );
+        }
+        assert!(is_dns_subdomain("a-1.b2"));
+        assert!(!is_dns_subdomain("-a"));
     }
 }
