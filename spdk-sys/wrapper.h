@@ -9,6 +9,8 @@
 #include "spdk/event.h"
 #include "spdk/init.h"
 #include "spdk/json.h"
+#include "spdk/keyring.h"
+#include "spdk/keyring_module.h"
 #include "spdk/log.h"
 #include "spdk/lvol.h"
 #include "spdk/nvme.h"

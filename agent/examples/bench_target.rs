@@ -117,6 +117,8 @@ mod bench {
                 address: "127.0.0.1".into(),
                 port: a.port,
                 hosts: vec![a.host.clone()],
+                keys: Default::default(),
+                secure_channel: false,
             })
             .await?;
             println!("READY {}", a.nqn);

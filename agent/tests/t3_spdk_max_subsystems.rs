@@ -57,6 +57,8 @@ async fn scenario() {
             address: "127.0.0.1".into(),
             port: free_port(),
             hosts: Vec::new(),
+            keys: Default::default(),
+            secure_channel: false,
         }
     };
     for i in 0..SLOTS {

@@ -94,6 +94,8 @@ async fn scenario() {
         address: "127.0.0.1".into(),
         port,
         hosts: vec![GOOD_HOST.into()],
+        keys: Default::default(),
+        secure_channel: false,
     };
     let ss = nvmf::create_subsystem(spec.clone()).await.unwrap();
     assert_eq!(ss.serial, naming::serial_number(uuid));
@@ -189,13 +191,15 @@ async fn scenario() {
 
     // Removing the host blocks new connections; adding it back allows them.
     initiator::detach("c0").await.unwrap();
-    nvmf::set_hosts(&spec.nqn, &[]).await.unwrap();
+    nvmf::set_hosts(&spec.nqn, &[], &Default::default())
+        .await
+        .unwrap();
     assert!(
         initiator::attach_tcp("c1", "127.0.0.1", port, &spec.nqn, GOOD_HOST)
             .await
             .is_err()
     );
-    let ss = nvmf::set_hosts(&spec.nqn, &[GOOD_HOST.to_string()])
+    let ss = nvmf::set_hosts(&spec.nqn, &[GOOD_HOST.to_string()], &Default::default())
         .await
         .unwrap();
     assert_eq!(ss.hosts, vec![GOOD_HOST.to_string()]);

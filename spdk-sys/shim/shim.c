@@ -12,6 +12,10 @@
 #include "spdk/module/bdev/nvme.h"
 
 #include "spdk/blob.h"
+#include "spdk/json.h"
+#include "spdk/keyring.h"
+#include "spdk/keyring_module.h"
+#include "spdk/string.h"
 #include "spdk/uuid.h"
 #include "spdk/version.h"
 #include "spdk_internal/lvolstore.h"
@@ -268,4 +272,213 @@ uint32_t
 liteio_spdk_version_compiled(void)
 {
 	return SPDK_VERSION_MAJOR * 10000 + SPDK_VERSION_MINOR * 100 + SPDK_VERSION_PATCH;
+}
+
+/*
+ * An in-memory keyring module: DH-HMAC-CHAP secrets and TLS PSKs the agent reads from
+ * Kubernetes Secrets go straight into SPDK's keyring, without a key file on disk (SPDK's own
+ * "file" module reads the file again on every use, so the file could not be removed). The
+ * key material lives in the key's context and is wiped when SPDK frees the key.
+ */
+struct liteio_mem_key {
+	size_t len;
+	char data[LITEIO_KEY_MAX];
+};
+
+static size_t
+liteio_mem_ctx_size(void)
+{
+	return sizeof(struct liteio_mem_key);
+}
+
+static int
+liteio_mem_add_key(struct spdk_key *key, void *ctx)
+{
+	const char *secret = ctx;
+	struct liteio_mem_key *k = spdk_key_get_ctx(key);
+	size_t len = strnlen(secret, LITEIO_KEY_MAX);
+
+	if (len == 0 || len >= LITEIO_KEY_MAX) {
+		return -EINVAL;
+	}
+	memcpy(k->data, secret, len);
+	k->len = len;
+	return 0;
+}
+
+static void
+liteio_mem_remove_key(struct spdk_key *key)
+{
+	struct liteio_mem_key *k = spdk_key_get_ctx(key);
+
+	spdk_memset_s(k, sizeof(*k), 0, sizeof(*k));
+}
+
+static int
+liteio_mem_get_key(struct spdk_key *key, void *buf, int len)
+{
+	struct liteio_mem_key *k = spdk_key_get_ctx(key);
+
+	if (len < 0 || (size_t)len < k->len) {
+		return -ENOBUFS;
+	}
+	memcpy(buf, k->data, k->len);
+	return (int)k->len;
+}
+
+static struct spdk_keyring_module g_liteio_mem_keyring = {
+	.name = "liteio_mem",
+	.add_key = liteio_mem_add_key,
+	.remove_key = liteio_mem_remove_key,
+	.get_key = liteio_mem_get_key,
+	.get_ctx_size = liteio_mem_ctx_size,
+};
+
+SPDK_KEYRING_REGISTER_MODULE(liteio_mem, &g_liteio_mem_keyring);
+
+int
+liteio_keyring_add(const char *name, const char *secret)
+{
+	struct spdk_key_opts opts = {
+		.size = sizeof(opts),
+		.name = name,
+		.module = &g_liteio_mem_keyring,
+		.ctx = (void *)secret,
+	};
+
+	return spdk_keyring_add_key(&opts);
+}
+
+int
+liteio_keyring_remove(const char *name)
+{
+	return spdk_keyring_remove_key(name, &g_liteio_mem_keyring);
+}
+
+bool
+liteio_keyring_has(const char *name)
+{
+	struct spdk_key *key = spdk_keyring_get_key(name);
+
+	if (key == NULL) {
+		return false;
+	}
+	spdk_keyring_put_key(key);
+	return true;
+}
+
+/* Look up the named keys; NULL names give NULL keys. Returns 0, or -ENOKEY with every key
+ * that was found put back. */
+static int
+get_keys(const char *const *names, struct spdk_key **keys, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		keys[i] = NULL;
+		if (names[i] == NULL) {
+			continue;
+		}
+		keys[i] = spdk_keyring_get_key(names[i]);
+		if (keys[i] == NULL) {
+			while (--i >= 0) {
+				spdk_keyring_put_key(keys[i]);
+			}
+			return -ENOKEY;
+		}
+	}
+	return 0;
+}
+
+static void
+put_keys(struct spdk_key **keys, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		spdk_keyring_put_key(keys[i]);
+	}
+}
+
+int
+liteio_nvmf_add_host(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
+		     const char *dhchap_key, const char *dhchap_ctrlr_key, const char *psk)
+{
+	const char *names[2] = { dhchap_key, dhchap_ctrlr_key };
+	struct spdk_key *keys[2];
+	struct spdk_nvmf_host_opts opts = { .size = sizeof(opts) };
+	struct spdk_json_val *values = NULL;
+	char *json = NULL;
+	int rc;
+
+	rc = get_keys(names, keys, 2);
+	if (rc != 0) {
+		return rc;
+	}
+	if (psk != NULL) {
+		struct spdk_key *k = spdk_keyring_get_key(psk);
+		ssize_t count;
+
+		if (k == NULL) {
+			put_keys(keys, 2);
+			return -ENOKEY;
+		}
+		spdk_keyring_put_key(k);
+		/* The TCP transport takes the PSK's key name from the host's JSON parameters. */
+		json = spdk_sprintf_alloc("{\"psk\":\"%s\"}", psk);
+		if (json == NULL) {
+			put_keys(keys, 2);
+			return -ENOMEM;
+		}
+		count = spdk_json_parse(json, strlen(json), NULL, 0, NULL, 0);
+		if (count <= 0) {
+			rc = -EINVAL;
+			goto out;
+		}
+		values = calloc((size_t)count, sizeof(*values));
+		if (values == NULL) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		if (spdk_json_parse(json, strlen(json), values, (size_t)count, NULL, 0) != count) {
+			rc = -EINVAL;
+			goto out;
+		}
+		opts.params = values;
+	}
+	opts.dhchap_key = keys[0];
+	opts.dhchap_ctrlr_key = keys[1];
+	rc = spdk_nvmf_subsystem_add_host_ext(ss, hostnqn, &opts);
+out:
+	put_keys(keys, 2);
+	free(values);
+	free(json);
+	return rc;
+}
+
+int
+liteio_nvmf_set_keys(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
+		     const char *dhchap_key, const char *dhchap_ctrlr_key)
+{
+	const char *names[2] = { dhchap_key, dhchap_ctrlr_key };
+	struct spdk_key *keys[2];
+	struct spdk_nvmf_subsystem_key_opts opts = { .size = sizeof(opts) };
+	int rc;
+
+	rc = get_keys(names, keys, 2);
+	if (rc != 0) {
+		return rc;
+	}
+	opts.dhchap_key = keys[0];
+	opts.dhchap_ctrlr_key = keys[1];
+	rc = spdk_nvmf_subsystem_set_keys(ss, hostnqn, &opts);
+	put_keys(keys, 2);
+	return rc;
+}
+
+int
+liteio_bdev_nvme_set_keys(const char *name, const char *dhchap_key, const char *dhchap_ctrlr_key,
+			  void (*cb_fn)(void *, int), void *cb_arg)
+{
+	return bdev_nvme_set_keys(name, dhchap_key, dhchap_ctrlr_key, cb_fn, cb_arg);
 }

@@ -94,6 +94,38 @@ uint32_t liteio_nvmf_add_ns(struct spdk_nvmf_subsystem *ss, const char *bdev_nam
  * operation started (`cb_fn` will run), or a negative errno (it will not). */
 int liteio_bdev_nvme_detach(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
 
+/* Longest key material the in-memory keyring holds, NUL included (a DHHC-1 secret of a
+ * 64-byte key is 101 characters). */
+#define LITEIO_KEY_MAX 256
+
+/* Add `secret` (a NUL-terminated DHHC-1 secret or TLS PSK) to SPDK's keyring as `name`,
+ * held in memory only. Returns 0, -EEXIST when the name is taken, -EINVAL when the secret is
+ * empty or too long. */
+int liteio_keyring_add(const char *name, const char *secret);
+/* Remove a key added by liteio_keyring_add; users holding it keep it until they let go.
+ * Returns 0 or -ENOKEY. */
+int liteio_keyring_remove(const char *name);
+/* Whether the keyring has a key of that name. */
+bool liteio_keyring_has(const char *name);
+
+/* Allow `hostnqn` on `ss` with the named keys (NULL: none). `dhchap_key`: the host must
+ * authenticate with DH-HMAC-CHAP; `dhchap_ctrlr_key`: the controller authenticates to the
+ * host too; `psk`: the TLS PSK for a secure-channel listener. Returns 0 or a negative errno
+ * (-ENOKEY: a key is not in the keyring). */
+int liteio_nvmf_add_host(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
+			 const char *dhchap_key, const char *dhchap_ctrlr_key, const char *psk);
+/* Replace the DH-HMAC-CHAP keys of an allowed host; connected hosts stay connected and new
+ * connections need the new keys. Returns 0 or a negative errno. */
+int liteio_nvmf_set_keys(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
+			 const char *dhchap_key, const char *dhchap_ctrlr_key);
+
+/* Give the attached NVMe bdev controller `name` new DH-HMAC-CHAP keys (names in the keyring;
+ * NULL: none) and re-authenticate its connected queue pairs with them, without
+ * disconnecting. Returns 0 when the operation started (`cb_fn` will run), or a negative
+ * errno (it will not). */
+int liteio_bdev_nvme_set_keys(const char *name, const char *dhchap_key,
+			      const char *dhchap_ctrlr_key, void (*cb_fn)(void *, int), void *cb_arg);
+
 /* SPDK's version as major * 10000 + minor * 100 + patch, as compiled. */
 uint32_t liteio_spdk_version_compiled(void);
 

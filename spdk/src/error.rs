@@ -123,4 +123,5 @@ pub(crate) mod libc_errno {
     pub const EINVAL: i32 = 22;
     pub const ENOSPC: i32 = 28;
     pub const EINPROGRESS: i32 = 115;
+    pub const ENOKEY: i32 = 126;
 }

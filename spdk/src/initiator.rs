@@ -4,11 +4,14 @@
 use std::ffi::{CString, c_char, c_void};
 
 use super::error::{Result, SpdkError};
+use super::nvmf::HostKeys;
 use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
 struct Attach {
     names: Vec<*const c_char>,
     _strings: (CString, CString),
+    /// Key names SPDK looks up during the call (kept alive with the request anyway).
+    _keys: [Option<CString>; 3],
     ctrlr: String,
     reply: Reply<Vec<String>>,
 }
@@ -70,6 +73,30 @@ pub async fn attach_tcp_with(
     hostnqn: &str,
     reconnect: Option<Reconnect>,
 ) -> Result<Vec<String>> {
+    attach_tcp_auth(
+        ctrlr,
+        address,
+        port,
+        subnqn,
+        hostnqn,
+        reconnect,
+        &HostKeys::default(),
+    )
+    .await
+}
+
+/// [`attach_tcp_with`], authenticating with `keys` (names of keys in the keyring):
+/// `dhchap_key` proves this host, `dhchap_ctrlr_key` makes the host check the target
+/// (bidirectional), `psk` connects over TLS.
+pub async fn attach_tcp_auth(
+    ctrlr: &str,
+    address: &str,
+    port: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    reconnect: Option<Reconnect>,
+    keys: &HostKeys,
+) -> Result<Vec<String>> {
     let reconnect = match reconnect {
         None => None,
         Some(r) => {
@@ -94,7 +121,7 @@ pub async fn attach_tcp_with(
         });
     }
     let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
-    attach(ctrlr, trid, hostnqn, reconnect).await
+    attach(ctrlr, trid, hostnqn, reconnect, keys).await
 }
 
 /// Take over the local NVMe controller at PCI address `bdf` (`0000:01:00.0`, bound to
@@ -112,7 +139,14 @@ pub async fn attach_pcie(ctrlr: &str, bdf: &str) -> Result<Vec<String>> {
             reason: format!("{bdf:?} is not a PCI address like 0000:01:00.0"),
         });
     }
-    attach(ctrlr, format!("trtype:PCIe traddr:{bdf}"), "", None).await
+    attach(
+        ctrlr,
+        format!("trtype:PCIe traddr:{bdf}"),
+        "",
+        None,
+        &HostKeys::default(),
+    )
+    .await
 }
 
 /// `reconnect`: (seconds between attempts, seconds before giving up), checked by the caller.
@@ -121,7 +155,24 @@ async fn attach(
     trid: String,
     hostnqn: &str,
     reconnect: Option<(u32, i32)>,
+    keys: &HostKeys,
 ) -> Result<Vec<String>> {
+    if keys.dhchap_ctrlr_key.is_some() && keys.dhchap_key.is_none() {
+        return Err(SpdkError::InvalidArgument {
+            field: "dhchap_ctrlr_key",
+            reason: "a controller key needs a host key (dhchap_key)".into(),
+        });
+    }
+    let key = |field, k: &Option<String>| {
+        k.as_deref()
+            .map(|n| super::keyring::check_name(field, n))
+            .transpose()
+    };
+    let key_names = [
+        key("dhchap_key", &keys.dhchap_key)?,
+        key("dhchap_ctrlr_key", &keys.dhchap_ctrlr_key)?,
+        key("psk", &keys.psk)?,
+    ];
     let (ctrlr, hostnqn) = (ctrlr.to_string(), hostnqn.to_string());
     let address = trid.clone();
     exec(move |reply| {
@@ -172,9 +223,14 @@ async fn attach(
             bopts.ctrlr_loss_timeout_sec = loss;
             bopts.fast_io_fail_timeout_sec = 0;
         }
+        let ptr = |k: &Option<CString>| k.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        bopts.dhchap_key = ptr(&key_names[0]);
+        bopts.dhchap_ctrlr_key = ptr(&key_names[1]);
+        bopts.psk = ptr(&key_names[2]);
         let mut a = Box::new(Attach {
             names: vec![std::ptr::null(); 32],
             _strings: (base, host),
+            _keys: key_names,
             ctrlr: format!("{ctrlr} at {address}"),
             reply,
         });
@@ -221,6 +277,53 @@ pub async fn detach(ctrlr: &str) -> Result<()> {
         });
         // SAFETY: on the reactor; `ctx` owned by SPDK when rc == 0.
         let rc = unsafe { spdk_sys::liteio_bdev_nvme_detach(c.as_ptr(), Some(errno_cb), ctx) };
+        if rc != 0 {
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { errno_cb(ctx, rc) };
+        }
+    })
+    .await
+}
+
+/// Give the attached controller `ctrlr` new DH-HMAC-CHAP keys (names in the keyring) and
+/// re-authenticate its connections with them, without disconnecting: the host's half of a
+/// key rotation, after the target got the new keys. Fails when the target refuses them.
+pub async fn set_keys(ctrlr: &str, keys: &HostKeys) -> Result<()> {
+    if keys.dhchap_ctrlr_key.is_some() && keys.dhchap_key.is_none() {
+        return Err(SpdkError::InvalidArgument {
+            field: "dhchap_ctrlr_key",
+            reason: "a controller key needs a host key (dhchap_key)".into(),
+        });
+    }
+    let key = |field, k: &Option<String>| {
+        k.as_deref()
+            .map(|n| super::keyring::check_name(field, n))
+            .transpose()
+    };
+    let host = key("dhchap_key", &keys.dhchap_key)?;
+    let ctrl = key("dhchap_ctrlr_key", &keys.dhchap_ctrlr_key)?;
+    let c = cstr("ctrlr", ctrlr)?;
+    let name = ctrlr.to_string();
+    exec(move |reply: Reply<()>| {
+        let ctx = errno_ctx(move |_, rc| {
+            reply.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("re-authenticate controller", name, rc))
+            })
+        });
+        let ptr = |k: &Option<CString>| k.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        // SAFETY: on the reactor; the names are copied (looked up) during the call; `ctx` is
+        // owned by SPDK when rc == 0.
+        let rc = unsafe {
+            spdk_sys::liteio_bdev_nvme_set_keys(
+                c.as_ptr(),
+                ptr(&host),
+                ptr(&ctrl),
+                Some(errno_cb),
+                ctx,
+            )
+        };
         if rc != 0 {
             // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
             unsafe { errno_cb(ctx, rc) };

@@ -16,6 +16,7 @@ pub mod deprecation;
 pub mod error;
 pub mod initiator;
 pub mod io;
+pub mod keyring;
 pub mod lvol;
 pub mod nvmf;
 pub mod runtime;

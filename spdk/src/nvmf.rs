@@ -28,6 +28,80 @@ pub struct TcpTransportOptions {
     pub buf_cache_size: Option<u32>,
 }
 
+/// How the hosts of one export authenticate: names of keys in the keyring
+/// ([`super::keyring`]), the same for every allowed host of the subsystem.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostKeys {
+    /// DH-HMAC-CHAP key a host must prove it holds; `None`: the NQN alone admits a host.
+    pub dhchap_key: Option<String>,
+    /// DH-HMAC-CHAP controller key: the target proves itself to the host too
+    /// (bidirectional). Needs `dhchap_key`.
+    pub dhchap_ctrlr_key: Option<String>,
+    /// TLS pre-shared key, for a secure-channel listener. Set when a host is added; a host
+    /// already allowed keeps its PSK.
+    pub psk: Option<String>,
+}
+
+impl HostKeys {
+    fn check(&self) -> Result<()> {
+        for (field, name) in [
+            ("dhchap_key", &self.dhchap_key),
+            ("dhchap_ctrlr_key", &self.dhchap_ctrlr_key),
+            ("psk", &self.psk),
+        ] {
+            if let Some(n) = name {
+                super::keyring::check_name(field, n)?;
+            }
+        }
+        if self.dhchap_ctrlr_key.is_some() && self.dhchap_key.is_none() {
+            return Err(SpdkError::InvalidArgument {
+                field: "dhchap_ctrlr_key",
+                reason: "a controller key needs a host key (dhchap_key)".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Key names as C strings, for the shim; NULL for none.
+struct KeyNames(
+    Option<std::ffi::CString>,
+    Option<std::ffi::CString>,
+    Option<std::ffi::CString>,
+);
+
+impl KeyNames {
+    fn new(k: &HostKeys) -> Result<Self> {
+        let c = |f, o: &Option<String>| o.as_deref().map(|n| cstr(f, n)).transpose();
+        Ok(Self(
+            c("dhchap_key", &k.dhchap_key)?,
+            c("dhchap_ctrlr_key", &k.dhchap_ctrlr_key)?,
+            c("psk", &k.psk)?,
+        ))
+    }
+
+    fn ptr(c: &Option<std::ffi::CString>) -> *const std::ffi::c_char {
+        c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
+    }
+
+    /// Allow `host` on `ss` with these keys.
+    ///
+    /// # Safety
+    /// On the reactor, `ss` a live subsystem.
+    unsafe fn add_host(&self, ss: *mut spdk_nvmf_subsystem, host: &std::ffi::CStr) -> i32 {
+        // SAFETY: the caller's contract; every string is valid or NULL, copied by SPDK.
+        unsafe {
+            spdk_sys::liteio_nvmf_add_host(
+                ss,
+                host.as_ptr(),
+                Self::ptr(&self.0),
+                Self::ptr(&self.1),
+                Self::ptr(&self.2),
+            )
+        }
+    }
+}
+
 /// One volume's export.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubsystemSpec {
@@ -47,6 +121,10 @@ pub struct SubsystemSpec {
     pub port: u16,
     /// Host NQNs allowed to connect.
     pub hosts: Vec<String>,
+    /// How those hosts authenticate.
+    pub keys: HostKeys,
+    /// TLS: the listener takes secure channels only (the hosts need `keys.psk`).
+    pub secure_channel: bool,
 }
 
 /// An existing subsystem.
@@ -315,6 +393,13 @@ fn validate(spec: &SubsystemSpec) -> Result<()> {
             reason: "must be 1-65535".into(),
         });
     }
+    spec.keys.check()?;
+    if spec.secure_channel && spec.keys.psk.is_none() {
+        return Err(SpdkError::InvalidArgument {
+            field: "psk",
+            reason: "a secure-channel (TLS) listener needs a PSK for its hosts".into(),
+        });
+    }
     for h in &spec.hosts {
         if !h.starts_with("nqn.") {
             return Err(SpdkError::InvalidArgument {
@@ -415,7 +500,7 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
                 detail: format!("exporting {:?} on {:?}", cur.bdevs, cur.listeners),
             });
         }
-        return set_hosts(&spec.nqn, &spec.hosts).await;
+        return set_hosts(&spec.nqn, &spec.hosts, &spec.keys).await;
     }
     exec_on(move |r, reply| {
         let setup = || -> Result<(*mut spdk_nvmf_subsystem, spdk_sys::spdk_nvme_transport_id)> {
@@ -424,6 +509,7 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
             let trid = trid(&spec.address, spec.port)?;
             let (nqn, bdev, uuid) = (cstr("nqn", &spec.nqn)?, cstr("bdev", &spec.bdev)?, cstr("ns_uuid", &spec.ns_uuid)?);
             let hosts: Vec<_> = spec.hosts.iter().map(|h| cstr("hosts", h)).collect::<Result<_>>()?;
+            let keys = KeyNames::new(&spec.keys)?;
             let mut sopts = spdk_sys::spdk_nvmf_subsystem_opts::default();
             // SAFETY: `sopts` is writable and `opts_size` is its size; SPDK fills in defaults.
             unsafe { spdk_sys::spdk_nvmf_subsystem_opts_init(spdk_sys::SPDK_NVMF_SUBTYPE_NVME, &mut sopts, std::mem::size_of::<spdk_sys::spdk_nvmf_subsystem_opts>()) };
@@ -467,13 +553,14 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
                     }));
                 }
                 for (h, name) in hosts.iter().zip(&spec.hosts) {
-                    let rc = spdk_sys::spdk_nvmf_subsystem_add_host(ss, h.as_ptr(), std::ptr::null());
+                    let rc = keys.add_host(ss, h);
                     if rc != 0 {
                         return Err(fail(SpdkError::errno("add host", name.clone(), rc)));
                     }
                 }
                 let mut lopts: spdk_sys::spdk_nvmf_listen_opts = std::mem::zeroed();
                 spdk_sys::spdk_nvmf_listen_opts_init(&mut lopts, std::mem::size_of::<spdk_sys::spdk_nvmf_listen_opts>());
+                lopts.secure_channel = spec.secure_channel;
                 let rc = spdk_sys::spdk_nvmf_tgt_listen_ext(t, &trid, &mut lopts);
                 if rc != 0 && rc != -libc_errno::EEXIST {
                     return Err(fail(SpdkError::errno("listen", format!("{}:{}", spec.address, spec.port), rc)));
@@ -484,30 +571,51 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
         match setup() {
             Err(e) => reply.send(Err(e)),
             Ok((ss, trid)) => {
+                let secure_channel = spec.secure_channel;
                 let arg = Box::into_raw(Box::new(Create { spec, ss, reply })).cast::<c_void>();
-                // SAFETY: on the reactor; `arg` owned by SPDK until `create_listened` runs once.
-                unsafe { spdk_sys::spdk_nvmf_subsystem_add_listener(ss, &trid, Some(create_listened), arg) };
+                // SAFETY: a zeroed struct is valid input for the defaults init, which fills it.
+                let mut lopts: spdk_sys::spdk_nvmf_listener_opts = unsafe { std::mem::zeroed() };
+                // SAFETY: `lopts` is writable and of the size passed.
+                unsafe { spdk_sys::spdk_nvmf_subsystem_listener_opts_init(&mut lopts, std::mem::size_of::<spdk_sys::spdk_nvmf_listener_opts>()) };
+                lopts.secure_channel = secure_channel;
+                // SAFETY: on the reactor; `trid` and `lopts` are copied; `arg` owned by SPDK
+                // until `create_listened` runs once.
+                unsafe { spdk_sys::spdk_nvmf_subsystem_add_listener_ext(ss, &trid, Some(create_listened), arg, &mut lopts) };
             }
         }
     })
     .await
 }
 
-/// Make the allow-list exactly `hosts` (live: a removed host's new connections fail and its
-/// existing ones are closed).
-pub async fn set_hosts(nqn: &str, hosts: &[String]) -> Result<SubsystemInfo> {
-    let (nqn, hosts) = (nqn.to_string(), hosts.to_vec());
+/// Make the allow-list exactly `hosts`, authenticating with `keys` (live: a removed host's
+/// new connections fail and its existing ones are closed; a host whose DH-HMAC-CHAP keys
+/// change stays connected, and its next connection needs the new keys).
+pub async fn set_hosts(nqn: &str, hosts: &[String], keys: &HostKeys) -> Result<SubsystemInfo> {
+    keys.check()?;
+    let (nqn, hosts, keys) = (nqn.to_string(), hosts.to_vec(), keys.clone());
     on_reactor_with(move |r| {
         let ss = subsystem(r, &nqn)?;
+        let names = KeyNames::new(&keys)?;
         // SAFETY: `ss` was just returned by the lookup on this thread.
         let cur = unsafe { info(ss) };
-        for h in hosts.iter().filter(|h| !cur.hosts.contains(h)) {
+        for h in &hosts {
             let c = cstr("hosts", h)?;
-            // SAFETY: on the reactor; `ss` live; name copied.
-            let rc =
-                unsafe { spdk_sys::spdk_nvmf_subsystem_add_host(ss, c.as_ptr(), std::ptr::null()) };
+            let rc = if cur.hosts.contains(h) {
+                // SAFETY: on the reactor; `ss` live; every string valid or NULL, copied.
+                unsafe {
+                    spdk_sys::liteio_nvmf_set_keys(
+                        ss,
+                        c.as_ptr(),
+                        KeyNames::ptr(&names.0),
+                        KeyNames::ptr(&names.1),
+                    )
+                }
+            } else {
+                // SAFETY: on the reactor; `ss` live.
+                unsafe { names.add_host(ss, &c) }
+            };
             if rc != 0 {
-                return Err(SpdkError::errno("add host", h.clone(), rc));
+                return Err(SpdkError::errno("allow host", h.clone(), rc));
             }
         }
         for h in cur.hosts.iter().filter(|h| !hosts.contains(h)) {
