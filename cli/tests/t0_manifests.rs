@@ -653,6 +653,24 @@ fn storage_objects_match_liteio() {
             "{name}"
         );
         let advice = params.get(liteio_api::keys::SC_PARAM_POSITION_ADVICE);
+        // Classes whose volumes can be attached over NVMe/TCP pass the volume's
+        // authentication Secret to NodeStageVolume; must-local volumes never are.
+        let secret = params.get(liteio_api::auth::SC_PARAM_NODE_STAGE_SECRET_NAME);
+        let secret_ns = params.get(liteio_api::auth::SC_PARAM_NODE_STAGE_SECRET_NAMESPACE);
+        if name == "antstor-nvmf-mustlocal" {
+            assert_eq!((secret, secret_ns), (None, None), "{name}");
+        } else {
+            assert_eq!(
+                secret.map(String::as_str),
+                Some(format!("{}${{pv.name}}", liteio_api::naming::AUTH_SECRET_PREFIX).as_str()),
+                "{name}"
+            );
+            assert_eq!(
+                secret_ns.map(String::as_str),
+                Some(liteio_api::keys::DEFAULT_NAMESPACE),
+                "{name}"
+            );
+        }
         match name.as_str() {
             "antstor-nvmf" => assert_eq!(advice, None),
             "antstor-nvmf-mustlocal" => assert_eq!(advice.map(String::as_str), Some("MustLocal")),

@@ -22,6 +22,11 @@ pub struct DriverConfig {
     pub sysfs_root: PathBuf,
     /// This node's NVMe host NQN file (`/etc/nvme/hostnqn`).
     pub hostnqn_path: PathBuf,
+    /// This node's NVMe host id file (`/etc/nvme/hostid`); used when present, as nvme-cli does.
+    pub hostid_path: PathBuf,
+    /// The kernel's NVMe-oF control device (`/dev/nvme-fabrics`), written directly for
+    /// authenticated connections.
+    pub fabrics_dev: PathBuf,
     /// Path of the mount table (`/proc/self/mountinfo`).
     pub mountinfo_path: PathBuf,
     /// Reported by NodeGetInfo.
@@ -40,6 +45,8 @@ impl DriverConfig {
             device_timeout: Duration::from_secs(20),
             sysfs_root: PathBuf::from("/sys"),
             hostnqn_path: PathBuf::from("/etc/nvme/hostnqn"),
+            hostid_path: PathBuf::from("/etc/nvme/hostid"),
+            fabrics_dev: PathBuf::from(crate::nvme::FABRICS_DEV),
             mountinfo_path: PathBuf::from("/proc/self/mountinfo"),
             max_volumes_per_node: 20,
         }

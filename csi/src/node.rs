@@ -7,16 +7,21 @@
 //!   file-engine volume, `<pool>/volumes/<name>.img`) gets a loop device
 //!   (`losetup --find --show`, reused when `losetup -j` shows one).
 //! - **NVMe/TCP**: otherwise, when the agent exported it (`spec.spdkTarget`): `nvme connect`
-//!   as this node's host NQN, then the namespace is found by serial number in sysfs.
+//!   as this node's host NQN, then the namespace is found by serial number in sysfs. When
+//!   kubelet passes the volume's Secret (`NodeStageVolumeRequest.secrets`, from the
+//!   StorageClass's `csi.storage.k8s.io/node-stage-secret-*` parameters), the connection uses
+//!   DH-HMAC-CHAP in both directions and is made through `/dev/nvme-fabrics`, so that no
+//!   secret is ever on a command line (see [`crate::nvme`]).
 //!
 //! Blocking work (commands, sysfs polling) runs on tokio's blocking pool.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
+use liteio_api::auth::VolumeKeys;
 use liteio_api::keys::{labels, managers};
 use liteio_api::{AntstorVolume, CsiNodePubParams, SpdkTarget, VolumeStatus, naming};
 use serde_json::json;
@@ -76,11 +81,24 @@ pub fn attach_plan(vol: &AntstorVolume, node: &str) -> Result<Attach> {
     )))
 }
 
+/// The keys kubelet passed in `NodeStageVolumeRequest.secrets`: `None` when it passed none
+/// (the StorageClass names no node-stage Secret). Errors name the Secret data key and never
+/// contain its value.
+pub fn stage_keys(secrets: &HashMap<String, String>) -> Result<Option<VolumeKeys>> {
+    if secrets.is_empty() {
+        return Ok(None);
+    }
+    VolumeKeys::from_string_map(secrets)
+        .map(Some)
+        .map_err(|e| CsiError::invalid("secrets", format!("{e} (in the node-stage Secret)")))
+}
+
 /// Blocking host operations; cloned into `spawn_blocking`.
 #[derive(Debug, Clone)]
 pub struct Host {
     cfg: Arc<DriverConfig>,
     runner: Arc<dyn CommandRunner>,
+    fabrics: Arc<dyn nvme::Fabrics>,
 }
 
 fn is_file(p: &Path) -> bool {
@@ -89,8 +107,20 @@ fn is_file(p: &Path) -> bool {
 
 impl Host {
     /// Host operations with `runner`.
+    /// Authenticated connections go through the fabrics device `cfg.fabrics_dev`.
     pub fn new(cfg: Arc<DriverConfig>, runner: Arc<dyn CommandRunner>) -> Self {
-        Host { cfg, runner }
+        let fabrics = Arc::new(nvme::FabricsDevice::new(cfg.fabrics_dev.clone()));
+        Host {
+            cfg,
+            runner,
+            fabrics,
+        }
+    }
+
+    /// The same host, with authenticated connections made through `fabrics` (tests).
+    pub fn with_fabrics(mut self, fabrics: Arc<dyn nvme::Fabrics>) -> Self {
+        self.fabrics = fabrics;
+        self
     }
 
     fn mounts(&self) -> Result<Vec<MountEntry>> {
@@ -115,8 +145,9 @@ impl Host {
         }
     }
 
-    /// Attaches the volume and returns its block device.
-    pub fn attach(&self, plan: &Attach) -> Result<PathBuf> {
+    /// Attaches the volume and returns its block device. An NVMe/TCP connection
+    /// authenticates with `keys` when given (see [`nvme::connect_with_keys`]).
+    pub fn attach(&self, plan: &Attach, keys: Option<&VolumeKeys>) -> Result<PathBuf> {
         match plan {
             Attach::Local(p) if is_file(p) => mount::attach_loop(self.runner.as_ref(), p),
             Attach::Local(p) => {
@@ -143,8 +174,35 @@ impl Host {
                 let hostnqn = nvme::host_nqn(&self.cfg.hostnqn_path, &self.cfg.node_id)?;
                 let connected = nvme::find_by_serial(&self.cfg.sysfs_root, &t.sn).is_some();
                 if !connected {
-                    cmd::run_ok(self.runner.as_ref(), &nvme::connect_argv(t, &hostnqn)?)?;
-                    info!(nqn = %t.subsys_nqn, address = %t.address, svc_id = %t.svc_id, "connected NVMe/TCP target");
+                    match keys {
+                        Some(keys) => {
+                            let host_id = nvme::host_id(&self.cfg.hostid_path);
+                            let ctrl = nvme::connect_with_keys(
+                                self.fabrics.as_ref(),
+                                t,
+                                &hostnqn,
+                                host_id.as_deref(),
+                                keys,
+                            )?;
+                            info!(nqn = %t.subsys_nqn, address = %t.address, svc_id = %t.svc_id, controller = %ctrl, "connected NVMe/TCP target with DH-HMAC-CHAP");
+                        }
+                        None => {
+                            cmd::run_ok(self.runner.as_ref(), &nvme::connect_argv(t, &hostnqn)?)
+                                .map_err(|e| match e {
+                                    CsiError::Command {
+                                        command,
+                                        status,
+                                        stderr,
+                                    } => CsiError::Command {
+                                        command,
+                                        status,
+                                        stderr: format!("{stderr}; {}", nvme::no_secrets_hint()),
+                                    },
+                                    e => e,
+                                })?;
+                            info!(nqn = %t.subsys_nqn, address = %t.address, svc_id = %t.svc_id, "connected NVMe/TCP target");
+                        }
+                    }
                 }
                 nvme::wait_for_namespace(&self.cfg.sysfs_root, &t.sn, self.cfg.device_timeout)
                     .map(|n| nvme::dev_path(&n))
@@ -404,10 +462,14 @@ impl NodeService {
             .get(liteio_api::keys::SC_PARAM_MKFS_PARAMS)
             .cloned()
             .unwrap_or_default();
+        let keys = match &plan {
+            Attach::Nvme(_) => stage_keys(&req.secrets)?,
+            Attach::Local(_) => None,
+        };
         let clone = is_clone(&vol);
         let name = vol.name_any();
         blocking(move || {
-            let dev = host.attach(&plan)?;
+            let dev = host.attach(&plan, keys.as_ref())?;
             let Access::Mount { flags, .. } = access else {
                 info!(volume = %name, device = %dev.display(), "volume staged for block access");
                 return Ok(());
@@ -906,9 +968,15 @@ mod tests {
         );
         let host = Host::new(Arc::clone(&cfg), runner.clone());
         let plan = attach_plan(&vol, "node-1").unwrap();
-        assert_eq!(host.attach(&plan).unwrap(), PathBuf::from("/dev/nvme3n1"));
+        assert_eq!(
+            host.attach(&plan, None).unwrap(),
+            PathBuf::from("/dev/nvme3n1")
+        );
         // Attached already: no second connect.
-        assert_eq!(host.attach(&plan).unwrap(), PathBuf::from("/dev/nvme3n1"));
+        assert_eq!(
+            host.attach(&plan, None).unwrap(),
+            PathBuf::from("/dev/nvme3n1")
+        );
         host.detach(&plan).unwrap();
         let lines = runner.lines();
         assert_eq!(lines.len(), 2, "{lines:?}");
@@ -933,7 +1001,7 @@ mod tests {
         runner.on(&["nvme", "connect"], Output::ok(""));
         let host = Host::new(Arc::new(c), runner);
         let e = host
-            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap())
+            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap(), None)
             .unwrap_err();
         assert_eq!(e.kind(), crate::error::ErrorKind::Timeout, "{e}");
     }
@@ -951,15 +1019,129 @@ mod tests {
         );
         let host = Host::new(cfg(d.path()), runner);
         let e = host
-            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap())
+            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap(), None)
             .unwrap_err();
         assert!(e.to_string().contains("Connection refused"), "{e}");
+        // No keys were given: the error says how a StorageClass passes them.
+        assert!(
+            e.to_string()
+                .contains("StorageClass must set csi.storage.k8s.io/node-stage-secret-name"),
+            "{e}"
+        );
         // Detach of a never-connected export does nothing.
         let runner = Arc::new(ScriptedRunner::new());
         let host = Host::new(cfg(d.path()), runner.clone());
         host.detach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap())
             .unwrap();
         assert!(runner.calls().is_empty());
+    }
+
+    /// Answers every connect like the kernel: makes the controller in the fake sysfs and
+    /// replies `instance=3,cntlid=1`; records the options.
+    #[derive(Debug)]
+    struct KernelFabrics {
+        sys: PathBuf,
+        sn: String,
+        seen: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl nvme::Fabrics for KernelFabrics {
+        fn add_ctrl(&self, options: &nvme::ConnectOptions) -> std::io::Result<String> {
+            self.seen.lock().unwrap().push(options.expose().to_string());
+            let c = self.sys.join("class/nvme/nvme3");
+            fs::create_dir_all(c.join("nvme3n1"))?;
+            fs::write(c.join("serial"), format!("{}  \n", self.sn))?;
+            fs::write(c.join("subsysnqn"), "nqn.x\n")?;
+            Ok("instance=3,cntlid=1\n".into())
+        }
+    }
+
+    #[test]
+    fn nvme_attach_with_keys_authenticates_without_a_command_line() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = cfg(d.path());
+        fs::create_dir_all(d.path().join("etc/nvme")).unwrap();
+        let mut c = (*cfg).clone();
+        c.hostid_path = d.path().join("etc/nvme/hostid");
+        fs::write(&c.hostid_path, "3f1c9a2e-0000-4000-8000-000000000001\n").unwrap();
+        let cfg = Arc::new(c);
+        let vol = nvme_volume("node-2");
+        let fabrics = Arc::new(KernelFabrics {
+            sys: cfg.sysfs_root.clone(),
+            sn: vol.spec.spdk_target.as_ref().unwrap().sn.clone(),
+            seen: std::sync::Mutex::new(Vec::new()),
+        });
+        let runner = Arc::new(ScriptedRunner::new());
+        runner.on(&["nvme", "disconnect"], Output::ok(""));
+        let host = Host::new(Arc::clone(&cfg), runner.clone()).with_fabrics(fabrics.clone());
+        let keys = VolumeKeys::generate(false).unwrap();
+        let plan = attach_plan(&vol, "node-1").unwrap();
+        assert_eq!(
+            host.attach(&plan, Some(&keys)).unwrap(),
+            PathBuf::from("/dev/nvme3n1")
+        );
+        // Attached already: no second connect.
+        host.attach(&plan, Some(&keys)).unwrap();
+        host.detach(&plan).unwrap();
+        let seen = fabrics.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1);
+        assert!(
+            seen[0].contains(&format!(
+                ",hostnqn=nqn.2021-03.com.alipay.host:uuid:node-1,hostid=3f1c9a2e-0000-4000-8000-000000000001,dhchap_secret={},dhchap_ctrl_secret={},",
+                keys.host.expose(),
+                keys.ctrl.expose()
+            )),
+            "{}",
+            nvme::redact_options(&seen[0])
+        );
+        // No program ran with the secrets: only the disconnect ran at all.
+        let calls = runner.calls();
+        assert_eq!(
+            runner.lines(),
+            vec![format!("nvme disconnect -n {}", volume_nqn(&vol))]
+        );
+        for argv in calls.iter().flatten() {
+            for key in [keys.host.expose(), keys.ctrl.expose()] {
+                assert!(!argv.contains(&key[10..40]), "{argv}");
+            }
+        }
+    }
+
+    #[test]
+    fn stage_keys_come_from_the_request_and_errors_name_the_data_key() {
+        assert_eq!(stage_keys(&HashMap::new()).unwrap(), None);
+        let keys = VolumeKeys::generate(false).unwrap();
+        let mut secrets: HashMap<String, String> = keys
+            .to_secret_data()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+            .collect();
+        assert_eq!(stage_keys(&secrets).unwrap(), Some(keys.clone()));
+        // A wrong (corrupted) host key.
+        let mut wrong = keys.host.expose().to_string();
+        let flipped = if wrong.as_bytes()[12] == b'A' {
+            "B"
+        } else {
+            "A"
+        };
+        wrong.replace_range(12..13, flipped);
+        secrets.insert("dhchapKey".into(), wrong.clone());
+        let e = stage_keys(&secrets).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
+        let msg = tonic::Status::from(e).message().to_string();
+        assert!(msg.starts_with("secrets: dhchapKey: "), "{msg}");
+        assert!(msg.contains("node-stage Secret"), "{msg}");
+        assert!(
+            !msg.contains(&wrong[10..]) && !msg.contains(&wrong[16..30]),
+            "{msg}"
+        );
+        secrets.remove("dhchapCtrlKey");
+        secrets.insert("dhchapKey".into(), keys.host.expose().to_string());
+        let e = stage_keys(&secrets).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "secrets: dhchapCtrlKey: is missing (in the node-stage Secret)"
+        );
     }
 
     #[test]

@@ -1,4 +1,12 @@
-//! The kernel NVMe/TCP initiator through `nvme-cli`, and finding namespaces in sysfs.
+//! The kernel NVMe/TCP initiator through `nvme-cli` or, for authenticated connections, the
+//! kernel's fabrics device; and finding namespaces in sysfs.
+//!
+//! A volume without keys is connected with `nvme connect` ([`connect_argv`]). A volume with
+//! DH-HMAC-CHAP keys is connected by writing the options string to `/dev/nvme-fabrics`
+//! ([`connect_options`], [`Fabrics`]), as nvme-cli itself does (libnvme's `nvmf_add_ctrl`),
+//! so that the secrets appear neither on a command line (`/proc/<pid>/cmdline` is readable by
+//! every user) nor in a file: `nvme connect --dhchap-secret` would put them in argv, and
+//! `nvme connect --config` would need them in a JSON file.
 //!
 //! A LiteIO volume's NVMe serial number is derived from its uuid
 //! ([`liteio_api::naming::serial_number`]); the kernel shows it in
@@ -6,10 +14,13 @@
 //! controller, or, with native multipath, the `nvmeSnY` head of the controller's subsystem in
 //! `<sysfs>/class/nvme-subsystem/nvme-subsysS/`.
 
+use std::fmt;
+use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use liteio_api::SpdkTarget;
+use liteio_api::auth::{self, VolumeKeys};
 
 use crate::cmd::argv;
 use crate::error::{CsiError, Result};
@@ -19,8 +30,8 @@ pub const RECONNECT_DELAY: &str = "2";
 /// How long the kernel keeps a lost controller before giving up (seconds).
 pub const CTRL_LOSS_TMO: &str = "10";
 
-/// `nvme connect` for a target, as this host.
-pub fn connect_argv(t: &SpdkTarget, host_nqn: &str) -> Result<Vec<String>> {
+/// Checks that `t` is a complete TCP export.
+fn check_target(t: &SpdkTarget) -> Result<()> {
     let transport = t.trans_type.to_ascii_lowercase();
     if transport != "tcp" {
         return Err(CsiError::FailedPrecondition(format!(
@@ -39,6 +50,12 @@ pub fn connect_argv(t: &SpdkTarget, host_nqn: &str) -> Result<Vec<String>> {
             )));
         }
     }
+    Ok(())
+}
+
+/// `nvme connect` for a target, as this host, without authentication.
+pub fn connect_argv(t: &SpdkTarget, host_nqn: &str) -> Result<Vec<String>> {
+    check_target(t)?;
     Ok(argv(&[
         "nvme",
         "connect",
@@ -57,6 +74,249 @@ pub fn connect_argv(t: &SpdkTarget, host_nqn: &str) -> Result<Vec<String>> {
         "--ctrl-loss-tmo",
         CTRL_LOSS_TMO,
     ]))
+}
+
+/// The kernel's NVMe over Fabrics control device.
+pub const FABRICS_DEV: &str = "/dev/nvme-fabrics";
+
+/// Option names of the fabrics options string whose values are secrets.
+const SECRET_OPTIONS: [&str; 2] = ["dhchap_secret", "dhchap_ctrl_secret"];
+
+/// An options string for [`FABRICS_DEV`] (`nqn=…,transport=tcp,…`). It may hold secrets, so
+/// `Debug` and [`ConnectOptions::redacted`] show their values as `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnectOptions(String);
+
+impl ConnectOptions {
+    /// The string to write to the device. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The string with every secret value replaced by `***`, for logs and errors.
+    pub fn redacted(&self) -> String {
+        redact_options(&self.0)
+    }
+}
+
+/// An options string (or a reply of the fabrics device) with the values of
+/// `dhchap_secret` and `dhchap_ctrl_secret` replaced by `***`.
+pub fn redact_options(s: &str) -> String {
+    s.split(',')
+        .map(|opt| match opt.split_once('=') {
+            Some((name, _)) if SECRET_OPTIONS.contains(&name.trim()) => {
+                format!("{}=***", name.trim())
+            }
+            _ => opt.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ConnectOptions")
+            .field(&self.redacted())
+            .finish()
+    }
+}
+
+impl Drop for ConnectOptions {
+    fn drop(&mut self) {
+        let mut bytes = std::mem::take(&mut self.0).into_bytes();
+        bytes.iter_mut().for_each(|b| *b = 0);
+        std::hint::black_box(&bytes);
+    }
+}
+
+/// Rejects values that would break the comma-separated options string.
+fn option_value<'a>(field: &str, v: &'a str) -> Result<&'a str> {
+    if v.is_empty()
+        || v.chars()
+            .any(|c| c == ',' || c.is_whitespace() || c.is_control())
+    {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{field}: {v:?} cannot be passed to the kernel (empty, or holds a comma, space or control character)"
+        )));
+    }
+    Ok(v)
+}
+
+/// The options string that connects this host to `t` with DH-HMAC-CHAP: the host proves
+/// itself with `keys.host` and checks the target with `keys.ctrl` (bidirectional). The
+/// options and their order are those libnvme 1.4 (nvme-cli 2.4) writes for
+/// `nvme connect -t tcp -a … -s … -n … --hostnqn … --dhchap-secret … --dhchap-ctrl-secret …
+/// --reconnect-delay 2 --ctrl-loss-tmo 10`, so an authenticated connection behaves like an
+/// unauthenticated one. `host_id` is `/etc/nvme/hostid` when the node has one (nvme-cli
+/// passes it too; the kernel insists that one host NQN keeps one host id).
+///
+/// A TLS PSK is refused: the kernel takes TLS keys only from its `.nvme` keyring (Linux 6.7
+/// or later, with the `tlshd` daemon), which this driver does not manage yet, and connecting
+/// without TLS to an export that asks for it would only fail later.
+pub fn connect_options(
+    t: &SpdkTarget,
+    host_nqn: &str,
+    host_id: Option<&str>,
+    keys: &VolumeKeys,
+) -> Result<ConnectOptions> {
+    check_target(t)?;
+    if keys.tls_psk.is_some() {
+        return Err(CsiError::FailedPrecondition(format!(
+            "secrets: {}: the Secret asks for NVMe/TCP TLS, which this node service cannot set up \
+             (the kernel needs the PSK in its .nvme keyring, Linux 6.7+ and tlshd); remove \
+             {} from the Secret and the export, or connect this volume from a node that can",
+            auth::DATA_TLS_PSK,
+            auth::DATA_TLS_PSK
+        )));
+    }
+    let mut opts = vec![
+        format!(
+            "nqn={}",
+            option_value("spec.spdkTarget.subsysNqn", &t.subsys_nqn)?
+        ),
+        "transport=tcp".to_string(),
+        format!(
+            "traddr={}",
+            option_value("spec.spdkTarget.address", &t.address)?
+        ),
+        format!(
+            "trsvcid={}",
+            option_value("spec.spdkTarget.svcID", &t.svc_id)?
+        ),
+        format!("hostnqn={}", option_value("host NQN", host_nqn)?),
+    ];
+    if let Some(id) = host_id {
+        opts.push(format!("hostid={}", option_value("host id", id)?));
+    }
+    // Validated by VolumeKeys: `DHHC-1:<tt>:<base64>:` holds no comma or space.
+    opts.push(format!("dhchap_secret={}", keys.host.expose()));
+    opts.push(format!("dhchap_ctrl_secret={}", keys.ctrl.expose()));
+    opts.push(format!("reconnect_delay={RECONNECT_DELAY}"));
+    opts.push(format!("ctrl_loss_tmo={CTRL_LOSS_TMO}"));
+    Ok(ConnectOptions(opts.join(",")))
+}
+
+/// The controller instance in the fabrics device's reply (`instance=3,cntlid=1`): the new
+/// controller is `nvme<instance>`.
+pub fn parse_fabrics_reply(reply: &str) -> Option<u32> {
+    reply
+        .split([',', '\n'])
+        .find_map(|opt| opt.trim().strip_prefix("instance="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// Creates NVMe-oF controllers from options strings. Implementations block.
+pub trait Fabrics: Send + Sync + fmt::Debug {
+    /// Creates the controller `options` describe; returns the device's reply
+    /// (`instance=N,cntlid=M`).
+    fn add_ctrl(&self, options: &ConnectOptions) -> io::Result<String>;
+}
+
+/// The kernel's fabrics device (normally [`FABRICS_DEV`]): one write of the options string,
+/// then one read of the reply on the same open file, as libnvme does.
+#[derive(Debug, Clone)]
+pub struct FabricsDevice {
+    path: PathBuf,
+}
+
+impl FabricsDevice {
+    /// The device at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FabricsDevice { path: path.into() }
+    }
+}
+
+impl Fabrics for FabricsDevice {
+    fn add_ctrl(&self, options: &ConnectOptions) -> io::Result<String> {
+        if !self.path.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} does not exist: load the nvme-tcp kernel module (modprobe nvme-tcp)",
+                    self.path.display()
+                ),
+            ));
+        }
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)?;
+        // The kernel parses each write as one complete options string.
+        let bytes = options.expose().as_bytes();
+        let written = dev.write(bytes)?;
+        if written != bytes.len() {
+            return Err(io::Error::other(format!(
+                "the kernel took {written} of {} bytes of the options",
+                bytes.len()
+            )));
+        }
+        let mut buf = [0u8; 256];
+        let n = dev.read(&mut buf)?;
+        Ok(String::from_utf8_lossy(buf.get(..n).unwrap_or_default()).into_owned())
+    }
+}
+
+/// Connects to `t` with `keys` through `fabrics` (see [`connect_options`]); returns the new
+/// controller's name (`nvme3`). Errors show the options with their secrets masked.
+pub fn connect_with_keys(
+    fabrics: &dyn Fabrics,
+    t: &SpdkTarget,
+    host_nqn: &str,
+    host_id: Option<&str>,
+    keys: &VolumeKeys,
+) -> Result<String> {
+    let opts = connect_options(t, host_nqn, host_id, keys)?;
+    let reply = fabrics.add_ctrl(&opts).map_err(|e| {
+        let hint = if e.kind() != io::ErrorKind::NotFound {
+            "; if the target rejected the keys, check that the volume's Secret holds the keys \
+             its export was given"
+        } else {
+            ""
+        };
+        CsiError::io(
+            format!(
+                "authenticated connect to {} at {}:{} ({}) failed{hint}",
+                t.subsys_nqn,
+                t.address,
+                t.svc_id,
+                opts.redacted()
+            ),
+            e,
+        )
+    })?;
+    parse_fabrics_reply(&reply)
+        .map(|n| format!("nvme{n}"))
+        .ok_or_else(|| {
+            CsiError::Internal(format!(
+                "the fabrics device answered {:?} to a connect to {}, with no controller instance",
+                redact_options(reply.trim()),
+                t.subsys_nqn
+            ))
+        })
+}
+
+/// `/etc/nvme/hostid`-style file: its first line, when it has a non-blank one.
+pub fn host_id(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().and_then(|s| {
+        s.lines()
+            .next()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+    })
+}
+
+/// What to add to a failed unauthenticated connect: the export may require keys the
+/// StorageClass did not ask kubelet to pass.
+pub fn no_secrets_hint() -> String {
+    format!(
+        "no authentication keys were given; if the export requires DH-HMAC-CHAP, the \
+         StorageClass must set {}: {}${{pv.name}} and {}: {}",
+        auth::SC_PARAM_NODE_STAGE_SECRET_NAME,
+        liteio_api::naming::AUTH_SECRET_PREFIX,
+        auth::SC_PARAM_NODE_STAGE_SECRET_NAMESPACE,
+        liteio_api::keys::DEFAULT_NAMESPACE
+    )
 }
 
 /// `nvme disconnect` for a subsystem.
@@ -223,6 +483,218 @@ mod tests {
         assert_eq!(
             disconnect_argv("nqn.x").join(" "),
             "nvme disconnect -n nqn.x"
+        );
+    }
+
+    fn keys() -> VolumeKeys {
+        VolumeKeys::generate(false).unwrap()
+    }
+
+    /// 8-character pieces of the keys' base64 parts.
+    fn fragments(k: &VolumeKeys) -> Vec<String> {
+        [k.host.expose(), k.ctrl.expose()]
+            .iter()
+            .flat_map(|s| {
+                s.as_bytes()["DHHC-1:00:".len()..]
+                    .chunks(8)
+                    .filter(|c| c.len() == 8)
+                    .map(|c| String::from_utf8_lossy(c).into_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn assert_no_secret(text: &str, k: &VolumeKeys) {
+        for f in fragments(k) {
+            assert!(!text.contains(&f), "{text} holds {f}");
+        }
+    }
+
+    #[test]
+    fn connect_options_are_what_libnvme_writes() {
+        let k = keys();
+        let o = connect_options(&target(), "nqn.host", None, &k).unwrap();
+        assert_eq!(
+            o.expose(),
+            format!(
+                "nqn=nqn.2021-03.com.alipay.ob:uuid:u1,transport=tcp,traddr=10.0.0.2,trsvcid=4420,\
+                 hostnqn=nqn.host,dhchap_secret={},dhchap_ctrl_secret={},reconnect_delay=2,\
+                 ctrl_loss_tmo=10",
+                k.host.expose(),
+                k.ctrl.expose()
+            )
+        );
+        let o = connect_options(
+            &target(),
+            "nqn.host",
+            Some("3f1c9a2e-0000-4000-8000-000000000001"),
+            &k,
+        )
+        .unwrap();
+        assert!(
+            o.expose().contains(
+                ",hostnqn=nqn.host,hostid=3f1c9a2e-0000-4000-8000-000000000001,dhchap_secret="
+            ),
+            "{}",
+            o.redacted()
+        );
+        assert_eq!(
+            o.redacted(),
+            "nqn=nqn.2021-03.com.alipay.ob:uuid:u1,transport=tcp,traddr=10.0.0.2,trsvcid=4420,\
+             hostnqn=nqn.host,hostid=3f1c9a2e-0000-4000-8000-000000000001,dhchap_secret=***,\
+             dhchap_ctrl_secret=***,reconnect_delay=2,ctrl_loss_tmo=10"
+        );
+        assert_no_secret(&format!("{o:?}"), &k);
+        assert!(format!("{o:?}").contains("dhchap_secret=***"));
+    }
+
+    #[test]
+    fn connect_options_reject_what_would_break_the_string() {
+        let k = keys();
+        let mut t = target();
+        t.subsys_nqn = "nqn.a,dhchap_secret=x".into();
+        let e = connect_options(&t, "h", None, &k).unwrap_err();
+        assert!(
+            e.to_string().starts_with("spec.spdkTarget.subsysNqn: "),
+            "{e}"
+        );
+        let e = connect_options(&target(), "nqn.h ost", None, &k).unwrap_err();
+        assert!(e.to_string().starts_with("host NQN: "), "{e}");
+        let e = connect_options(&target(), "h", Some(""), &k).unwrap_err();
+        assert!(e.to_string().starts_with("host id: "), "{e}");
+        let mut t = target();
+        t.address.clear();
+        assert!(
+            connect_options(&t, "h", None, &k)
+                .unwrap_err()
+                .to_string()
+                .contains("address")
+        );
+    }
+
+    #[test]
+    fn a_tls_psk_is_refused_by_name() {
+        let k = VolumeKeys::generate(true).unwrap();
+        let psk =
+            k.tls_psk.as_ref().unwrap().expose()["NVMeTLSkey-1:01:".len()..][..16].to_string();
+        let e = connect_options(&target(), "h", None, &k).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::FailedPrecondition);
+        assert!(e.to_string().starts_with("secrets: tlsPsk: "), "{e}");
+        assert!(!e.to_string().contains(&psk), "{e}");
+        assert_no_secret(&e.to_string(), &k);
+    }
+
+    #[test]
+    fn fabrics_replies() {
+        assert_eq!(parse_fabrics_reply("instance=3,cntlid=1\n"), Some(3));
+        assert_eq!(parse_fabrics_reply("cntlid=1,instance=12"), Some(12));
+        assert_eq!(parse_fabrics_reply(""), None);
+        assert_eq!(parse_fabrics_reply("instance=x"), None);
+    }
+
+    /// Records the options it is given and answers with `reply` or fails with `errno`.
+    #[derive(Debug, Default)]
+    struct FakeFabrics {
+        seen: std::sync::Mutex<Vec<String>>,
+        reply: String,
+        errno: Option<i32>,
+    }
+
+    impl Fabrics for FakeFabrics {
+        fn add_ctrl(&self, options: &ConnectOptions) -> io::Result<String> {
+            self.seen.lock().unwrap().push(options.expose().to_string());
+            match self.errno {
+                Some(n) => Err(io::Error::from_raw_os_error(n)),
+                None => Ok(self.reply.clone()),
+            }
+        }
+    }
+
+    #[test]
+    fn connect_with_keys_names_the_controller_and_hides_secrets_in_errors() {
+        let k = keys();
+        let f = FakeFabrics {
+            reply: "instance=7,cntlid=2\n".into(),
+            ..FakeFabrics::default()
+        };
+        assert_eq!(
+            connect_with_keys(&f, &target(), "h", None, &k).unwrap(),
+            "nvme7"
+        );
+        assert!(f.seen.lock().unwrap()[0].contains(k.ctrl.expose()));
+        // ECONNREFUSED from the kernel.
+        let f = FakeFabrics {
+            errno: Some(111),
+            ..FakeFabrics::default()
+        };
+        let e = connect_with_keys(&f, &target(), "h", None, &k).unwrap_err();
+        let msg = e.chain();
+        assert!(
+            msg.contains("authenticated connect to nqn.2021-03.com.alipay.ob:uuid:u1"),
+            "{msg}"
+        );
+        assert!(msg.contains("dhchap_secret=***"), "{msg}");
+        assert!(msg.contains("Secret holds the keys"), "{msg}");
+        assert_no_secret(&msg, &k);
+        assert_no_secret(&format!("{e:?}"), &k);
+        let f = FakeFabrics {
+            reply: "garbage,dhchap_secret=oops".into(),
+            ..FakeFabrics::default()
+        };
+        let e = connect_with_keys(&f, &target(), "h", None, &k).unwrap_err();
+        assert!(!e.to_string().contains("oops"), "{e}");
+    }
+
+    #[test]
+    fn fabrics_device_writes_once_and_reads_the_reply() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = FabricsDevice::new(d.path().join("nvme-fabrics"));
+        let k = keys();
+        let o = connect_options(&target(), "h", None, &k).unwrap();
+        let e = missing.add_ctrl(&o).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(e.to_string().contains("modprobe nvme-tcp"), "{e}");
+        // A FIFO opened read-write gives back what was written: one write, then one read
+        // on the same file, like the kernel's device. Its "reply" has no instance.
+        let fifo = d.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            println!("SKIP fifo part: mkfifo is not available");
+            return;
+        }
+        let dev = FabricsDevice::new(&fifo);
+        let short = ConnectOptions("instance=4,cntlid=9".into());
+        assert_eq!(dev.add_ctrl(&short).unwrap(), "instance=4,cntlid=9");
+        let e = connect_with_keys(&dev, &target(), "h", None, &k).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Internal);
+        assert!(e.to_string().contains("no controller instance"), "{e}");
+        assert_no_secret(&e.to_string(), &k);
+    }
+
+    #[test]
+    fn the_no_secrets_hint_names_the_storage_class_parameters() {
+        let h = no_secrets_hint();
+        assert!(
+            h.contains("csi.storage.k8s.io/node-stage-secret-name: liteio-auth-${pv.name}"),
+            "{h}"
+        );
+        assert!(
+            h.contains("csi.storage.k8s.io/node-stage-secret-namespace: obnvmf"),
+            "{h}"
+        );
+    }
+
+    #[test]
+    fn host_ids_are_read_when_present() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("hostid");
+        assert_eq!(host_id(&p), None);
+        fs::write(&p, "\n").unwrap();
+        assert_eq!(host_id(&p), None);
+        fs::write(&p, "3f1c9a2e-0000-4000-8000-000000000001\n").unwrap();
+        assert_eq!(
+            host_id(&p).as_deref(),
+            Some("3f1c9a2e-0000-4000-8000-000000000001")
         );
     }
 

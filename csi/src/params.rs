@@ -374,6 +374,30 @@ mod tests {
     }
 
     #[test]
+    fn csi_storage_parameters_are_ignored() {
+        // The external-provisioner strips `csi.storage.k8s.io/*` secret parameters before
+        // CreateVolume; should one get through, it is neither an error nor volume context.
+        let params = p(&[
+            ("fsType", "ext4"),
+            (
+                "csi.storage.k8s.io/node-stage-secret-name",
+                "liteio-auth-${pv.name}",
+            ),
+            ("csi.storage.k8s.io/node-stage-secret-namespace", "obnvmf"),
+            ("csi.storage.k8s.io/unknown-future-key", "x"),
+        ]);
+        let v = VolumeParams::parse(&params).unwrap();
+        assert_eq!(v.fs_type, "ext4");
+        assert_eq!(v.pv_name, None);
+        let ctx = volume_context(&params, "u", "n1", &v.fs_type);
+        assert!(
+            ctx.keys().all(|k| !k.starts_with("csi.storage.k8s.io/")),
+            "{ctx:?}"
+        );
+        assert_eq!(ctx.len(), 3, "{ctx:?}");
+    }
+
+    #[test]
     fn bad_parameters_name_the_field() {
         let e = VolumeParams::parse(&p(&[("fsType", "btrfs")])).unwrap_err();
         assert!(e.to_string().starts_with("parameters.fsType: "), "{e}");
