@@ -21,6 +21,7 @@
 //! nvmf:
 //!   listenAddress: 192.168.0.10              # default: the node IP
 //!   portRange: {start: 4510, end: 4610}
+//!   auth: dhchap                             # dhchap (default): per-volume keys in a Secret; none
 //! metrics: {listenAddress: "0.0.0.0:9100"}   # absent = no metrics server
 //! heartbeat: {interval: 20s, duration: 40s}
 //! recovery: {collectOrphans: false, orphanGracePeriod: 1h}   # orphans are only reported by default
@@ -500,6 +501,21 @@ pub struct NvmfConfig {
     /// Ports handed out to subsystems.
     #[serde(rename = "portRange", default)]
     pub port_range: PortRange,
+    /// How hosts prove who they are when they connect to an export.
+    #[serde(default)]
+    pub auth: NvmfAuth,
+}
+
+/// `nvmf.auth`: how hosts authenticate to this node's exports.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NvmfAuth {
+    /// DH-HMAC-CHAP, bidirectional, with keys generated per volume and kept in the volume's
+    /// Secret (the default). TLS too for volumes that ask for it.
+    #[default]
+    Dhchap,
+    /// The host NQN alone admits a host (anyone who knows it can connect).
+    None,
 }
 
 /// An inclusive TCP port range.

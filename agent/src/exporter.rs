@@ -49,6 +49,9 @@ pub struct ExportRequest {
     pub allowed_hosts: Vec<String>,
     /// The target recorded on the volume by an earlier export, if any.
     pub preset: Option<SpdkTarget>,
+    /// The keys the allowed hosts authenticate with (DH-HMAC-CHAP, bidirectional; TLS when
+    /// they include a PSK); `None` when [`Exporter::authenticates`] is false.
+    pub keys: Option<liteio_api::auth::VolumeKeys>,
 }
 
 /// What to stop exporting.
@@ -112,6 +115,12 @@ pub trait Exporter: Send + Sync + fmt::Debug {
 
     /// Creates or re-asserts the export of a volume; returns the target to record.
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget>;
+
+    /// Whether exports need authentication keys ([`ExportRequest::keys`]): the sync then
+    /// reads or creates the volume's Secret before exporting.
+    fn authenticates(&self) -> bool {
+        false
+    }
 
     /// Removes the export of a volume; missing is success.
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()>;

@@ -28,6 +28,7 @@ fn check_cmd(
     k: usize,
     t: &SpdkTarget,
     hostnqn: &str,
+    keys: Option<&datapath::KeysFile>,
     extra: &[&str],
 ) -> tokio::process::Command {
     let nqn = if Path::new(hostnqn).is_absolute() {
@@ -35,7 +36,14 @@ fn check_cmd(
     } else {
         HostNqn::Nqn(hostnqn)
     };
-    datapath::check_command(&c.bin_dir, &c.net.exec_prefix(k).unwrap(), t, nqn, extra)
+    datapath::check_command(
+        &c.bin_dir,
+        &c.net.exec_prefix(k).unwrap(),
+        t,
+        nqn,
+        keys,
+        extra,
+    )
 }
 
 /// Runs `nvmf-check` to its end; returns its exit status and its JSON result.
@@ -44,14 +52,19 @@ async fn run_check(
     k: usize,
     t: &SpdkTarget,
     hostnqn: &str,
+    keys: Option<&datapath::KeysFile>,
     extra: &[&str],
 ) -> Result<(i32, serde_json::Value), String> {
-    let out = datapath::run_check(check_cmd(c, k, t, hostnqn, extra), Duration::from_secs(120))
-        .await
-        .map_err(err("nvmf-check"))?;
+    let out = datapath::run_check(
+        check_cmd(c, k, t, hostnqn, keys, extra),
+        Duration::from_secs(120),
+    )
+    .await
+    .map_err(err("nvmf-check"))?;
     println!(
-        "nvmf-check in {} as {hostnqn} (exit {}):\n{}\n{}",
+        "nvmf-check in {} as {hostnqn} {} keys (exit {}):\n{}\n{}",
         c.node_name(k),
+        if keys.is_some() { "with" } else { "without" },
         out.code,
         out.lines.join("\n"),
         out.result
@@ -124,11 +137,18 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
                 c.node_name(2),
                 c.node_name(other)
             );
+            // The keys kubelet hands the consumer's CSI node (the volume's Secret).
+            let client = c.kube().await.map_err(err("kube"))?;
+            let keys = datapath::keys_file(&client, "pvc-remote", &c.node_dir(2))
+                .await
+                .map_err(err("keys"))?
+                .ok_or("the agent made no Secret for pvc-remote (nvmf.auth is on by default)")?;
             let (code, r) = run_check(
                 c,
                 2,
                 &t,
                 &hostnqn_file(c, 2),
+                Some(&keys),
                 &["--check-bytes", "1048576", "--random-seconds", "2"],
             )
             .await?;
@@ -138,13 +158,22 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
             {
                 return Err(format!("the consumer's check failed ({code}): {r}"));
             }
-            let (code, r) = run_check(c, other, &t, &hostnqn_file(c, other), &[]).await?;
+            // The consumer's own NQN without the keys: refused (the NQN alone is not enough).
+            let (code, r) = run_check(c, 2, &t, &hostnqn_file(c, 2), None, &[]).await?;
+            if code != 3 {
+                return Err(format!(
+                    "the consumer without keys was not refused ({code}): {r}"
+                ));
+            }
+            // The outsider, even holding the volume's keys, is not on the allow-list.
+            let (code, r) =
+                run_check(c, other, &t, &hostnqn_file(c, other), Some(&keys), &[]).await?;
             if code != 3 {
                 return Err(format!("the outsider was not refused ({code}): {r}"));
             }
             let outsider_nqn =
                 std::fs::read_to_string(hostnqn_file(c, other)).map_err(err("nqn"))?;
-            let (code, r) = run_check(c, 2, &t, outsider_nqn.trim(), &[]).await?;
+            let (code, r) = run_check(c, 2, &t, outsider_nqn.trim(), Some(&keys), &[]).await?;
             if code != 3 {
                 return Err(format!(
                     "the consumer's namespace with the outsider's NQN was not refused ({code}): {r}"
@@ -167,11 +196,19 @@ fn a_consumer_rides_out_an_agent_kill_on_the_storage_node() {
     with_cluster(&dir, spdk_cluster(2), Duration::from_secs(420), |c| {
         Box::pin(async move {
             let (a, before) = remote_volume(c, "pvc-kill", 2).await?;
+            let client = c.kube().await.map_err(err("kube"))?;
+            let keys = datapath::keys_file(&client, "pvc-kill", &c.node_dir(2))
+                .await
+                .map_err(err("keys"))?
+                .ok_or("the agent made no Secret for pvc-kill")?;
+            // The restarted agent must export with the same keys (read back from the Secret),
+            // or the consumer's reconnect is refused.
             let mut child = check_cmd(
                 c,
                 2,
                 &before,
                 &hostnqn_file(c, 2),
+                Some(&keys),
                 &[
                     "--check-bytes",
                     "0",

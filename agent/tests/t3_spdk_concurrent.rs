@@ -87,6 +87,7 @@ fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
                         size_bytes: 4 * MIB,
                         allowed_hosts: vec![HOST.into()],
                         preset: None,
+                        keys: None,
                     };
                     let first = exp.ensure_export(&req).await.unwrap();
                     // Reconciles repeat the export: same target, no new port.

@@ -102,6 +102,7 @@ async fn scenario() {
         size_bytes: 8 * MIB,
         allowed_hosts: vec![H1.into()],
         preset: None,
+        keys: None,
     };
     let t = exp.ensure_export(&req).await.unwrap();
     // The re-create path (lookup by NQN, host reconciliation) and a live host change.
@@ -136,12 +137,17 @@ async fn scenario() {
         address: "127.0.0.1".into(),
         port,
         hosts: vec![H1.into()],
+        keys: Default::default(),
+        secure_channel: false,
     };
     let made = nvmf::create_subsystem(spec.clone()).await.unwrap();
     assert_eq!(made.serial, spec.serial);
     assert_eq!(nvmf::create_subsystem(spec.clone()).await.unwrap(), made);
     assert_eq!(
-        nvmf::set_hosts(&spec.nqn, &[]).await.unwrap().hosts,
+        nvmf::set_hosts(&spec.nqn, &[], &Default::default())
+            .await
+            .unwrap()
+            .hosts,
         Vec::<String>::new()
     );
     nvmf::delete_subsystem(&spec.nqn).await.unwrap();

@@ -52,6 +52,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 size_bytes: 8 * MIB,
                 allowed_hosts: vec![H1.into()],
                 preset: None,
+                keys: None,
             };
             let t = exp.ensure_export(&req).await.unwrap();
             assert_eq!(t.subsys_nqn, naming::subsys_nqn(uuid));
@@ -84,6 +85,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 size_bytes: 16 * MIB,
                 allowed_hosts: vec![H1.into()],
                 preset: None,
+                keys: None,
             };
             let t2 = exp.ensure_export(&req2).await.unwrap();
             assert_eq!(t2.bdev_name, naming::aio_bdev_name(uuid2));

@@ -468,6 +468,47 @@ impl VolumeKeys {
     }
 }
 
+/// Type of the Secrets that hold a volume's keys.
+pub const SECRET_TYPE: &str = "liteio.io/nvme-auth";
+
+/// The Secret that holds `keys` for `vol`: named after the volume's CSI name
+/// ([`crate::naming::auth_secret`]) in the volume's namespace (LiteIO's), labelled with the volume's uuid and
+/// owned by the volume (not as its controller), so that it goes away with the volume. Both
+/// the CSI controller (at CreateVolume, so that kubelet finds it even for a volume that is
+/// never exported) and the disk-agent (for volumes made without CSI) create it when missing.
+pub fn volume_secret(
+    vol: &crate::AntstorVolume,
+    keys: &VolumeKeys,
+) -> Result<k8s_openapi::api::core::v1::Secret, crate::validate::ValidationError> {
+    use kube::Resource as _;
+    let name = crate::naming::auth_secret_checked(&vol.csi_name())?;
+    let owner = vol.controller_owner_ref(&()).map(|mut o| {
+        o.controller = None;
+        o.block_owner_deletion = None;
+        o
+    });
+    Ok(k8s_openapi::api::core::v1::Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name),
+            namespace: Some(
+                vol.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| crate::keys::DEFAULT_NAMESPACE.into()),
+            ),
+            labels: Some(BTreeMap::from([(
+                crate::keys::labels::VOL_UUID.to_string(),
+                vol.spec.uuid.clone(),
+            )])),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        type_: Some(SECRET_TYPE.into()),
+        data: Some(keys.to_secret_data()),
+        ..Default::default()
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -739,5 +780,46 @@ mod tests {
         let e = VolumeKeys::from_string_map(&map).unwrap_err();
         assert!(e.to_string().starts_with("tlsPsk: "), "{e}");
         assert!(!e.to_string().contains(&keys.host.expose()[10..30]), "{e}");
+    }
+
+    #[test]
+    fn volume_secret_is_named_after_the_pv_and_owned_by_the_volume() {
+        let mut vol = crate::AntstorVolume::new("pvc-1", Default::default());
+        vol.metadata.namespace = Some("obnvmf".into());
+        vol.metadata.uid = Some("uid-1".into());
+        vol.spec.uuid = "u-1".into();
+        vol.metadata.annotations = Some(BTreeMap::from([(
+            crate::keys::annotations::CSI_NAME.to_string(),
+            "pvc-0123456789-long-name".to_string(),
+        )]));
+        let keys = VolumeKeys::generate(true).unwrap();
+        let s = volume_secret(&vol, &keys).unwrap();
+        assert_eq!(
+            s.metadata.name.as_deref(),
+            Some("liteio-auth-pvc-0123456789-long-name")
+        );
+        assert_eq!(s.metadata.namespace.as_deref(), Some("obnvmf"));
+        assert_eq!(s.type_.as_deref(), Some(SECRET_TYPE));
+        let owners = s.metadata.owner_references.clone().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            (owners[0].name.as_str(), owners[0].uid.as_str()),
+            ("pvc-1", "uid-1")
+        );
+        assert_eq!(owners[0].controller, None);
+        assert_eq!(
+            s.metadata.labels.unwrap()[crate::keys::labels::VOL_UUID],
+            "u-1"
+        );
+        assert_eq!(
+            VolumeKeys::from_secret_data(&s.data.unwrap()).unwrap(),
+            keys
+        );
+        // A CSI name that makes no valid Secret name is refused, naming the volume.
+        vol.metadata.annotations = Some(BTreeMap::from([(
+            crate::keys::annotations::CSI_NAME.to_string(),
+            "x".repeat(250),
+        )]));
+        assert!(volume_secret(&vol, &keys).is_err());
     }
 }

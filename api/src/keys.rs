@@ -161,6 +161,15 @@ pub mod annotations {
     pub const RESERVATION_ID: &str = "obnvmf/reservation-id";
     /// Volume / PVC: forced target node.
     pub const SELECTED_TGT_NODE: &str = "obnvmf/selected-tgt-node";
+    /// Volume / snapshot: the CSI name (the PV name) when the object name had to be derived
+    /// from it. The volume's authentication Secret is named after the CSI name.
+    pub const CSI_NAME: &str = "obnvmf/csi-name";
+    /// Volume: when its authentication keys were last replaced (`kubectl liteio rotate-keys`
+    /// sets it, so that the agent applies the new keys of the Secret at once).
+    pub const KEYS_ROTATED_AT: &str = "obnvmf/keys-rotated-at";
+    /// Volume: `"true"` to export it over TLS only (a PSK in the volume's Secret). Set from
+    /// the StorageClass parameter `nvmfTls`.
+    pub const NVMF_TLS: &str = "obnvmf/nvmf-tls";
     /// PVC: the node kube-scheduler selected.
     pub const K8S_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
     /// Volume: `guest-direct` when a Kata guest connects SPDK directly.

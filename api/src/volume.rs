@@ -136,6 +136,20 @@ pub struct AntstorVolumeStatus {
 }
 
 impl AntstorVolume {
+    /// The volume's CSI name (its PV's name): the `obnvmf/csi-name` annotation when the
+    /// object name had to be derived from it, else the `obnvmf/pv-name` label, else the
+    /// object name. The volume's authentication Secret is named after it
+    /// ([`crate::naming::auth_secret`]), because kubelet knows only the PV name.
+    pub fn csi_name(&self) -> String {
+        use kube::ResourceExt;
+        self.annotations()
+            .get(keys::annotations::CSI_NAME)
+            .or_else(|| self.labels().get(keys::labels::PV_NAME))
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .unwrap_or_else(|| self.name_any())
+    }
+
     fn annotation_u64(&self, key: &str) -> u64 {
         self.metadata
             .annotations

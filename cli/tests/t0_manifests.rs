@@ -734,6 +734,8 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                 (COORD, "leases", &["get", "create", "update"][..], Ns),
                 (CORE, "events", &["create"][..], Ns),
                 (EVENTS, "events", &["create"][..], Ns),
+                // The keys of the volumes it exports (one named Secret at a time).
+                (CORE, "secrets", &["get", "create", "delete"][..], Ns),
             ],
         ),
         (
@@ -774,7 +776,8 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
         (
             "liteio-csi-controller",
             vec![
-                // The driver.
+                // The driver: each volume's keys, made at CreateVolume, gone at DeleteVolume.
+                (CORE, "secrets", &["get", "create", "delete"][..], Ns),
                 (
                     LITEIO,
                     "antstorvolumes",
@@ -933,17 +936,26 @@ fn rbac_covers_each_component_and_no_more() {
     for (sa, list) in &needs {
         let rules = granted(&o, sa);
         assert!(!rules.is_empty(), "{sa}: no RBAC bound");
-        for (rule, _) in &rules {
+        for (rule, scope) in &rules {
             for field in [&rule.api_groups, &rule.resources, &Some(rule.verbs.clone())] {
                 assert!(
                     !field.iter().flatten().any(|v| v == "*"),
                     "{sa}: wildcard in {rule:?}"
                 );
             }
-            assert!(
-                !rule.resources.iter().flatten().any(|r| r == "secrets"),
-                "{sa}: secrets access"
-            );
+            // Secrets: only in LiteIO's namespace, one named Secret at a time (no list or
+            // watch, which would hand out every key at once), and never to the CSI node
+            // (kubelet gives it the node-stage secret).
+            if rule.resources.iter().flatten().any(|r| r == "secrets") {
+                assert!(*sa != "liteio-csi-node", "{sa}: secrets access");
+                assert!(*scope == Ns, "{sa}: secrets in every namespace");
+                for v in &rule.verbs {
+                    assert!(
+                        ["get", "create", "delete"].contains(&v.as_str()),
+                        "{sa}: verb {v} on secrets"
+                    );
+                }
+            }
         }
         for (group, resource, verbs, scope) in list {
             for verb in *verbs {

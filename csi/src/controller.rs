@@ -9,14 +9,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
+use liteio_api::auth::{self, VolumeKeys};
 use liteio_api::keys::{self, annotations, labels};
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
 use liteio_api::{
     AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool,
-    VolumePosition, VolumeType, size,
+    VolumePosition, VolumeType, naming, size,
 };
 use tonic::{Request, Response, Status};
 use tracing::{info, instrument, warn};
@@ -490,6 +491,7 @@ impl ControllerService {
                 }
             }
         };
+        self.ensure_keys(&vol).await?;
         let vol = match schedule_outcome(&vol) {
             Some(Ok(())) => vol,
             Some(Err(e)) => return Err(e),
@@ -530,6 +532,35 @@ impl ControllerService {
         Ok(volume)
     }
 
+    /// The volume's authentication Secret (DH-HMAC-CHAP keys for its NVMe/TCP export), made
+    /// now when missing: kubelet reads it before NodeStageVolume (the StorageClass names it
+    /// as the node-stage secret), also for a volume that ends up on its consumer's node and
+    /// is never exported.
+    async fn ensure_keys(&self, vol: &AntstorVolume) -> Result<()> {
+        let name = naming::auth_secret_checked(&vol.csi_name())
+            .map_err(|e| CsiError::invalid("name", e.reason))?;
+        let api = self.secrets();
+        if k8s::get_opt(&api, "Secret", &name).await?.is_some() {
+            return Ok(());
+        }
+        let keys = VolumeKeys::generate(false)
+            .map_err(|e| CsiError::Internal(format!("generate the keys of Secret {name}: {e}")))?;
+        let secret =
+            auth::volume_secret(vol, &keys).map_err(|e| CsiError::invalid("name", e.reason))?;
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                info!(secret = %name, "authentication keys generated");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(CsiError::kube(format!("create Secret {name}"), e)),
+        }
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.cfg.namespace)
+    }
+
     async fn delete_volume_inner(&self, req: &DeleteVolumeRequest) -> Result<()> {
         let id = require("volume_id", &req.volume_id)?;
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
@@ -538,12 +569,21 @@ impl ControllerService {
         };
         let name = v.name_any();
         match self.volumes().delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {
-                info!(volume = %name, uuid = id, "AntstorVolume deletion requested");
-                Ok(())
-            }
+            Ok(_) => info!(volume = %name, uuid = id, "AntstorVolume deletion requested"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(CsiError::kube(format!("delete AntstorVolume {name}"), e)),
+        }
+        // Its keys go with it (the Secret is also owned by the volume, for the garbage
+        // collector; this is for API servers without one).
+        let secret = naming::auth_secret(&v.csi_name());
+        match self
+            .secrets()
+            .delete(&secret, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(CsiError::kube(format!("delete AntstorVolume {name}"), e)),
+            Err(e) => Err(CsiError::kube(format!("delete Secret {secret}"), e)),
         }
     }
 

@@ -288,7 +288,7 @@ pub fn page(start: usize, max_entries: i32, len: usize) -> Result<(usize, usize,
 
 /// Annotation recording the CSI name of a volume or snapshot whose object name had to be
 /// derived from it (see [`object_name`]).
-pub const ANNO_CSI_NAME: &str = "obnvmf/csi-name";
+pub const ANNO_CSI_NAME: &str = liteio_api::keys::annotations::CSI_NAME;
 
 /// Longest object name used: names also go into label values (63 characters at most).
 const MAX_OBJECT_NAME: usize = 63;

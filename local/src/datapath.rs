@@ -3,13 +3,14 @@
 //! built with SPDK) against the export as a given host, in a node's network namespace or
 //! here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use liteio_api::common::{SpdkTarget, VolumeStatus};
-use liteio_api::{AntstorVolume, keys};
+use liteio_api::{AntstorVolume, keys, naming};
 
 use crate::LocalError;
 
@@ -74,14 +75,82 @@ pub async fn wait_exported(
     }
 }
 
+/// A volume's authentication keys in a file for `nvmf-check --keys-file`: the Secret's data
+/// as a JSON object of strings, which is what kubelet hands the CSI node. Mode 0600 in a
+/// directory of the caller's; removed when dropped.
+#[derive(Debug)]
+pub struct KeysFile {
+    path: PathBuf,
+}
+
+impl KeysFile {
+    /// Where the keys are.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for KeysFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Plays kubelet's part for a consumer: reads volume `name`'s authentication Secret and
+/// writes its keys to a [`KeysFile`] in `dir`. `None` when the volume has no Secret (the
+/// agent exports it without authentication, `nvmf.auth: none`).
+pub async fn keys_file(
+    client: &Client,
+    name: &str,
+    dir: &Path,
+) -> Result<Option<KeysFile>, LocalError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let vol = vols
+        .get(name)
+        .await
+        .map_err(|e| LocalError::Config(format!("get AntstorVolume {name}: {e}")))?;
+    let secret_name = naming::auth_secret(&vol.csi_name());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let Some(secret) = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| LocalError::Config(format!("get Secret {secret_name}: {e}")))?
+    else {
+        return Ok(None);
+    };
+    let mut map = serde_json::Map::new();
+    for (k, v) in secret.data.unwrap_or_default() {
+        let v = String::from_utf8(v.0).map_err(|_| {
+            LocalError::Config(format!("Secret {secret_name}: data key {k} is not text"))
+        })?;
+        map.insert(k, serde_json::Value::String(v));
+    }
+    let path = dir.join(format!("keys-{name}-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let file = KeysFile { path };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file.path)
+        .map_err(|e| LocalError::Config(format!("write {}: {e}", file.path.display())))?;
+    f.write_all(serde_json::Value::Object(map).to_string().as_bytes())
+        .map_err(|e| LocalError::Config(format!("write {}: {e}", file.path.display())))?;
+    Ok(Some(file))
+}
+
 /// The command that runs `nvmf-check` from `bin_dir` against `t` as the host NQN in
-/// `hostnqn_file`, after `prefix` (e.g. `nsenter --net=…` for a node's namespace); `extra`
-/// are its options (`--random-seconds 3`, ...). Prints one JSON line last.
+/// `hostnqn_file`, after `prefix` (e.g. `nsenter --net=…` for a node's namespace), with the
+/// volume's keys when it has some; `extra` are its options (`--random-seconds 3`, ...).
+/// Prints one JSON line last.
 pub fn check_command(
     bin_dir: &Path,
     prefix: &[String],
     t: &SpdkTarget,
     hostnqn: HostNqn<'_>,
+    keys: Option<&KeysFile>,
     extra: &[&str],
 ) -> tokio::process::Command {
     let bin = bin_dir.join(NVMF_CHECK);
@@ -99,6 +168,9 @@ pub fn check_command(
         HostNqn::File(f) => cmd.arg("--hostnqn-file").arg(f),
         HostNqn::Nqn(n) => cmd.args(["--hostnqn", n]),
     };
+    if let Some(k) = keys {
+        cmd.arg("--keys-file").arg(k.path());
+    }
     cmd.args(extra).stdin(Stdio::null()).kill_on_drop(true);
     cmd
 }

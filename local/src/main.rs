@@ -330,11 +330,13 @@ async fn show_data_path(local: &Local, name: &str) -> anyhow::Result<()> {
     say(
         "connecting with SPDK's userspace NVMe/TCP initiator as this node's host NQN: write 4 MiB, read back, then 3 s of 4 KiB random I/O",
     );
+    let keys = datapath::keys_file(&client, name, &local.dir).await?;
     let cmd = datapath::check_command(
         &local.bin_dir,
         &[],
         &t,
         datapath::HostNqn::File(&hostnqn),
+        keys.as_ref(),
         &["--check-bytes", "4194304", "--random-seconds", "3"],
     );
     let out = datapath::run_check(cmd, std::time::Duration::from_secs(120)).await?;

@@ -181,11 +181,14 @@ async fn show_remote(
         cluster.node_name(k)
     ));
     let hostnqn = cluster.node_dir(k).join("hostnqn");
+    // The keys kubelet would hand node k's CSI node (the node-stage secret).
+    let keys = datapath::keys_file(client, name, &cluster.node_dir(k)).await?;
     let cmd = datapath::check_command(
         &cluster.bin_dir,
         &cluster.net.exec_prefix(k)?,
         &t,
         datapath::HostNqn::File(&hostnqn),
+        keys.as_ref(),
         &["--check-bytes", "4194304", "--random-seconds", "2"],
     );
     let out = datapath::run_check(cmd, std::time::Duration::from_secs(120)).await?;

@@ -18,13 +18,14 @@ use clap::Parser;
 use futures::StreamExt;
 use futures::executor::block_on;
 use liteio_agent::spdk::initiator::{self, Reconnect};
-use liteio_agent::spdk::{Spdk, SpdkError, SpdkOptions, bdev, io};
+use liteio_agent::spdk::nvmf::HostKeys;
+use liteio_agent::spdk::{Spdk, SpdkError, SpdkOptions, bdev, io, keyring};
 use serde_json::json;
 
 /// Connect to an NVMe-oF/TCP subsystem with SPDK's userspace initiator and check its data path.
 ///
 /// Exit status: 0 all checks passed; 2 bad arguments; 3 could not connect (refused: wrong
-/// host NQN, no such subsystem, nothing listening); 4 data read back differs; 5 an I/O failed.
+/// host NQN or keys, no such subsystem, nothing listening); 4 data read back differs; 5 an I/O failed.
 #[derive(Parser, Debug)]
 #[command(name = "nvmf-check", version)]
 struct Args {
@@ -65,9 +66,45 @@ struct Args {
     /// queued meanwhile (0 = do not reconnect: I/O fails at once).
     #[arg(long, default_value_t = 0)]
     reconnect_seconds: u64,
+    /// Authenticate with the keys in this file: a JSON object of the volume's Secret data as
+    /// strings (`dhchapKey`, `dhchapCtrlKey`, optional `tlsPsk` for TLS), as kubelet hands
+    /// them to the CSI node. A file, not an option value, so that no key shows in the
+    /// process's command line; keep it mode 0600.
+    #[arg(long)]
+    keys_file: Option<std::path::PathBuf>,
     /// Print the result as one JSON object on the last line.
     #[arg(long)]
     json: bool,
+}
+
+/// Reads `--keys-file`; errors name the file and the data key, never a key.
+fn read_keys(path: &std::path::Path) -> Result<liteio_api::auth::VolumeKeys, Failure> {
+    let bad = |m: String| Failure::Args(format!("--keys-file {}: {m}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let map: std::collections::HashMap<String, String> = serde_json::from_str(&text)
+        .map_err(|_| bad("not a JSON object of strings (the Secret's data)".into()))?;
+    liteio_api::auth::VolumeKeys::from_string_map(&map).map_err(|e| bad(e.to_string()))
+}
+
+/// Loads `keys` into this process's keyring and says how to attach with them.
+async fn load_keys(keys: &liteio_api::auth::VolumeKeys) -> Result<HostKeys, Failure> {
+    let add = |name: &'static str, secret: &str| {
+        let secret = secret.to_string();
+        async move {
+            keyring::add_key(name, &secret)
+                .await
+                .map(|()| name.to_string())
+                .map_err(|e| Failure::Args(format!("--keys-file: {e}")))
+        }
+    };
+    Ok(HostKeys {
+        dhchap_key: Some(add("chk-host", keys.host.expose()).await?),
+        dhchap_ctrlr_key: Some(add("chk-ctrl", keys.ctrl.expose()).await?),
+        psk: match &keys.tls_psk {
+            Some(p) => Some(add("chk-psk", p.expose()).await?),
+            None => None,
+        },
+    })
 }
 
 const BLOCK: u64 = 4096;
@@ -148,6 +185,7 @@ fn run(
     report: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), Failure> {
     let hostnqn = host_nqn(args)?;
+    let keys = args.keys_file.as_deref().map(read_keys).transpose()?;
     if args.subnqn.trim().is_empty() {
         return Err(Failure::Args("--subnqn must not be empty".into()));
     }
@@ -169,7 +207,13 @@ fn run(
     })
     .map_err(|e| Failure::Io(format!("cannot start SPDK: {e}")))?;
     let mut attached = false;
-    let result = block_on(check(args, &hostnqn, reconnect, report, &mut attached));
+    let result = block_on(async {
+        let auth = match &keys {
+            Some(k) => load_keys(k).await?,
+            None => HostKeys::default(),
+        };
+        check(args, &hostnqn, reconnect, &auth, report, &mut attached).await
+    });
     if attached {
         let _ = block_on(initiator::detach("chk"));
     }
@@ -181,23 +225,30 @@ async fn check(
     args: &Args,
     hostnqn: &str,
     reconnect: Option<Reconnect>,
+    auth: &HostKeys,
     report: &mut serde_json::Map<String, serde_json::Value>,
     attached: &mut bool,
 ) -> Result<(), Failure> {
     let address = args.address.to_string();
     let t = Instant::now();
-    let names = initiator::attach_tcp_with(
+    let names = initiator::attach_tcp_auth(
         "chk",
         &address,
         args.port,
         &args.subnqn,
         hostnqn,
         reconnect,
+        auth,
     )
     .await
     .map_err(|e| {
+        let keys = if auth.dhchap_key.is_some() {
+            "these keys are not the volume's"
+        } else {
+            "the target may require authentication: give --keys-file"
+        };
         Failure::Connect(format!(
-            "cannot connect to {} at {address}:{} as {hostnqn}: {e} (refused when this host NQN is not allowed, the subsystem does not exist or nothing listens)",
+            "cannot connect to {} at {address}:{} as {hostnqn}: {e} (refused when this host NQN is not allowed or {keys}, the subsystem does not exist or nothing listens)",
             args.subnqn, args.port
         ))
     })?;

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use liteio_api::{SpdkTarget, naming};
 
 use super::error::SpdkError;
-use super::nvmf::{self, SubsystemSpec, TcpTransportOptions};
-use super::{Spdk, bdev};
+use super::nvmf::{self, HostKeys, SubsystemSpec, TcpTransportOptions};
+use super::{Spdk, bdev, keyring};
 use crate::exporter::{
     ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
 };
@@ -24,6 +24,13 @@ pub struct SpdkExporter {
     lock: tokio::sync::Mutex<()>,
     /// Last port handed out, so allocation walks the range round-robin.
     cursor: Mutex<u16>,
+    /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
+    auth: bool,
+}
+
+/// Names of a volume's keys in SPDK's keyring: host key, controller key, TLS PSK.
+fn key_names(uuid: &str) -> [String; 3] {
+    ["host", "ctrl", "psk"].map(|k| format!("liteio-{uuid}-{k}"))
 }
 
 fn target_err(e: SpdkError) -> ExportError {
@@ -47,7 +54,55 @@ impl SpdkExporter {
             transport,
             lock: tokio::sync::Mutex::new(()),
             cursor: Mutex::new(start),
+            auth: false,
         }
+    }
+
+    /// Require hosts to authenticate with the keys of each [`ExportRequest`] (`nvmf.auth:
+    /// dhchap`, the agent's default); without, the host NQN alone admits a host.
+    #[must_use]
+    pub fn with_auth(mut self, on: bool) -> Self {
+        self.auth = on;
+        self
+    }
+
+    /// Put the request's keys into SPDK's keyring under the volume's key names (a changed key
+    /// replaces the old one) and say how the subsystem's hosts use them.
+    async fn load_keys(&self, req: &ExportRequest) -> Result<(HostKeys, bool), ExportError> {
+        if !self.auth {
+            return Ok((HostKeys::default(), false));
+        }
+        let Some(k) = &req.keys else {
+            return Err(ExportError::InvalidRequest(format!(
+                "volume {}: this target requires host authentication and the export request has no keys",
+                req.volume
+            )));
+        };
+        let [host, ctrl, psk] = key_names(&req.uuid);
+        keyring::add_key(&host, k.host.expose())
+            .await
+            .map_err(target_err)?;
+        keyring::add_key(&ctrl, k.ctrl.expose())
+            .await
+            .map_err(target_err)?;
+        let psk = match &k.tls_psk {
+            Some(p) => {
+                keyring::add_key(&psk, p.expose())
+                    .await
+                    .map_err(target_err)?;
+                Some(psk)
+            }
+            None => None,
+        };
+        let tls = psk.is_some();
+        Ok((
+            HostKeys {
+                dhchap_key: Some(host),
+                dhchap_ctrlr_key: Some(ctrl),
+                psk,
+            },
+            tls,
+        ))
     }
 
     /// Ports of the range that no subsystem listens on, in the order to try them: `preferred`
@@ -151,6 +206,7 @@ impl Exporter for SpdkExporter {
                 .map(|t| t.ns_uuid.clone())
                 .filter(|u| !u.is_empty())
                 .unwrap_or_else(|| req.uuid.clone());
+            let (keys, secure_channel) = self.load_keys(req).await?;
             let spec = |port| SubsystemSpec {
                 nqn: nqn.clone(),
                 serial: naming::serial_number(&req.uuid),
@@ -160,6 +216,8 @@ impl Exporter for SpdkExporter {
                 address: self.address.clone(),
                 port,
                 hosts: req.allowed_hosts.clone(),
+                keys: keys.clone(),
+                secure_channel,
             };
             // Already exported (every reconcile of a ready volume comes here): check it and
             // bring its host list up to date, without the creation lock.
@@ -203,6 +261,10 @@ impl Exporter for SpdkExporter {
         })
     }
 
+    fn authenticates(&self) -> bool {
+        self.auth
+    }
+
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
         Box::pin(async move {
             let _g = self.lock.lock().await;
@@ -220,6 +282,9 @@ impl Exporter for SpdkExporter {
                 .is_some_and(|b| b.product == "AIO disk")
             {
                 bdev::delete_aio(&aio).await.map_err(target_err)?;
+            }
+            for k in key_names(&req.uuid) {
+                keyring::remove_key(&k).await.map_err(target_err)?;
             }
             Ok(())
         })

@@ -112,7 +112,8 @@ pub fn exporter(cfg: &Config, address: std::net::IpAddr) -> Result<SpdkExporter,
         address.to_string(),
         start..=end,
         TcpTransportOptions::default(),
-    ))
+    )
+    .with_auth(cfg.nvmf.auth == crate::config::NvmfAuth::Dhchap))
 }
 
 /// Start the runtime from the config (blocking; call from `spawn_blocking`).

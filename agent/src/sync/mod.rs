@@ -5,6 +5,7 @@
 //! ([`backoff`]); a change of the object, or of the pool while some object waits for a
 //! retry, reconciles at once (freed space, a repaired disk), whatever the back-off says.
 
+pub mod auth;
 pub mod backoff;
 pub mod provision;
 pub mod snapshot;

@@ -281,7 +281,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         ctx.pool_changed();
         crash::reached(CrashPoint::AfterResize, &vol.name_any());
         if vol.spec.spdk_target.is_some() {
-            let req = export_request(ctx, &vol, &info, Vec::new()).await;
+            let req = export_request(ctx, &vol, &info, Vec::new(), None).await;
             ctx.exporter
                 .resize_export(&req)
                 .await
@@ -466,6 +466,7 @@ async fn export_request(
     vol: &AntstorVolume,
     info: &VolumeInfo,
     hosts: Vec<String>,
+    keys: Option<liteio_api::auth::VolumeKeys>,
 ) -> ExportRequest {
     let spdk = ctx.engine.kind() == EngineKind::SpdkLvs;
     ExportRequest {
@@ -480,6 +481,7 @@ async fn export_request(
         size_bytes: info.size_bytes,
         allowed_hosts: hosts,
         preset: vol.spec.spdk_target.clone(),
+        keys,
     }
 }
 
@@ -509,7 +511,19 @@ async fn ensure_export(
         layout: None,
         thin: vol.spec.is_thin,
     };
-    let req = export_request(ctx, vol, &info, hosts).await;
+    let keys = if ctx.exporter.authenticates() {
+        let tls = vol
+            .annotations()
+            .get(annotations::NVMF_TLS)
+            .is_some_and(|v| v == "true");
+        Some(
+            pass.time(Step::Api, super::auth::volume_keys(ctx, vol, tls))
+                .await?,
+        )
+    } else {
+        None
+    };
+    let req = export_request(ctx, vol, &info, hosts, keys).await;
     let target: SpdkTarget = pass
         .time(Step::Export, ctx.exporter.ensure_export(&req))
         .await
@@ -589,6 +603,9 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         .any(|f| has_finalizer(&vol.metadata, f));
     if ours && is_exported(&vol) {
         unexport(ctx, &vol).await?;
+        if ctx.exporter.authenticates() {
+            super::auth::delete_keys(ctx, &vol).await?;
+        }
         crash::reached(CrashPoint::AfterUnexport, &vol.name_any());
         match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
             Some(v) => vol = v,

@@ -1,0 +1,97 @@
+//! The authentication keys of a volume's export.
+//!
+//! Each exported volume has its own DH-HMAC-CHAP host and controller keys (and a TLS PSK
+//! when the volume asks for TLS), kept in one Kubernetes Secret per volume in the agent's
+//! namespace, named after the volume's CSI name (`naming::auth_secret`), so that kubelet can
+//! hand the same Secret to the CSI node as its node-stage secret. The agent that exports the
+//! volume creates the Secret the first time, with fresh random keys, owned by the
+//! AntstorVolume (so that it goes away with it), and reads it on every later export: a
+//! restarted agent gets the same keys back, and keys replaced in the Secret (`kubectl liteio
+//! rotate-keys`) reach the target on the next pass. The keys are never logged: the types
+//! print `<redacted>`, and errors name the Secret and the data key only.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_api::auth::{self, VolumeKeys};
+use liteio_api::keys;
+use liteio_api::{AntstorVolume, naming};
+use tracing::info;
+
+use crate::context::Ctx;
+use crate::error::{AgentError, Result, is_not_found};
+
+fn secret_name(vol: &AntstorVolume) -> Result<String> {
+    naming::auth_secret_checked(&vol.csi_name()).map_err(|e| AgentError::InvalidObject {
+        what: format!("AntstorVolume {}", vol.name_any()),
+        reason: e.to_string(),
+    })
+}
+
+/// The volume's namespace: its Secret lives beside it (owner references stay in one
+/// namespace).
+fn namespace(vol: &AntstorVolume) -> String {
+    vol.namespace()
+        .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_string())
+}
+
+fn secrets(ctx: &Ctx, vol: &AntstorVolume) -> Api<Secret> {
+    Api::namespaced(ctx.client.clone(), &namespace(vol))
+}
+
+fn parse(what: &str, s: &Secret) -> Result<VolumeKeys> {
+    let empty = BTreeMap::new();
+    VolumeKeys::from_secret_data(s.data.as_ref().unwrap_or(&empty)).map_err(|e| {
+        AgentError::InvalidObject {
+            what: what.to_string(),
+            reason: format!("{e}; fix or delete it (a deleted Secret gets new keys)"),
+        }
+    })
+}
+
+/// The keys of `vol`'s export: read from its Secret, or generated and stored there when the
+/// Secret does not exist yet (`tls`: with a TLS PSK).
+pub async fn volume_keys(ctx: &Ctx, vol: &AntstorVolume, tls: bool) -> Result<VolumeKeys> {
+    let name = secret_name(vol)?;
+    let api = secrets(ctx, vol);
+    let what = format!("Secret {}/{name}", namespace(vol));
+    if let Some(s) = ctx.timed("get", what.clone(), api.get_opt(&name)).await? {
+        return parse(&what, &s);
+    }
+    let generated = VolumeKeys::generate(tls).map_err(|e| AgentError::InvalidObject {
+        what: what.clone(),
+        reason: format!("cannot generate keys: {e}"),
+    })?;
+    let secret = auth::volume_secret(vol, &generated).map_err(|e| AgentError::InvalidObject {
+        what: format!("AntstorVolume {}", vol.name_any()),
+        reason: e.to_string(),
+    })?;
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            info!(secret = %name, "authentication keys generated");
+            Ok(generated)
+        }
+        // Created meanwhile (an earlier pass whose answer was lost): use what is stored.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let s = ctx.timed("get", what.clone(), api.get(&name)).await?;
+            parse(&what, &s)
+        }
+        Err(e) => Err(AgentError::kube("create", what, e)),
+    }
+}
+
+/// Delete `vol`'s Secret (the volume is gone); missing is success.
+pub async fn delete_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<()> {
+    let name = secret_name(vol)?;
+    let what = format!("Secret {}/{name}", namespace(vol));
+    match secrets(ctx, vol)
+        .delete(&name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(AgentError::kube("delete", what, e)),
+    }
+}
