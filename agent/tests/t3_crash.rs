@@ -170,6 +170,7 @@ async fn target_state(pool: Pool, sock: &Path, pool_dir: &Path) -> Option<Target
 struct Cluster {
     pool: Pool,
     _server: TestApiServer,
+    client: kube::Client,
     api: Api<AntstorVolume>,
     dir: tempfile::TempDir,
     runs: u32,
@@ -247,6 +248,14 @@ impl Cluster {
     async fn finish_delete(&mut self, agent: &AgentProc, name: &str) {
         agent.finish_delete(&self.api, name, CONVERGE).await;
         self.live.remove(name);
+        // Nothing of the volume is left: not even its keys.
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.client.clone(), keys::DEFAULT_NAMESPACE);
+        let secret = naming::auth_secret(name);
+        assert!(
+            secrets.get_opt(&secret).await.unwrap().is_none(),
+            "Secret {secret} of deleted volume {name} is left"
+        );
     }
 
     /// Connects to the volume's export as the consuming host; returns the controller and
@@ -255,12 +264,16 @@ impl Cluster {
         let t = v.spec.spdk_target.clone().unwrap();
         self.ctrlrs += 1;
         let ctrlr = format!("c{}", self.ctrlrs);
-        let names = initiator::attach_tcp(
+        // The agent runs with its default nvmf.auth: dhchap; the host needs the volume's keys.
+        let keys = common::consumer_keys(&self.client, v).await;
+        let names = initiator::attach_tcp_auth(
             &ctrlr,
             "127.0.0.1",
             t.svc_id.parse().unwrap(),
             &t.subsys_nqn,
             HOST_B,
+            None,
+            &keys,
         )
         .await
         .unwrap();
@@ -343,6 +356,7 @@ async fn scenario(pool: Pool) {
     let mut c = Cluster {
         pool,
         api: Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE),
+        client: client.clone(),
         _server: server,
         dir,
         runs: 0,

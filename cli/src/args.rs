@@ -64,6 +64,22 @@ pub enum Command {
         #[command(subcommand)]
         target: PoolTarget,
     },
+    /// Replace the DH-HMAC-CHAP keys of a volume, or of every volume a node stores or
+    /// consumes. The new keys go into the volume's Secret (liteio-auth-<pv name>) and the
+    /// disk-agent applies them to the live export: connected hosts stay connected, and any
+    /// new connection needs the new keys. A kernel host gets the new keys with its next
+    /// NodeStageVolume (the pod's next start on a node); until then a reconnect of its
+    /// current connection is refused. A TLS PSK is kept (SPDK cannot change it live).
+    #[command(name = "rotate-keys")]
+    RotateKeys {
+        /// Volume name (the AntstorVolume / PV name).
+        #[arg(required_unless_present = "node", conflicts_with = "node")]
+        volume: Option<String>,
+        /// Every volume stored on or consumed by this node (for a node that was lost or
+        /// broken into: it knew those keys).
+        #[arg(long)]
+        node: Option<String>,
+    },
 }
 
 /// Object of `describe`.

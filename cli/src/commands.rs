@@ -660,3 +660,127 @@ pub async fn set_lock(
         format!("pool {name} already {word}\n")
     })
 }
+
+/// What `rotate-keys` did to one volume, in `-o json|yaml`. Never the keys.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Rotated {
+    volume: String,
+    secret: String,
+    rotated_at: String,
+}
+
+/// `rotate-keys VOLUME` or `rotate-keys --node NODE`: new DH-HMAC-CHAP keys into each
+/// volume's Secret (a merge patch guarded by the Secret's resourceVersion, so a concurrent
+/// change is not overwritten), then the volume's `obnvmf/keys-rotated-at` annotation, which
+/// makes the disk-agent apply them to the export at once. The TLS PSK, if any, is kept.
+pub async fn rotate_keys(
+    client: &Client,
+    ns: &str,
+    volume: Option<&str>,
+    node: Option<&str>,
+    format: OutputFormat,
+    now: Timestamp,
+) -> Result<String, CliError> {
+    let vols: Vec<AntstorVolume> = match (volume, node) {
+        (Some(name), _) => vec![get(client, ns, "volume", name).await?],
+        (None, Some(node)) => list::<AntstorVolume>(client, ns, "antstorvolumes")
+            .await?
+            .into_iter()
+            .filter(|v| {
+                v.spec.target_node_id == node
+                    || v.spec.host_node.as_ref().is_some_and(|h| h.id == node)
+            })
+            .collect(),
+        (None, None) => {
+            return Err(CliError::Refused(
+                "rotate-keys: name a volume or give --node".into(),
+            ));
+        }
+    };
+    let mut done = Vec::new();
+    for v in &vols {
+        done.push(rotate_one(client, ns, v, now).await?);
+    }
+    if format != OutputFormat::Table {
+        return render(&done, format);
+    }
+    if done.is_empty() {
+        return Ok(format!(
+            "no volume in namespace {ns} is stored on or consumed by node {}\n",
+            node.unwrap_or_default()
+        ));
+    }
+    let mut out = String::new();
+    for r in &done {
+        out.push_str(&format!(
+            "volume {}: new keys in Secret {ns}/{}; the disk-agent applies them to the export (connected hosts stay connected, new connections need the new keys)\n",
+            r.volume, r.secret
+        ));
+    }
+    Ok(out)
+}
+
+async fn rotate_one(
+    client: &Client,
+    ns: &str,
+    vol: &AntstorVolume,
+    now: Timestamp,
+) -> Result<Rotated, CliError> {
+    use k8s_openapi::api::core::v1::Secret;
+    use liteio_api::auth::VolumeKeys;
+    let name = vol.name_any();
+    let secret_name = naming::auth_secret_checked(&vol.csi_name())
+        .map_err(|e| CliError::Refused(format!("volume {name}: {e}")))?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret = match secrets.get(&secret_name).await {
+        Ok(s) => s,
+        Err(e) if is_not_found(&e) => {
+            return Err(CliError::Refused(format!(
+                "volume {name} has no keys Secret {ns}/{secret_name}: the CSI driver makes it at CreateVolume, the disk-agent when it exports the volume with nvmf.auth: dhchap"
+            )));
+        }
+        Err(e) => {
+            return Err(CliError::api(
+                format!("get Secret {secret_name} in namespace {ns}"),
+                &e,
+            ));
+        }
+    };
+    // The PSK stays: SPDK sets it when a host is added and cannot change it live.
+    let old = secret
+        .data
+        .as_ref()
+        .and_then(|d| VolumeKeys::from_secret_data(d).ok());
+    let mut keys = VolumeKeys::generate(false)
+        .map_err(|e| CliError::Refused(format!("volume {name}: cannot generate keys: {e}")))?;
+    keys.tls_psk = old.and_then(|k| k.tls_psk);
+    let pp = PatchParams {
+        field_manager: Some(managers::CLI.to_string()),
+        ..PatchParams::default()
+    };
+    let body = json!({
+        "metadata": {"resourceVersion": secret.resource_version()},
+        "data": keys.to_secret_data(),
+    });
+    secrets
+        .patch(&secret_name, &pp, &Patch::Merge(&body))
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 409 => CliError::Refused(format!(
+                "Secret {ns}/{secret_name} changed while its keys were being replaced; run rotate-keys again"
+            )),
+            e => CliError::api(format!("replace the keys in Secret {secret_name}"), &e),
+        })?;
+    let at = now.to_string();
+    let body = json!({"metadata": {"annotations": {annotations::KEYS_ROTATED_AT: at}}});
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), ns);
+    vols.patch(&name, &pp, &Patch::Merge(&body))
+        .await
+        .map_err(|e| CliError::api(format!("annotate volume {name} (its new keys are in Secret {secret_name}; the agent applies them at its next pass)"), &e))?;
+    Ok(Rotated {
+        volume: name,
+        secret: secret_name,
+        rotated_at: at,
+    })
+}

@@ -35,6 +35,10 @@ pub enum CliError {
         /// The API server's message.
         message: String,
     },
+    /// The request cannot be carried out as things stand (the message says why and what to
+    /// do).
+    #[error("{0}")]
+    Refused(String),
     /// The result could not be rendered.
     #[error("cannot render the output as {format}: {message}")]
     Render {
@@ -55,6 +59,8 @@ pub enum ErrorKind {
     NotFound,
     /// The API server refused or could not be reached.
     Api,
+    /// Refused as things stand.
+    Refused,
     /// Output rendering.
     Render,
 }
@@ -66,6 +72,7 @@ impl CliError {
             Self::Kubeconfig { .. } | Self::NoConfig(_) => ErrorKind::Config,
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::Api { .. } => ErrorKind::Api,
+            Self::Refused(_) => ErrorKind::Refused,
             Self::Render { .. } => ErrorKind::Render,
         }
     }

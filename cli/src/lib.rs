@@ -71,5 +71,8 @@ pub async fn run_at(cli: &Cli, client: &Client, now: Timestamp) -> Result<String
         Command::Unlock {
             target: PoolTarget::Pool { name },
         } => commands::set_lock(client, ns, name, false, fmt).await,
+        Command::RotateKeys { volume, node } => {
+            commands::rotate_keys(client, ns, volume.as_deref(), node.as_deref(), fmt, now).await
+        }
     }
 }

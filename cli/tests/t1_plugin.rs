@@ -626,3 +626,95 @@ async fn describe_pool_with_huge_volumes_does_not_overflow() {
     })
     .await;
 }
+
+/// The keys each volume's Secret holds (what `rotate-keys` replaces).
+async fn volume_keys(client: &Client, csi_name: &str) -> liteio_api::auth::VolumeKeys {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+    let s = secrets
+        .get(&liteio_api::naming::auth_secret(csi_name))
+        .await
+        .unwrap();
+    liteio_api::auth::VolumeKeys::from_secret_data(&s.data.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn rotate_keys_replaces_a_volumes_keys_and_tells_the_agent() {
+    use liteio_api::auth::{self, VolumeKeys};
+    within(async {
+        let (_server, client) = seeded().await;
+        let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), NS);
+        // No Secret yet: refused, saying who makes it.
+        let err = run_at(&cli(&["rotate-keys", "pvc-a"]), &client, now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Refused);
+        assert!(
+            err.to_string()
+                .starts_with("volume pvc-a has no keys Secret obnvmf/liteio-auth-pvc-a"),
+            "{err}"
+        );
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+        let mut before = BTreeMap::new();
+        for name in ["pvc-a", "pvc-b", "pvc-c"] {
+            let keys = VolumeKeys::generate(name == "pvc-a").unwrap();
+            let v = vols.get(name).await.unwrap();
+            secrets
+                .create(&PostParams::default(), &auth::volume_secret(&v, &keys).unwrap())
+                .await
+                .unwrap();
+            before.insert(name, keys);
+        }
+
+        let text = out(&client, &["rotate-keys", "pvc-a"]).await;
+        assert_eq!(
+            text,
+            "volume pvc-a: new keys in Secret obnvmf/liteio-auth-pvc-a; the disk-agent applies them to the export (connected hosts stay connected, new connections need the new keys)\n"
+        );
+        let after = volume_keys(&client, "pvc-a").await;
+        let old = &before["pvc-a"];
+        assert_ne!(after.host, old.host, "host key not replaced");
+        assert_ne!(after.ctrl, old.ctrl, "controller key not replaced");
+        assert_ne!(after.host, after.ctrl);
+        assert_eq!(after.tls_psk, old.tls_psk, "the TLS PSK is kept");
+        assert!(!text.contains(after.host.expose()) && !text.contains(old.host.expose()));
+        let v = vols.get("pvc-a").await.unwrap();
+        assert_eq!(
+            v.annotations()
+                .get(liteio_api::keys::annotations::KEYS_ROTATED_AT)
+                .map(String::as_str),
+            Some(now().to_string().as_str()),
+            "the agent is told"
+        );
+
+        // By node: node-3 consumes pvc-a only; node-1 stores pvc-a and pvc-b.
+        let json: Value = serde_json::from_str(
+            &out(&client, &["rotate-keys", "--node", "node-3", "-o", "json"]).await,
+        )
+        .unwrap();
+        assert_eq!(json.as_array().map(Vec::len), Some(1), "{json}");
+        assert_eq!(json[0]["volume"], "pvc-a");
+        assert!(!json.to_string().contains("DHHC-1"), "{json}");
+        let c_before = volume_keys(&client, "pvc-c").await;
+        let b_before = volume_keys(&client, "pvc-b").await;
+        out(&client, &["rotate-keys", "--node", "node-1"]).await;
+        assert_ne!(volume_keys(&client, "pvc-b").await.host, b_before.host);
+        assert_eq!(volume_keys(&client, "pvc-c").await, c_before, "pvc-c is on node-2");
+        assert_eq!(
+            out(&client, &["rotate-keys", "--node", "node-9"]).await,
+            "no volume in namespace obnvmf is stored on or consumed by node node-9\n"
+        );
+        // A volume and --node together, or neither, is a usage error.
+        for args in [&["rotate-keys", "pvc-a", "--node", "node-1"][..], &["rotate-keys"][..]] {
+            assert!(
+                Cli::try_parse_from(std::iter::once("kubectl-liteio").chain(args.iter().copied()))
+                    .is_err(),
+                "{args:?}"
+            );
+        }
+        let err = run_at(&cli(&["rotate-keys", "pvc-x"]), &client, now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), "volume pvc-x not found in namespace obnvmf");
+    })
+    .await;
+}

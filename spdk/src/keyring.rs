@@ -123,3 +123,30 @@ pub async fn has_key(name: &str) -> Result<bool> {
     // SAFETY: on the reactor; `n` is valid.
     on_reactor(move || Ok(unsafe { spdk_sys::liteio_keyring_has(n.as_ptr()) })).await
 }
+
+/// Whether key `name` holds exactly `secret` (false when there is no such key). Compares in
+/// place: the key material is not handed out.
+pub async fn holds(name: &str, secret: &str) -> Result<bool> {
+    let n = check_name("name", name)?;
+    let s = secret_cstr(name, secret)?;
+    on_reactor(move || {
+        let len = spdk_sys::LITEIO_KEY_MAX as usize;
+        let mut out = vec![0u8; len];
+        // SAFETY: on the reactor; a key found is read into `out` (room for `len` bytes) and
+        // put back.
+        let same = unsafe {
+            let k = spdk_sys::spdk_keyring_get_key(n.as_ptr());
+            if k.is_null() {
+                false
+            } else {
+                let got = spdk_sys::spdk_key_get_key(k, out.as_mut_ptr().cast(), len as i32);
+                spdk_sys::spdk_keyring_put_key(k);
+                got >= 0 && out.get(..got as usize) == Some(s.as_bytes())
+            }
+        };
+        out.fill(0);
+        wipe(s);
+        Ok(same)
+    })
+    .await
+}

@@ -601,11 +601,13 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     let ours = finalizers::AGENT_VOLUME
         .iter()
         .any(|f| has_finalizer(&vol.metadata, f));
+    // The volume's keys go first (idempotent; also when a crash came between making the
+    // Secret and the export).
+    if ours && ctx.exporter.authenticates() {
+        super::auth::delete_keys(ctx, &vol).await?;
+    }
     if ours && is_exported(&vol) {
         unexport(ctx, &vol).await?;
-        if ctx.exporter.authenticates() {
-            super::auth::delete_keys(ctx, &vol).await?;
-        }
         crash::reached(CrashPoint::AfterUnexport, &vol.name_any());
         match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
             Some(v) => vol = v,

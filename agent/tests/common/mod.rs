@@ -265,9 +265,17 @@ pub fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
 }
 
 /// An agent over the SPDK lvstore `lvs0` on a 128 MiB malloc bdev (`mem0`), exporting on free
-/// ports of 127.0.0.1, against `client`. Needs a running SPDK runtime in this process.
+/// ports of 127.0.0.1, against `client`, without host authentication. Needs a running SPDK
+/// runtime in this process.
 #[cfg(feature = "spdk")]
 pub async fn start_spdk_agent(client: &Client, state_dir: &Path) -> Agent {
+    start_spdk_agent_with(client, state_dir, false).await
+}
+
+/// [`start_spdk_agent`]; `auth`: hosts must authenticate with each volume's keys (the
+/// agent's default, `nvmf.auth: dhchap`).
+#[cfg(feature = "spdk")]
+pub async fn start_spdk_agent_with(client: &Client, state_dir: &Path, auth: bool) -> Agent {
     use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
     use liteio_agent::spdk::exporter::SpdkExporter;
     use liteio_agent::spdk::nvmf::TcpTransportOptions;
@@ -288,11 +296,14 @@ pub async fn start_spdk_agent(client: &Client, state_dir: &Path) -> Agent {
         .local_addr()
         .unwrap()
         .port();
-    let exporter = Arc::new(SpdkExporter::new(
-        "127.0.0.1",
-        port..=port.saturating_add(5),
-        TcpTransportOptions::default(),
-    ));
+    let exporter = Arc::new(
+        SpdkExporter::new(
+            "127.0.0.1",
+            port..=port.saturating_add(5),
+            TcpTransportOptions::default(),
+        )
+        .with_auth(auth),
+    );
     Agent::start(
         client.clone(),
         engine,
@@ -301,4 +312,34 @@ pub async fn start_spdk_agent(client: &Client, state_dir: &Path) -> Agent {
     )
     .await
     .unwrap()
+}
+
+/// Plays kubelet's part for a consumer in this process: reads `vol`'s keys from its Secret
+/// and loads them into SPDK's keyring under names of its own (`host-<uuid>`,
+/// `ctrl-<uuid>`), for [`liteio_agent::spdk::initiator::attach_tcp_auth`].
+#[cfg(feature = "spdk")]
+pub async fn consumer_keys(
+    client: &Client,
+    vol: &liteio_api::AntstorVolume,
+) -> liteio_agent::spdk::nvmf::HostKeys {
+    use liteio_agent::spdk::keyring;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let name = liteio_api::naming::auth_secret(&vol.csi_name());
+    let s = secrets
+        .get(&name)
+        .await
+        .unwrap_or_else(|e| panic!("Secret {name}: {e}"));
+    let k = liteio_api::auth::VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap();
+    let (h, c) = (
+        format!("host-{}", vol.spec.uuid),
+        format!("ctrl-{}", vol.spec.uuid),
+    );
+    keyring::add_key(&h, k.host.expose()).await.unwrap();
+    keyring::add_key(&c, k.ctrl.expose()).await.unwrap();
+    liteio_agent::spdk::nvmf::HostKeys {
+        dhchap_key: Some(h),
+        dhchap_ctrlr_key: Some(c),
+        psk: None,
+    }
 }

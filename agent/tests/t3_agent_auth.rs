@@ -1,0 +1,268 @@
+//! T3: the agent's exports require each volume's keys. The agent (in this process, on the
+//! SPDK engine, `nvmf.auth: dhchap`) makes the volume's Secret on its first export, loads the
+//! keys into SPDK's keyring and admits the consuming host only with them; keys replaced in
+//! the Secret (what `kubectl liteio rotate-keys` does) reach the live export while the host
+//! stays connected; deleting the volume removes its Secret and its keys. SPDK's NVMe/TCP
+//! initiator in this process plays the host (it needs polling mode).
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{MIB, NODE, eventually, prepare_cluster, start_spdk_agent_with};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_agent::spdk::nvmf::{self, HostKeys};
+use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io, keyring};
+use liteio_api::auth::VolumeKeys;
+use liteio_api::keys::{annotations, finalizers, labels};
+use liteio_api::{
+    AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, keys, naming,
+};
+use liteio_test_apiserver::TestApiServer;
+
+const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
+const UUID: &str = "9e8d7c6b-5a49-4382-9170-6f5e4d3c2b1a";
+
+#[test]
+fn exports_need_the_volumes_keys_and_take_rotated_ones_live() {
+    let spdk = Spdk::start(&SpdkOptions {
+        name: "t3-agent-auth".into(),
+        interrupt_mode: false,
+        ..SpdkOptions::small()
+    })
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), scenario())
+            .await
+            .expect("timed out");
+    });
+    drop(rt);
+    spdk.stop();
+}
+
+fn volume() -> AntstorVolume {
+    let mut v = AntstorVolume::new(
+        "pvc-k",
+        AntstorVolumeSpec {
+            uuid: UUID.into(),
+            size_byte: 16 * MIB,
+            target_node_id: NODE.into(),
+            host_node: Some(NodeInfo {
+                id: "node-b".into(),
+                ..NodeInfo::default()
+            }),
+            ..AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata = ObjectMeta {
+        name: Some("pvc-k".into()),
+        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
+        labels: Some(BTreeMap::from([(
+            labels::TARGET_NODE_ID.to_string(),
+            NODE.to_string(),
+        )])),
+        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
+        ..ObjectMeta::default()
+    };
+    v
+}
+
+/// Loads `keys` into the keyring as the host's own keys (`tag` keeps names apart).
+async fn host_keys(tag: &str, keys: &VolumeKeys) -> HostKeys {
+    let (h, c) = (format!("host-{tag}"), format!("ctrl-{tag}"));
+    keyring::add_key(&h, keys.host.expose()).await.unwrap();
+    keyring::add_key(&c, keys.ctrl.expose()).await.unwrap();
+    HostKeys {
+        dhchap_key: Some(h),
+        dhchap_ctrlr_key: Some(c),
+        psk: None,
+    }
+}
+
+async fn refused(ctrlr: &str, port: u16, nqn: &str, keys: &HostKeys, case: &str) {
+    let e = initiator::attach_tcp_auth(ctrlr, "127.0.0.1", port, nqn, HOST_B, None, keys)
+        .await
+        .expect_err(case)
+        .to_string();
+    assert!(
+        !e.contains("File exists"),
+        "{case}: refused before authenticating: {e}"
+    );
+    println!("refused: {case}: {e}");
+}
+
+async fn scenario() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
+    let server = TestApiServer::start().await.unwrap();
+    let client = server.client().await.unwrap();
+    prepare_cluster(&client).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _agent = start_spdk_agent_with(&client, dir.path(), true).await;
+
+    let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let mut host = StoragePool::new("node-b", Default::default());
+    host.metadata.annotations = Some(BTreeMap::from([(
+        annotations::HOST_NQN.to_string(),
+        HOST_B.to_string(),
+    )]));
+    host.spec.node_info.id = "node-b".into();
+    host.spec.kernel_lvm.name = "vg".into();
+    pools.create(&PostParams::default(), &host).await.unwrap();
+
+    let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    vols.create(&PostParams::default(), &volume())
+        .await
+        .unwrap();
+    let v = eventually(
+        "the volume ready and exported",
+        Duration::from_secs(20),
+        || async {
+            let v = vols.get_opt("pvc-k").await.unwrap()?;
+            (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
+        },
+    )
+    .await;
+    let t = v.spec.spdk_target.clone().unwrap();
+    let port: u16 = t.svc_id.parse().unwrap();
+
+    // The agent made the volume's Secret, owned by the volume, and loaded its keys.
+    let secret_name = naming::auth_secret("pvc-k");
+    let s = secrets.get(&secret_name).await.unwrap();
+    let owner = &s.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!(
+        (owner.name.as_str(), Some(owner.uid.clone())),
+        ("pvc-k", v.uid())
+    );
+    let k1 = VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap();
+    let tgt_host = format!("liteio-{UUID}-host");
+    assert!(keyring::holds(&tgt_host, k1.host.expose()).await.unwrap());
+    for (field, text) in [
+        ("status", serde_json::to_string(&v.status).unwrap()),
+        ("spec", serde_json::to_string(&v.spec).unwrap()),
+        ("annotations", format!("{:?}", v.annotations())),
+    ] {
+        assert!(
+            !text.contains("DHHC-1"),
+            "a key in the volume's {field}: {text}"
+        );
+    }
+
+    // The host NQN alone no longer reaches the volume; with its keys it does.
+    refused(
+        "r0",
+        port,
+        &t.subsys_nqn,
+        &HostKeys::default(),
+        "the right NQN, no keys",
+    )
+    .await;
+    let right = host_keys("1", &k1).await;
+    let names =
+        initiator::attach_tcp_auth("k0", "127.0.0.1", port, &t.subsys_nqn, HOST_B, None, &right)
+            .await
+            .unwrap();
+    let data: Vec<u8> = (0..128 * 1024).map(|i| (i % 241) as u8).collect();
+    io::write_at(&names[0], MIB, data.clone()).await.unwrap();
+
+    // Rotation as `kubectl liteio rotate-keys` does it: new keys in the Secret, then the
+    // volume's keys-rotated-at annotation. The agent loads them into the live subsystem.
+    let k2 = VolumeKeys::generate(false).unwrap();
+    secrets
+        .patch(
+            &secret_name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"data": k2.to_secret_data()})),
+        )
+        .await
+        .unwrap();
+    vols.patch(
+        "pvc-k",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({"metadata": {"annotations": {
+            annotations::KEYS_ROTATED_AT: "2026-12-01T00:00:00Z"}}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the agent to load the new keys",
+        Duration::from_secs(20),
+        || async {
+            keyring::holds(&tgt_host, k2.host.expose())
+                .await
+                .unwrap()
+                .then_some(())
+        },
+    )
+    .await;
+    let ss = nvmf::find_subsystem(&t.subsys_nqn).await.unwrap().unwrap();
+    assert_eq!(ss.hosts, vec![HOST_B.to_string()]);
+    // The connected host is still connected; it takes the new keys and re-authenticates on
+    // the same connection; its data is there.
+    assert!(
+        bdev::get(&names[0]).await.unwrap().is_some(),
+        "the rotation dropped the host"
+    );
+    let rotated = host_keys("2", &k2).await;
+    initiator::set_keys("k0", &rotated).await.unwrap();
+    assert_eq!(io::read_at(&names[0], MIB, data.len()).await.unwrap(), data);
+    initiator::detach("k0").await.unwrap();
+    refused(
+        "r1",
+        port,
+        &t.subsys_nqn,
+        &right,
+        "the stale keys after rotation",
+    )
+    .await;
+    let names = initiator::attach_tcp_auth(
+        "k1",
+        "127.0.0.1",
+        port,
+        &t.subsys_nqn,
+        HOST_B,
+        None,
+        &rotated,
+    )
+    .await
+    .unwrap();
+    assert_eq!(io::read_at(&names[0], MIB, data.len()).await.unwrap(), data);
+    initiator::detach("k1").await.unwrap();
+
+    // Deleting the volume removes its export, its keys in the keyring and its Secret.
+    vols.delete("pvc-k", &DeleteParams::default())
+        .await
+        .unwrap();
+    // (The controller's in-state finalizer stays: no controller runs here.)
+    eventually(
+        "the agent's finalizers gone",
+        Duration::from_secs(20),
+        || async {
+            let v = vols.get("pvc-k").await.unwrap();
+            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        secrets.get_opt(&secret_name).await.unwrap().is_none(),
+        "the Secret is left"
+    );
+    assert!(
+        !keyring::has_key(&tgt_host).await.unwrap(),
+        "the keys are left in the keyring"
+    );
+    assert!(nvmf::find_subsystem(&t.subsys_nqn).await.unwrap().is_none());
+}
