@@ -18,10 +18,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::rpc;
+use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
 use liteio_api::keys::{self, annotations};
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeStatus};
+use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeStatus, naming};
 use liteio_csi::csi::volume_content_source::{SnapshotSource, Type as SourceType};
 use liteio_csi::csi::{
     CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
@@ -91,9 +92,25 @@ fn every_component_as_a_process_on_the_spdk_engine() {
 }
 
 async fn scenario(dir: &Path) -> Result<(), String> {
-    let mut local = Local::start_with(dir, &bin_dir(), NODE, Engine::Spdk, ApiSource::Test)
-        .await
+    // The agent serves /metrics, so that the run can show no key gets into them.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?;
+    let tuning = liteio_local::AgentTuning {
+        metrics: Some(metrics),
+        ..Default::default()
+    };
+    let mut local = Local::start_tuned(
+        dir,
+        &bin_dir(),
+        NODE,
+        Engine::Spdk,
+        ApiSource::Test,
+        liteio_local::DEFAULT_POOL_BYTES,
+        tuning,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let out = steps(&mut local, dir).await;
     local.stop().await;
     out
@@ -101,9 +118,13 @@ async fn scenario(dir: &Path) -> Result<(), String> {
 
 /// The consumer: the kernel through CSI when it can, else SPDK's initiator.
 struct Consumer {
+    client: kube::Client,
     host_nqn: String,
     kernel: bool,
     ctrlrs: u32,
+    /// Every key the consumer was given (kubelet's part: read from the volume's Secret), to
+    /// look for them where they must not be.
+    seen_keys: Vec<String>,
 }
 
 impl Consumer {
@@ -113,11 +134,26 @@ impl Consumer {
         self.ctrlrs += 1;
         let ctrlr = format!("e2e{}", self.ctrlrs);
         let port = t.svc_id.parse().map_err(|_| "bad svcID")?;
+        // The volume's keys, as kubelet hands them to the CSI node (the agent requires them).
+        let (keys, secret) = common::consumer_keys_and_secrets(&self.client, v).await;
+        for k in [secret.host.expose(), secret.ctrl.expose()] {
+            if !self.seen_keys.iter().any(|s| s == k) {
+                self.seen_keys.push(k.to_string());
+            }
+        }
         // Like the kernel's `nvme connect`, retried while a restarted agent re-exports.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let names = loop {
-            match initiator::attach_tcp(&ctrlr, &t.address, port, &t.subsys_nqn, &self.host_nqn)
-                .await
+            match initiator::attach_tcp_auth(
+                &ctrlr,
+                &t.address,
+                port,
+                &t.subsys_nqn,
+                &self.host_nqn,
+                None,
+                &keys,
+            )
+            .await
             {
                 Ok(n) => break n,
                 Err(e) if tokio::time::Instant::now() > deadline => return Err(e.to_string()),
@@ -199,6 +235,7 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     let snaps: Api<AntstorSnapshot> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     let host_nqn = pools
         .get(NODE)
         .await
@@ -214,9 +251,11 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
         );
     }
     let mut consumer = Consumer {
+        client: client.clone(),
         host_nqn,
         kernel,
         ctrlrs: 0,
+        seen_keys: Vec::new(),
     };
     let mut csi = liteio_csi::client::connect(&local.csi_endpoint())
         .await
@@ -259,7 +298,25 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
         return Err("an SPDK-engine volume without spec.spdkLvol".into());
     }
     if consumer.kernel {
-        stage_publish_roundtrip(&mut csi, dir, &a.volume_id, &a.volume_context).await?;
+        // kubelet's node-stage secret: the volume's Secret as a string map.
+        let secret = secrets
+            .get(&naming::auth_secret(&va.csi_name()))
+            .await
+            .map_err(|x| x.to_string())?;
+        let stage_secrets: HashMap<String, String> = secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect();
+        stage_publish_roundtrip(
+            &mut csi,
+            dir,
+            &a.volume_id,
+            &a.volume_context,
+            &stage_secrets,
+        )
+        .await?;
     }
     consumer.write(&va, pattern(1)).await?;
 
@@ -349,6 +406,15 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
         return Err("the origin lost what was written after the snapshot".into());
     }
 
+    // No key the consumer was given shows in a log, an event, an object or a metric.
+    let places = liteio_local::leaks::no_key_in_sight(local, &client, &consumer.seen_keys)
+        .await
+        .map_err(|x| x.to_string())?;
+    println!(
+        "no key of the {} the consumer was given shows in {places} places (log files, events, objects, metrics)",
+        consumer.seen_keys.len()
+    );
+
     // The API server crashes and comes back with its state; the teardown goes through.
     local
         .crash_and_restart(Component::ApiServer)
@@ -401,12 +467,21 @@ async fn steps(local: &mut Local, dir: &Path) -> Result<(), String> {
             })
             .unwrap_or_default();
         let n_lvols = lvols.as_array().map_or(0, Vec::len);
-        if v == 0 && s == 0 && n_lvols == 0 && subsystems.is_empty() {
+        let keys: Vec<String> = secrets
+            .list(&Default::default())
+            .await
+            .map_err(|x| x.to_string())?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .filter(|n| n.starts_with(naming::AUTH_SECRET_PREFIX))
+            .collect();
+        if v == 0 && s == 0 && n_lvols == 0 && subsystems.is_empty() && keys.is_empty() {
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
-                "left: {v} volumes, {s} snapshots, lvols {lvols}, subsystems {subsystems:?}"
+                "left: {v} volumes, {s} snapshots, lvols {lvols}, subsystems {subsystems:?}, key Secrets {keys:?}"
             ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -433,6 +508,7 @@ async fn stage_publish_roundtrip(
     dir: &Path,
     id: &str,
     ctx: &HashMap<String, String>,
+    secrets: &HashMap<String, String>,
 ) -> Result<(), String> {
     let e = |what: &'static str| {
         move |err: tonic::Status| format!("{what}: {} ({:?})", err.message(), err.code())
@@ -447,6 +523,7 @@ async fn stage_publish_roundtrip(
             staging_target_path: staging.display().to_string(),
             volume_capability: Some(mount_capability("xfs")),
             volume_context: ctx.clone(),
+            secrets: secrets.clone(),
             ..Default::default()
         })
         .await

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod datapath;
 pub mod demo;
 pub mod hugepages;
+pub mod leaks;
 pub mod netns;
 pub mod sanity;
 

@@ -322,6 +322,18 @@ pub async fn consumer_keys(
     client: &Client,
     vol: &liteio_api::AntstorVolume,
 ) -> liteio_agent::spdk::nvmf::HostKeys {
+    consumer_keys_and_secrets(client, vol).await.0
+}
+
+/// [`consumer_keys`], and the keys themselves (to look for them where they must not be).
+#[cfg(feature = "spdk")]
+pub async fn consumer_keys_and_secrets(
+    client: &Client,
+    vol: &liteio_api::AntstorVolume,
+) -> (
+    liteio_agent::spdk::nvmf::HostKeys,
+    liteio_api::auth::VolumeKeys,
+) {
     use liteio_agent::spdk::keyring;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
@@ -337,9 +349,12 @@ pub async fn consumer_keys(
     );
     keyring::add_key(&h, k.host.expose()).await.unwrap();
     keyring::add_key(&c, k.ctrl.expose()).await.unwrap();
-    liteio_agent::spdk::nvmf::HostKeys {
-        dhchap_key: Some(h),
-        dhchap_ctrlr_key: Some(c),
-        psk: None,
-    }
+    (
+        liteio_agent::spdk::nvmf::HostKeys {
+            dhchap_key: Some(h),
+            dhchap_ctrlr_key: Some(c),
+            psk: None,
+        },
+        k,
+    )
 }

@@ -13,10 +13,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::Api;
 use kube::api::ListParams;
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, keys};
+use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, keys, naming};
 use liteio_csi::csi::volume_content_source::{SnapshotSource, Type as SourceType};
 use liteio_csi::csi::{
     CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
@@ -78,6 +78,31 @@ fn leftovers(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// The volume's Secret as kubelet hands it to NodeStageVolume (a string map); its keys are
+/// added to `seen`.
+async fn stage_secrets(
+    client: &kube::Client,
+    csi_name: &str,
+    seen: &mut Vec<String>,
+) -> Result<HashMap<String, String>, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let name = naming::auth_secret(csi_name);
+    let s = secrets
+        .get(&name)
+        .await
+        .map_err(|x| format!("the CSI controller made no Secret {name}: {x}"))?;
+    let map: HashMap<String, String> = s
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+        .collect();
+    let keys = liteio_api::auth::VolumeKeys::from_string_map(&map).map_err(|x| x.to_string())?;
+    seen.push(keys.host.expose().to_string());
+    seen.push(keys.ctrl.expose().to_string());
+    Ok(map)
 }
 
 /// One end-to-end run against `api`, as node `node`; `tag` makes the names of this run's
@@ -227,11 +252,20 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
     let pub_a = dir.join("mnt/a");
     std::fs::create_dir_all(&stage_a).map_err(|x| x.to_string())?;
     std::fs::create_dir_all(dir.join("mnt")).map_err(|x| x.to_string())?;
-    let stage = |id: &str, ctx: &HashMap<String, String>, s: &Path| NodeStageVolumeRequest {
+    // kubelet hands the CSI node the volume's Secret (the StorageClass's node-stage
+    // secret), which the CSI controller made at CreateVolume.
+    let client = local.kube().await.map_err(|x| x.to_string())?;
+    let mut seen_keys = Vec::new();
+    let secrets_a = stage_secrets(&client, &format!("pvc-e2e-a-{tag}"), &mut seen_keys).await?;
+    let stage = |id: &str,
+                 ctx: &HashMap<String, String>,
+                 s: &Path,
+                 secrets: &HashMap<String, String>| NodeStageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: s.display().to_string(),
         volume_capability: Some(mount_capability("xfs")),
         volume_context: ctx.clone(),
+        secrets: secrets.clone(),
         ..Default::default()
     };
     let publish =
@@ -244,7 +278,12 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
             ..Default::default()
         };
     csi.node
-        .node_stage_volume(stage(&vol.volume_id, &vol.volume_context, &stage_a))
+        .node_stage_volume(stage(
+            &vol.volume_id,
+            &vol.volume_context,
+            &stage_a,
+            &secrets_a,
+        ))
         .await
         .map_err(e("stage a"))?;
     csi.node
@@ -354,8 +393,14 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
     let stage_b = dir.join("staging/b");
     let pub_b = dir.join("mnt/b");
     std::fs::create_dir_all(&stage_b).map_err(|x| x.to_string())?;
+    let secrets_b = stage_secrets(&client, &format!("pvc-e2e-b-{tag}"), &mut seen_keys).await?;
     csi.node
-        .node_stage_volume(stage(&clone.volume_id, &clone.volume_context, &stage_b))
+        .node_stage_volume(stage(
+            &clone.volume_id,
+            &clone.volume_context,
+            &stage_b,
+            &secrets_b,
+        ))
         .await
         .map_err(e("stage b"))?;
     csi.node
@@ -371,6 +416,15 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
     if b != "written before the snapshot\n" {
         return Err(format!("the clone reads {b:?}, not the snapshot's data"));
     }
+
+    // No key shows in a log line, an event, an object or a metric of the run.
+    let places = liteio_local::leaks::no_key_in_sight(local, &client, &seen_keys)
+        .await
+        .map_err(|x| x.to_string())?;
+    println!(
+        "no key of the {} kubelet would hand out shows in {places} places (log files, events, objects, metrics)",
+        seen_keys.len()
+    );
 
     // The API server crashes and comes back with what it held (when it is ours); every
     // component's watches list again and the teardown below goes through.
@@ -426,9 +480,9 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
     // No Kubernetes object of this run left once every finalizer is done.
     let mine =
         ListParams::default().labels(&format!("{}={}", keys::labels::TARGET_NODE_ID, local.node));
-    let client = local.kube().await.map_err(|x| x.to_string())?;
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let snaps: Api<AntstorSnapshot> = Api::namespaced(client, keys::DEFAULT_NAMESPACE);
+    let snaps: Api<AntstorSnapshot> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client, keys::DEFAULT_NAMESPACE);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let v = vols
@@ -443,11 +497,25 @@ async fn steps(local: &mut Local, dir: &Path, tag: &str) -> Result<(), String> {
             .map_err(|x| x.to_string())?
             .items
             .len();
-        if v == 0 && s == 0 {
+        let mut k = Vec::new();
+        for name in [format!("pvc-e2e-a-{tag}"), format!("pvc-e2e-b-{tag}")] {
+            let secret = naming::auth_secret(&name);
+            if secrets
+                .get_opt(&secret)
+                .await
+                .map_err(|x| x.to_string())?
+                .is_some()
+            {
+                k.push(secret);
+            }
+        }
+        if v == 0 && s == 0 && k.is_empty() {
             break;
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!("{v} volumes and {s} snapshots still exist"));
+            return Err(format!(
+                "{v} volumes, {s} snapshots and the key Secrets {k:?} still exist"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
