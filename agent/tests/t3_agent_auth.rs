@@ -242,6 +242,58 @@ async fn scenario() {
     assert_eq!(io::read_at(&names[0], MIB, data.len()).await.unwrap(), data);
     initiator::detach("k1").await.unwrap();
 
+    // A volume that asks for TLS (the CSI controller annotates it from the StorageClass's
+    // nvmfTls): its Secret gets a PSK and its listener takes TLS only.
+    let mut tv = volume();
+    tv.metadata.name = Some("pvc-t".into());
+    tv.spec.uuid = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9".into();
+    tv.metadata.annotations = Some(BTreeMap::from([(
+        annotations::NVMF_TLS.to_string(),
+        "true".to_string(),
+    )]));
+    vols.create(&PostParams::default(), &tv).await.unwrap();
+    let tv = eventually(
+        "the TLS volume ready and exported",
+        Duration::from_secs(20),
+        || async {
+            let v = vols.get_opt("pvc-t").await.unwrap()?;
+            (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
+        },
+    )
+    .await;
+    let tt = tv.spec.spdk_target.clone().unwrap();
+    let tport: u16 = tt.svc_id.parse().unwrap();
+    let ts = secrets.get(&naming::auth_secret("pvc-t")).await.unwrap();
+    let tk = VolumeKeys::from_secret_data(ts.data.as_ref().unwrap()).unwrap();
+    let psk = tk
+        .tls_psk
+        .clone()
+        .expect("no TLS PSK in the Secret of a TLS volume");
+    let plain = host_keys("t", &tk).await;
+    refused(
+        "r2",
+        tport,
+        &tt.subsys_nqn,
+        &plain,
+        "the right keys over plain TCP to a TLS listener",
+    )
+    .await;
+    keyring::add_key("psk-t", psk.expose()).await.unwrap();
+    let tls = HostKeys {
+        psk: Some("psk-t".into()),
+        ..plain.clone()
+    };
+    let names =
+        initiator::attach_tcp_auth("t0", "127.0.0.1", tport, &tt.subsys_nqn, HOST_B, None, &tls)
+            .await
+            .unwrap();
+    io::write_at(&names[0], 0, data.clone()).await.unwrap();
+    assert_eq!(io::read_at(&names[0], 0, data.len()).await.unwrap(), data);
+    initiator::detach("t0").await.unwrap();
+    vols.delete("pvc-t", &DeleteParams::default())
+        .await
+        .unwrap();
+
     // Deleting the volume removes its export, its keys in the keyring and its Secret.
     vols.delete("pvc-k", &DeleteParams::default())
         .await

@@ -481,7 +481,13 @@ pub fn volume_secret(
     keys: &VolumeKeys,
 ) -> Result<k8s_openapi::api::core::v1::Secret, crate::validate::ValidationError> {
     use kube::Resource as _;
-    let name = crate::naming::auth_secret_checked(&vol.csi_name())?;
+    let name = vol.auth_secret_name();
+    if name.len() > crate::naming::SECRET_NAME_MAX || !crate::naming::is_dns_subdomain(&name) {
+        return Err(crate::validate::ValidationError::new(
+            "metadata.name",
+            format!("the volume's name makes no valid Secret name ({name:?})"),
+        ));
+    }
     let owner = vol.controller_owner_ref(&()).map(|mut o| {
         o.controller = None;
         o.block_owner_deletion = None;
@@ -815,11 +821,17 @@ mod tests {
             VolumeKeys::from_secret_data(&s.data.unwrap()).unwrap(),
             keys
         );
-        // A CSI name that makes no valid Secret name is refused, naming the volume.
+        // A CSI name that makes no valid Secret name falls back to the object name.
         vol.metadata.annotations = Some(BTreeMap::from([(
             crate::keys::annotations::CSI_NAME.to_string(),
-            "x".repeat(250),
+            "Sanity-Volume-X".to_string(),
         )]));
+        assert_eq!(
+            volume_secret(&vol, &keys).unwrap().metadata.name.as_deref(),
+            Some("liteio-auth-pvc-1")
+        );
+        // An object name too long for a Secret name is refused.
+        vol.metadata.name = Some("y".repeat(250));
         assert!(volume_secret(&vol, &keys).is_err());
     }
 }

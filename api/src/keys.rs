@@ -22,6 +22,9 @@ pub const SC_PARAM_VOLUME_TYPE: &str = "volumeType";
 pub const SC_PARAM_FS_TYPE: &str = "fsType";
 /// StorageClass parameter / annotation carrying extra mkfs arguments.
 pub const SC_PARAM_MKFS_PARAMS: &str = "obnvmf/mkfsParams";
+/// StorageClass parameter: `"true"` to export the class's volumes over NVMe/TCP with TLS only
+/// (a PSK in each volume's Secret, beside its DH-HMAC-CHAP keys).
+pub const SC_PARAM_NVMF_TLS: &str = "nvmfTls";
 /// Prefix of LiteIO's label and annotation keys.
 pub const PREFIX_OBNVMF: &str = "obnvmf";
 

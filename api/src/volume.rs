@@ -136,6 +136,17 @@ pub struct AntstorVolumeStatus {
 }
 
 impl AntstorVolume {
+    /// The name of the Secret that holds the volume's authentication keys:
+    /// `liteio-auth-<CSI name>`, the name kubelet derives from the PV name (the StorageClass
+    /// names the node-stage secret `liteio-auth-${pv.name}`). A CSI name that makes no valid
+    /// Secret name (uppercase, too long: never a Kubernetes PV name, but a CSI caller may use
+    /// one) falls back to `liteio-auth-<object name>`, which always is one.
+    pub fn auth_secret_name(&self) -> String {
+        use kube::ResourceExt;
+        crate::naming::auth_secret_checked(&self.csi_name())
+            .unwrap_or_else(|_| crate::naming::auth_secret(&self.name_any()))
+    }
+
     /// The volume's CSI name (its PV's name): the `obnvmf/csi-name` annotation when the
     /// object name had to be derived from it, else the `obnvmf/pv-name` label, else the
     /// object name. The volume's authentication Secret is named after it

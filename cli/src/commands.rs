@@ -730,8 +730,7 @@ async fn rotate_one(
     use k8s_openapi::api::core::v1::Secret;
     use liteio_api::auth::VolumeKeys;
     let name = vol.name_any();
-    let secret_name = naming::auth_secret_checked(&vol.csi_name())
-        .map_err(|e| CliError::Refused(format!("volume {name}: {e}")))?;
+    let secret_name = vol.auth_secret_name();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let secret = match secrets.get(&secret_name).await {
         Ok(s) => s,

@@ -17,7 +17,7 @@ use liteio_api::keys::{self, annotations, labels};
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
 use liteio_api::{
     AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool,
-    VolumePosition, VolumeType, naming, size,
+    VolumePosition, VolumeType, size,
 };
 use tonic::{Request, Response, Status};
 use tracing::{info, instrument, warn};
@@ -104,6 +104,7 @@ fn topology_node(req: Option<&TopologyRequirement>) -> Option<String> {
 /// field for idempotency.
 #[derive(Debug)]
 struct Wanted {
+    tls: bool,
     size: u64,
     fs: String,
     volume_type: VolumeType,
@@ -136,6 +137,16 @@ fn differences(v: &AntstorVolume, w: &Wanted) -> Vec<String> {
             "spec.positionAdvice is {:?} but the request asks for {:?}",
             v.spec.position_advice.to_string(),
             w.position.to_string()
+        ));
+    }
+    let tls = v
+        .annotations()
+        .get(annotations::NVMF_TLS)
+        .is_some_and(|t| t == "true");
+    if tls != w.tls {
+        out.push(format!(
+            "nvmfTls is {tls} but the request asks for {}",
+            w.tls
         ));
     }
     let src = liteio_api::meta::source_snapshot(&v.metadata).map(|(_, name)| name.to_string());
@@ -341,6 +352,9 @@ impl ControllerService {
         if obj_name != req.name {
             annos.insert(params::ANNO_CSI_NAME.to_string(), req.name.clone());
         }
+        if p.nvmf_tls {
+            annos.insert(annotations::NVMF_TLS.to_string(), "true".to_string());
+        }
         let uuid = uuid::Uuid::new_v4().to_string();
         labels_map.insert(labels::VOL_UUID.to_string(), uuid.clone());
         labels_map.insert(labels::FS_TYPE.to_string(), w.fs.clone());
@@ -452,6 +466,7 @@ impl ControllerService {
             }
         }
         let wanted = Wanted {
+            tls: p.nvmf_tls,
             size,
             fs,
             volume_type: p.volume_type,
@@ -537,13 +552,16 @@ impl ControllerService {
     /// as the node-stage secret), also for a volume that ends up on its consumer's node and
     /// is never exported.
     async fn ensure_keys(&self, vol: &AntstorVolume) -> Result<()> {
-        let name = naming::auth_secret_checked(&vol.csi_name())
-            .map_err(|e| CsiError::invalid("name", e.reason))?;
+        let name = vol.auth_secret_name();
         let api = self.secrets();
         if k8s::get_opt(&api, "Secret", &name).await?.is_some() {
             return Ok(());
         }
-        let keys = VolumeKeys::generate(false)
+        let tls = vol
+            .annotations()
+            .get(annotations::NVMF_TLS)
+            .is_some_and(|v| v == "true");
+        let keys = VolumeKeys::generate(tls)
             .map_err(|e| CsiError::Internal(format!("generate the keys of Secret {name}: {e}")))?;
         let secret =
             auth::volume_secret(vol, &keys).map_err(|e| CsiError::invalid("name", e.reason))?;
@@ -575,7 +593,7 @@ impl ControllerService {
         }
         // Its keys go with it (the Secret is also owned by the volume, for the garbage
         // collector; this is for API servers without one).
-        let secret = naming::auth_secret(&v.csi_name());
+        let secret = v.auth_secret_name();
         match self
             .secrets()
             .delete(&secret, &DeleteParams::default())
@@ -1114,6 +1132,7 @@ mod tests {
         let mut v = vol("n1", "");
         v.spec.size_byte = 8 << 20;
         let same = Wanted {
+            tls: false,
             size: 8 << 20,
             fs: "xfs".into(),
             volume_type: VolumeType::Flexible,
@@ -1129,6 +1148,18 @@ mod tests {
         let d = differences(&v, &other);
         assert_eq!(d.len(), 2, "{d:?}");
         assert!(d[0].starts_with("spec.sizeByte"));
+        let tls = Wanted {
+            tls: true,
+            size: 8 << 20,
+            fs: "xfs".into(),
+            volume_type: VolumeType::Flexible,
+            position: VolumePosition::NoPreference,
+            snapshot: None,
+        };
+        assert_eq!(
+            differences(&v, &tls),
+            vec!["nvmfTls is false but the request asks for true".to_string()]
+        );
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct VolumeParams {
     pub pvc_namespace: Option<String>,
     /// PV name from `csi.storage.k8s.io/pv/name`.
     pub pv_name: Option<String>,
+    /// Export over TLS only (`nvmfTls: "true"`).
+    pub nvmf_tls: bool,
 }
 
 fn nonempty(p: &HashMap<String, String>, key: &str) -> Option<String> {
@@ -91,7 +93,18 @@ impl VolumeParams {
                 annotations::PV_TYPE
             )));
         }
+        let nvmf_tls = match nonempty(p, keys::SC_PARAM_NVMF_TLS).as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    format!("parameters.{}", keys::SC_PARAM_NVMF_TLS),
+                    format!("{other:?} is not \"true\" or \"false\""),
+                ));
+            }
+        };
         Ok(VolumeParams {
+            nvmf_tls,
             fs_type,
             volume_type,
             position,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use liteio_api::common::{SpdkTarget, VolumeStatus};
-use liteio_api::{AntstorVolume, keys, naming};
+use liteio_api::{AntstorVolume, keys};
 
 use crate::LocalError;
 
@@ -111,7 +111,7 @@ pub async fn keys_file(
         .get(name)
         .await
         .map_err(|e| LocalError::Config(format!("get AntstorVolume {name}: {e}")))?;
-    let secret_name = naming::auth_secret(&vol.csi_name());
+    let secret_name = vol.auth_secret_name();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     let Some(secret) = secrets
         .get_opt(&secret_name)

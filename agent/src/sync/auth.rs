@@ -13,22 +13,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use liteio_api::auth::{self, VolumeKeys};
+use liteio_api::AntstorVolume;
+use liteio_api::auth::{self, TlsPsk, VolumeKeys};
 use liteio_api::keys;
-use liteio_api::{AntstorVolume, naming};
 use tracing::info;
 
 use crate::context::Ctx;
 use crate::error::{AgentError, Result, is_not_found};
-
-fn secret_name(vol: &AntstorVolume) -> Result<String> {
-    naming::auth_secret_checked(&vol.csi_name()).map_err(|e| AgentError::InvalidObject {
-        what: format!("AntstorVolume {}", vol.name_any()),
-        reason: e.to_string(),
-    })
-}
 
 /// The volume's namespace: its Secret lives beside it (owner references stay in one
 /// namespace).
@@ -54,11 +47,32 @@ fn parse(what: &str, s: &Secret) -> Result<VolumeKeys> {
 /// The keys of `vol`'s export: read from its Secret, or generated and stored there when the
 /// Secret does not exist yet (`tls`: with a TLS PSK).
 pub async fn volume_keys(ctx: &Ctx, vol: &AntstorVolume, tls: bool) -> Result<VolumeKeys> {
-    let name = secret_name(vol)?;
+    let name = vol.auth_secret_name();
     let api = secrets(ctx, vol);
     let what = format!("Secret {}/{name}", namespace(vol));
     if let Some(s) = ctx.timed("get", what.clone(), api.get_opt(&name)).await? {
-        return parse(&what, &s);
+        let mut keys = parse(&what, &s)?;
+        if tls && keys.tls_psk.is_none() {
+            // The volume asks for TLS and its Secret has no PSK yet: add one, guarded by
+            // the Secret's resourceVersion (a conflict is retried by the next pass).
+            let psk = TlsPsk::generate().map_err(|e| AgentError::InvalidObject {
+                what: what.clone(),
+                reason: format!("cannot generate a TLS PSK: {e}"),
+            })?;
+            let body = serde_json::json!({
+                "metadata": {"resourceVersion": s.resource_version()},
+                "data": {auth::DATA_TLS_PSK: k8s_openapi::ByteString(psk.expose().as_bytes().to_vec())},
+            });
+            ctx.timed(
+                "add a TLS PSK to",
+                what.clone(),
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&body)),
+            )
+            .await?;
+            info!(secret = %name, "TLS PSK generated");
+            keys.tls_psk = Some(psk);
+        }
+        return Ok(keys);
     }
     let generated = VolumeKeys::generate(tls).map_err(|e| AgentError::InvalidObject {
         what: what.clone(),
@@ -84,7 +98,7 @@ pub async fn volume_keys(ctx: &Ctx, vol: &AntstorVolume, tls: bool) -> Result<Vo
 
 /// Delete `vol`'s Secret (the volume is gone); missing is success.
 pub async fn delete_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<()> {
-    let name = secret_name(vol)?;
+    let name = vol.auth_secret_name();
     let what = format!("Secret {}/{name}", namespace(vol));
     match secrets(ctx, vol)
         .delete(&name, &DeleteParams::default())
