@@ -63,6 +63,8 @@ ROUNDS=${ROUNDS:-7}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 IDLE_SECONDS=${IDLE_SECONDS:-10}
 CASES=${CASES:-null lvol prod}
+# spdk_nvme_perf's DH-HMAC-CHAP options: set for the prod case, whose export requires them.
+PERF_AUTH=()
 WORKLOADS=${WORKLOADS:-randread randwrite}
 PROD_MODE=${PROD_MODE:-poll}
 NATIVE_CORE=${NATIVE_CORE:-0}
@@ -180,7 +182,7 @@ perf() {
     local c0 c1 w0 w1 pc=-
     c0=$(cpu_ticks "$CPU_PID") w0=$(date +%s%N)
     $TIME "$SPDK_PERF" --no-huge -s 512 -c 0x2 -q 32 -o 4096 -w "$1" -t "$SECONDS_PER_RUN" -L -r "$TR" \
-        >"$WORK/perf.txt" 2>&1 || { cat "$WORK/perf.txt"; return 1; }
+        "${PERF_AUTH[@]}" >"$WORK/perf.txt" 2>&1 || { cat "$WORK/perf.txt"; return 1; }
     c1=$(cpu_ticks "$CPU_PID") w1=$(date +%s%N)
     [ -n "$TIME" ] && pc=$(tr -d '%' <"$WORK/perf.cpu")
     grep -q '^Total' "$WORK/perf.txt" || { echo "spdk_nvme_perf $1 printed no result against $TR:" >&2; cat "$WORK/perf.txt" >&2; return 1; }
@@ -223,7 +225,7 @@ ensure_filled() { # label
     if [ "$len" -lt $LVOL_BYTES ]; then
         note "$1: backing $(basename "$BACKING") has $alloc of $size bytes allocated; filling the $LVOL_BYTES-byte volume through the target"
         "$SPDK_PERF" --no-huge -s 512 -c 0x2 -q 8 -o 131072 -w write -t 300 -d $((LVOL_BYTES / 131072)) -r "$TR" \
-            >"$WORK/fill.txt" 2>&1 || { cat "$WORK/fill.txt"; exit 1; }
+            "${PERF_AUTH[@]}" >"$WORK/fill.txt" 2>&1 || { cat "$WORK/fill.txt"; exit 1; }
         read -r alloc size start len < <(extent "$BACKING")
         [ "$len" -ge $LVOL_BYTES ] || { echo "$1: after the fill pass $(basename "$BACKING") has no written run of $LVOL_BYTES bytes (longest $len)" >&2; exit 1; }
     fi
@@ -319,6 +321,18 @@ start_local() {
     [ "$PROD_SIZE" = $LVOL_BYTES ] || note "prod: the volume has $PROD_SIZE bytes, the stock lvol $LVOL_BYTES"
     TR=$(jq -r --arg h "$PROD_HOST" '.spec.spdkTarget | "trtype:tcp adrfam:IPv4 traddr:\(.address) trsvcid:\(.svcID) subnqn:\(.subsysNqn) hostnqn:\($h)"' <<<"$vol")
     case "$TR" in *"traddr:127."*) ;; *) echo "the volume's export is not on 127.0.0.0/8: $TR" >&2; exit 1 ;; esac
+    # The export requires the volume's DH-HMAC-CHAP keys (the agent's default nvmf.auth:
+    # dhchap): spdk_nvme_perf reads them from 0600 files, as its keyring wants them.
+    local secret
+    secret=liteio-auth-$(jq -r '.metadata.annotations["obnvmf/csi-name"] // .metadata.labels["obnvmf/pv-name"] // .metadata.name' <<<"$vol")
+    mkdir -p "$WORK/keys" && chmod 700 "$WORK/keys"
+    (
+        umask 077
+        kc get secret "$secret" -o json | jq -r '.data.dhchapKey' | base64 -d >"$WORK/keys/host"
+        kc get secret "$secret" -o json | jq -r '.data.dhchapCtrlKey' | base64 -d >"$WORK/keys/ctrl"
+    ) || { echo "cannot read the volume's keys from Secret $secret" >&2; exit 1; }
+    grep -q '^DHHC-1:' "$WORK/keys/host" || { echo "Secret $secret holds no DH-HMAC-CHAP key" >&2; exit 1; }
+    PERF_AUTH=(--dhchap-key "$WORK/keys/host" --dhchap-ctrlr-key "$WORK/keys/ctrl")
     BACKING=$LDIR/pool/aio-lvs.img
     CPU_PID=$(pgrep -P "$LOCAL_PID" -x disk-agent) || { echo "no disk-agent child of liteio-local ($LOCAL_PID)" >&2; exit 1; }
     note "prod: volume $(jq -r .metadata.name <<<"$vol") exported at $TR"
@@ -328,6 +342,8 @@ stop_local() {
     kill -TERM "$LOCAL_PID" 2>/dev/null || true
     wait "$LOCAL_PID" 2>/dev/null || true
     LOCAL_PID=''
+    PERF_AUTH=()
+    rm -rf "$WORK/keys"
 }
 
 scrape_start() {

@@ -12,69 +12,25 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{MIB, NODE, eventually, prepare_cluster, start_spdk_agent_with};
+use common::{
+    HOST_B, MIB, consumer_pool, eventually, prepare_cluster, remote_volume, start_spdk_agent_with,
+    with_spdk,
+};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::nvmf::{self, HostKeys};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io, keyring};
+use liteio_agent::spdk::{bdev, initiator, io, keyring};
 use liteio_api::auth::VolumeKeys;
-use liteio_api::keys::{annotations, finalizers, labels};
-use liteio_api::{
-    AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, keys, naming,
-};
+use liteio_api::keys::{annotations, finalizers};
+use liteio_api::{AntstorVolume, VolumeStatus, keys, naming};
 use liteio_test_apiserver::TestApiServer;
 
-const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 const UUID: &str = "9e8d7c6b-5a49-4382-9170-6f5e4d3c2b1a";
 
 #[test]
 fn exports_need_the_volumes_keys_and_take_rotated_ones_live() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-agent-auth".into(),
-        interrupt_mode: false,
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(120), scenario())
-            .await
-            .expect("timed out");
-    });
-    drop(rt);
-    spdk.stop();
-}
-
-fn volume() -> AntstorVolume {
-    let mut v = AntstorVolume::new(
-        "pvc-k",
-        AntstorVolumeSpec {
-            uuid: UUID.into(),
-            size_byte: 16 * MIB,
-            target_node_id: NODE.into(),
-            host_node: Some(NodeInfo {
-                id: "node-b".into(),
-                ..NodeInfo::default()
-            }),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some("pvc-k".into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+    with_spdk("t3-agent-auth", true, Duration::from_secs(120), scenario());
 }
 
 /// Loads `keys` into the keyring as the host's own keys (`tag` keeps names apart).
@@ -112,21 +68,16 @@ async fn scenario() {
     let dir = tempfile::tempdir().unwrap();
     let _agent = start_spdk_agent_with(&client, dir.path(), true).await;
 
-    let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let mut host = StoragePool::new("node-b", Default::default());
-    host.metadata.annotations = Some(BTreeMap::from([(
-        annotations::HOST_NQN.to_string(),
-        HOST_B.to_string(),
-    )]));
-    host.spec.node_info.id = "node-b".into();
-    host.spec.kernel_lvm.name = "vg".into();
-    pools.create(&PostParams::default(), &host).await.unwrap();
+    consumer_pool(&client).await;
 
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    vols.create(&PostParams::default(), &volume())
-        .await
-        .unwrap();
+    vols.create(
+        &PostParams::default(),
+        &remote_volume("pvc-k", UUID, 16 * MIB),
+    )
+    .await
+    .unwrap();
     let v = eventually(
         "the volume ready and exported",
         Duration::from_secs(20),
@@ -244,9 +195,7 @@ async fn scenario() {
 
     // A volume that asks for TLS (the CSI controller annotates it from the StorageClass's
     // nvmfTls): its Secret gets a PSK and its listener takes TLS only.
-    let mut tv = volume();
-    tv.metadata.name = Some("pvc-t".into());
-    tv.spec.uuid = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9".into();
+    let mut tv = remote_volume("pvc-t", "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", 16 * MIB);
     tv.metadata.annotations = Some(BTreeMap::from([(
         annotations::NVMF_TLS.to_string(),
         "true".to_string(),

@@ -6,41 +6,23 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{MIB, NODE, eventually, prepare_cluster, start_spdk_agent};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use kube::{Api, ResourceExt};
-use liteio_agent::spdk::nvmf;
-use liteio_agent::spdk::{Spdk, SpdkOptions, lvol};
-use liteio_api::keys::{annotations, finalizers, labels};
-use liteio_api::{
-    AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, keys, naming,
+use common::{
+    HOST_B, MIB, NODE, consumer_pool, eventually, prepare_cluster, remote_volume, start_spdk_agent,
+    with_spdk,
 };
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_agent::spdk::lvol;
+use liteio_agent::spdk::nvmf;
+use liteio_api::keys::{annotations, finalizers};
+use liteio_api::{AntstorVolume, StoragePool, VolumeStatus, keys, naming};
 use liteio_test_apiserver::TestApiServer;
-
-const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 
 #[test]
 fn agent_on_spdk_provisions_and_exports_remote_volumes() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-agent".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), scenario())
-            .await
-            .expect("timed out");
-    });
-    drop(rt);
-    spdk.stop();
+    with_spdk("t3-agent", false, Duration::from_secs(60), scenario());
 }
 
 async fn scenario() {
@@ -68,39 +50,10 @@ async fn scenario() {
     );
 
     // The consuming host publishes its NQN on its own pool object.
-    let mut host = StoragePool::new("node-b", Default::default());
-    host.metadata.annotations = Some(BTreeMap::from([(
-        annotations::HOST_NQN.to_string(),
-        HOST_B.to_string(),
-    )]));
-    host.spec.node_info.id = "node-b".into();
-    host.spec.kernel_lvm.name = "vg".into();
-    pools.create(&PostParams::default(), &host).await.unwrap();
+    consumer_pool(&client).await;
 
     let uuid = "5c2d3e4f-6a7b-4c8d-9e0f-1a2b3c4d5e6f";
-    let mut v = AntstorVolume::new(
-        "pvc-s",
-        AntstorVolumeSpec {
-            uuid: uuid.into(),
-            size_byte: 10 * MIB,
-            target_node_id: NODE.into(),
-            host_node: Some(NodeInfo {
-                id: "node-b".into(),
-                ..NodeInfo::default()
-            }),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some("pvc-s".into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
+    let v = remote_volume("pvc-s", uuid, 10 * MIB);
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     vols.create(&PostParams::default(), &v).await.unwrap();
     let v = eventually("the volume ready", Duration::from_secs(10), || async {

@@ -43,14 +43,6 @@ fn pattern(seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn killed_at_every_step_the_spdk_agent_converges_without_orphans_or_data_loss() {
     // The initiator's SPDK polls: keep it off the agent's core. The agent, started many
@@ -323,7 +315,7 @@ async fn scenario(pool: Pool) {
     server
         .write_kubeconfig(&dir.path().join("kubeconfig"))
         .unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let storage = match pool {
         Pool::Lvs => format!(
             "storage:\n  pooling: {{name: {LVS}, mode: SpdkLVStore}}\n  bdev: {{type: aioBdev, name: {BASE_AIO}, size: {}, filePath: {}, createIfNotExist: true}}\n",

@@ -9,69 +9,26 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{MIB, NODE, eventually, metric_value, prepare_cluster, scrape, start_spdk_agent};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use common::{
+    HOST_B, MIB, NODE, consumer_pool, eventually, metric_value, prepare_cluster, remote_volume,
+    scrape, start_spdk_agent, with_spdk,
+};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::stats::RuntimeSource;
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
-use liteio_api::keys::{annotations, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, keys};
+use liteio_agent::spdk::{bdev, initiator, io};
+use liteio_api::keys::finalizers;
+use liteio_api::{AntstorVolume, VolumeStatus, keys};
 use liteio_test_apiserver::TestApiServer;
 
-const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 const UUID: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 
 #[test]
 fn lvol_io_and_reactor_metrics() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-metrics".into(),
-        interrupt_mode: false,
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(90), scenario())
-            .await
-            .expect("timed out");
-    });
-    drop(rt);
-    spdk.stop();
-}
-
-fn volume() -> AntstorVolume {
-    let mut v = AntstorVolume::new(
-        "pvc-m",
-        AntstorVolumeSpec {
-            uuid: UUID.into(),
-            size_byte: 16 * MIB,
-            target_node_id: NODE.into(),
-            host_node: Some(NodeInfo {
-                id: "node-b".into(),
-                ..NodeInfo::default()
-            }),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    v.metadata = ObjectMeta {
-        name: Some("pvc-m".into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+    with_spdk("t3-metrics", true, Duration::from_secs(90), scenario());
 }
 
 async fn scenario() {
@@ -87,20 +44,15 @@ async fn scenario() {
     agent.ctx().metrics.add_source(Arc::new(RuntimeSource));
 
     // The consuming host publishes its NQN on its own pool object.
-    let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let mut host = StoragePool::new("node-b", Default::default());
-    host.metadata.annotations = Some(BTreeMap::from([(
-        annotations::HOST_NQN.to_string(),
-        HOST_B.to_string(),
-    )]));
-    host.spec.node_info.id = "node-b".into();
-    host.spec.kernel_lvm.name = "vg".into();
-    pools.create(&PostParams::default(), &host).await.unwrap();
+    consumer_pool(&client).await;
 
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    vols.create(&PostParams::default(), &volume())
-        .await
-        .unwrap();
+    vols.create(
+        &PostParams::default(),
+        &remote_volume("pvc-m", UUID, 16 * MIB),
+    )
+    .await
+    .unwrap();
     let v = eventually(
         "the volume ready and exported",
         Duration::from_secs(10),

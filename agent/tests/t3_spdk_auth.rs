@@ -6,10 +6,12 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use liteio_agent::spdk::nvmf::{self, HostKeys, SubsystemSpec, TcpTransportOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io, keyring};
+use liteio_agent::spdk::{bdev, initiator, io, keyring};
 use liteio_api::auth::{DhchapSecret, TlsPsk};
 
 const MIB: u64 = 1 << 20;
@@ -18,14 +20,6 @@ const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 const NQN_A: &str = "nqn.2021-03.com.alipay.ob:uuid:auth-a";
 const NQN_B: &str = "nqn.2021-03.com.alipay.ob:uuid:auth-b";
 const NQN_TLS: &str = "nqn.2021-03.com.alipay.ob:uuid:auth-tls";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -88,22 +82,7 @@ async fn refused(
 fn dhchap_and_tls_admit_only_the_right_host() {
     // SPDK 26.05's NVMe/TCP initiator refuses interrupt mode, so this test polls (one
     // reactor, one core, a few seconds).
-    let opts = SpdkOptions {
-        name: "t3-auth".into(),
-        interrupt_mode: false,
-        ..SpdkOptions::small()
-    };
-    let spdk = Spdk::start(&opts).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(180), scenario())
-            .await
-            .expect("scenario timed out");
-    });
-    spdk.stop();
+    common::with_spdk("t3-auth", true, Duration::from_secs(180), scenario());
 }
 
 async fn scenario() {
@@ -149,7 +128,7 @@ async fn scenario() {
         "an error shows a secret: {e}"
     );
 
-    let (port_a, port_b) = (free_port(), free_port());
+    let (port_a, port_b) = (common::free_port(), common::free_port());
     nvmf::create_subsystem(spec(
         NQN_A,
         "ma",
@@ -344,7 +323,7 @@ async fn scenario() {
     keyring::add_key("ini-t-wrong-psk", wrong_psk.expose())
         .await
         .unwrap();
-    let port_t = free_port();
+    let port_t = common::free_port();
     let tls_keys = HostKeys {
         psk: Some("tgt-t-psk".into()),
         ..keys("tgt-a-host-2", None)

@@ -4,6 +4,8 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,14 +21,6 @@ use liteio_api::SpdkLvol;
 const MIB: u64 = 1 << 20;
 const N: usize = 24;
 const HOST: &str = "nqn.2021-03.com.alipay.host:uuid:node-1";
-
-/// `N` + 8 consecutive ports that were free a moment ago.
-fn free_range() -> std::ops::RangeInclusive<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let p = l.local_addr().unwrap().port().min(60_000);
-    drop(l);
-    p..=p + N as u16 + 8
-}
 
 fn uuid(i: usize) -> String {
     format!("5a0c3e1d-0000-4000-8000-{i:012}")
@@ -53,7 +47,7 @@ fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
         .enable_all()
         .build()
         .unwrap();
-    let range = free_range();
+    let range = common::free_range(N as u16 + 8);
     let exp = Arc::new(SpdkExporter::new(
         "127.0.0.1",
         range.clone(),

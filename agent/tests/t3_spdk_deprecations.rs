@@ -6,6 +6,8 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use liteio_agent::exporter::{ExportRequest, Exporter, UnexportRequest};
@@ -34,13 +36,6 @@ const INSIDE_SPDK: &[&str] = &[
     "spdk_sock_group_add_sock_callbacks",
     "bdev_get_memory_domains",
 ];
-
-fn free_range() -> std::ops::RangeInclusive<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let p = l.local_addr().unwrap().port();
-    drop(l);
-    p..=p.saturating_add(3)
-}
 
 #[test]
 fn agent_calls_hit_no_spdk_deprecation() {
@@ -81,7 +76,7 @@ fn agent_calls_hit_no_spdk_deprecation() {
 }
 
 async fn scenario() {
-    let range = free_range();
+    let range = common::free_range(3);
     let port = *range.start();
     let exp = SpdkExporter::new("127.0.0.1", range, TcpTransportOptions::default());
     bdev::create_malloc("dm", 64 * MIB, 512).await.unwrap();

@@ -4,6 +4,8 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, UnexportRequest};
@@ -15,13 +17,6 @@ use liteio_api::{SpdkLvol, naming};
 const MIB: u64 = 1 << 20;
 const H1: &str = "nqn.2021-03.com.alipay.host:uuid:node-1";
 const H2: &str = "nqn.2021-03.com.alipay.host:uuid:node-2";
-
-fn free_range() -> std::ops::RangeInclusive<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let p = l.local_addr().unwrap().port();
-    drop(l);
-    p..=p.saturating_add(3)
-}
 
 #[test]
 fn exports_follow_liteio_naming_ports_and_allow_lists() {
@@ -36,7 +31,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
         .unwrap();
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(60), async {
-            let range = free_range();
+            let range = common::free_range(3);
             let exp = SpdkExporter::new("127.0.0.1", range.clone(), TcpTransportOptions::default());
             assert!(matches!(exp.health().await.unwrap(), ExporterHealth::Ok { version } if version.starts_with("v26.05")));
 

@@ -4,6 +4,8 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use liteio_agent::spdk::nvmf::{self, SubsystemSpec, TcpTransportOptions};
@@ -13,14 +15,6 @@ use liteio_api::naming;
 const MIB: u64 = 1 << 20;
 /// Slots: the discovery subsystem takes one, so three volumes fit.
 const SLOTS: u32 = 4;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn the_target_holds_as_many_subsystems_as_configured() {
@@ -55,7 +49,7 @@ async fn scenario() {
             bdev: format!("m{i}"),
             ns_uuid: uuid,
             address: "127.0.0.1".into(),
-            port: free_port(),
+            port: common::free_port(),
             hosts: Vec::new(),
             keys: Default::default(),
             secure_channel: false,

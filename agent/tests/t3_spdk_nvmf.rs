@@ -4,23 +4,17 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use liteio_agent::spdk::nvmf::{self, SubsystemSpec, TcpTransportOptions};
-use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, bdev, initiator, io, lvol};
+use liteio_agent::spdk::{ErrorKind, bdev, initiator, io, lvol};
 use liteio_api::naming;
 
 const MIB: u64 = 1 << 20;
 const GOOD_HOST: &str = "nqn.2021-03.com.alipay.host:uuid:node-good";
 const BAD_HOST: &str = "nqn.2021-03.com.alipay.host:uuid:node-bad";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -49,22 +43,7 @@ fn nvme_tcp_data_path_snapshots_resize_and_allow_list() {
     // SPDK 26.05's NVMe/TCP initiator refuses interrupt mode ("only supported with PCIe
     // transport"), so this one test polls: one reactor on one core for a few seconds. The
     // target itself runs in interrupt mode in every other test and in the agent.
-    let opts = SpdkOptions {
-        name: "t3-nvmf".into(),
-        interrupt_mode: false,
-        ..SpdkOptions::small()
-    };
-    let spdk = Spdk::start(&opts).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(120), scenario())
-            .await
-            .expect("scenario timed out");
-    });
-    spdk.stop();
+    common::with_spdk("t3-nvmf", true, Duration::from_secs(120), scenario());
 }
 
 async fn scenario() {
@@ -84,7 +63,7 @@ async fn scenario() {
         .await
         .unwrap();
 
-    let port = free_port();
+    let port = common::free_port();
     let spec = SubsystemSpec {
         nqn: naming::subsys_nqn(uuid),
         serial: naming::serial_number(uuid),

@@ -53,6 +53,79 @@ pub fn scheduled_volume(name: &str, uuid: &str, size: u64) -> liteio_api::Antsto
     v
 }
 
+/// A TCP port of 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `extra` + 1 consecutive ports starting at one that was free a moment ago (the start kept
+/// low enough that the range stays below 65535).
+pub fn free_range(extra: u16) -> std::ops::RangeInclusive<u16> {
+    let p = free_port().min(65_535 - extra);
+    p..=p + extra
+}
+
+/// Host NQN of `node-b`, the consuming node of [`remote_volume`].
+pub const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
+
+/// [`scheduled_volume`] consumed by `node-b`: the agent exports it for [`HOST_B`].
+pub fn remote_volume(name: &str, uuid: &str, size: u64) -> liteio_api::AntstorVolume {
+    let mut v = scheduled_volume(name, uuid, size);
+    v.spec.host_node = Some(liteio_api::NodeInfo {
+        id: "node-b".into(),
+        ..liteio_api::NodeInfo::default()
+    });
+    v
+}
+
+/// The consuming node's StoragePool, which publishes its host NQN ([`HOST_B`]) for the
+/// exports' allow-lists.
+pub async fn consumer_pool(client: &Client) {
+    use liteio_api::keys::annotations;
+    let pools: Api<liteio_api::StoragePool> =
+        Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let mut host = liteio_api::StoragePool::new("node-b", Default::default());
+    host.metadata.annotations = Some(BTreeMap::from([(
+        annotations::HOST_NQN.to_string(),
+        HOST_B.to_string(),
+    )]));
+    host.spec.node_info.id = "node-b".into();
+    host.spec.kernel_lvm.name = "vg".into();
+    pools.create(&PostParams::default(), &host).await.unwrap();
+}
+
+/// Runs `scenario` within `limit` on a two-thread runtime beside an SPDK runtime named
+/// `name` (`poll`: SPDK polls, as its NVMe/TCP initiator needs; else interrupt mode), and
+/// stops SPDK afterwards.
+#[cfg(feature = "spdk")]
+pub fn with_spdk<F: Future<Output = ()>>(name: &str, poll: bool, limit: Duration, scenario: F) {
+    use liteio_agent::spdk::{Spdk, SpdkOptions};
+    let mut opts = SpdkOptions {
+        name: name.into(),
+        ..SpdkOptions::small()
+    };
+    if poll {
+        opts.interrupt_mode = false;
+    }
+    let spdk = Spdk::start(&opts).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(limit, scenario)
+            .await
+            .unwrap_or_else(|_| panic!("{name} timed out after {limit:?}"));
+    });
+    drop(rt);
+    spdk.stop();
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, or panics after `within`.
 pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
 where
