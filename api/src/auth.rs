@@ -8,7 +8,9 @@
 //! [`DATA_DHCHAP_CTRL_KEY`] (the target proves itself with it: bidirectional authentication)
 //! and, optionally, [`DATA_TLS_PSK`]. kubelet hands the Secret to the CSI node in
 //! `NodeStageVolume` because the StorageClass names it in [`SC_PARAM_NODE_STAGE_SECRET_NAME`]
-//! and [`SC_PARAM_NODE_STAGE_SECRET_NAMESPACE`].
+//! and [`SC_PARAM_NODE_STAGE_SECRET_NAMESPACE`], and again to every `NodePublishVolume`
+//! (including kubelet's periodic republish) through [`SC_PARAM_NODE_PUBLISH_SECRET_NAME`] and
+//! [`SC_PARAM_NODE_PUBLISH_SECRET_NAMESPACE`], so that rotated keys reach connected hosts.
 //!
 //! Key material never leaves these types by accident: `Debug` and `Display` print
 //! `<redacted>`, and no error message contains a secret or any part of it. Only
@@ -33,6 +35,13 @@ pub const SC_PARAM_NODE_STAGE_SECRET_NAME: &str = "csi.storage.k8s.io/node-stage
 /// StorageClass parameter naming the namespace of that Secret.
 pub const SC_PARAM_NODE_STAGE_SECRET_NAMESPACE: &str =
     "csi.storage.k8s.io/node-stage-secret-namespace";
+/// StorageClass parameter that makes kubelet pass a Secret to `NodePublishVolume`, also to
+/// the periodic republish of a mounted volume (the CSIDriver's `requiresRepublish`): how the
+/// CSI node learns of rotated keys.
+pub const SC_PARAM_NODE_PUBLISH_SECRET_NAME: &str = "csi.storage.k8s.io/node-publish-secret-name";
+/// StorageClass parameter naming the namespace of the node-publish Secret.
+pub const SC_PARAM_NODE_PUBLISH_SECRET_NAMESPACE: &str =
+    "csi.storage.k8s.io/node-publish-secret-namespace";
 
 /// What `Debug` and `Display` print instead of key material.
 pub const REDACTED: &str = "<redacted>";

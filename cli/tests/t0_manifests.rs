@@ -636,6 +636,9 @@ fn storage_objects_match_liteio() {
     assert_eq!(d.spec.attach_required, Some(false));
     assert_eq!(d.spec.pod_info_on_mount, Some(true));
     assert_eq!(d.spec.fs_group_policy.as_deref(), Some("File"));
+    // kubelet republishes mounted volumes with the current node-publish Secret: how rotated
+    // keys reach a connected host.
+    assert_eq!(d.spec.requires_republish, Some(true));
     let mut names = Vec::new();
     for sc in &o.storage_classes {
         let name = sc.metadata.name.clone().unwrap();
@@ -654,22 +657,38 @@ fn storage_objects_match_liteio() {
         );
         let advice = params.get(liteio_api::keys::SC_PARAM_POSITION_ADVICE);
         // Classes whose volumes can be attached over NVMe/TCP pass the volume's
-        // authentication Secret to NodeStageVolume; must-local volumes never are.
-        let secret = params.get(liteio_api::auth::SC_PARAM_NODE_STAGE_SECRET_NAME);
-        let secret_ns = params.get(liteio_api::auth::SC_PARAM_NODE_STAGE_SECRET_NAMESPACE);
-        if name == "antstor-nvmf-mustlocal" {
-            assert_eq!((secret, secret_ns), (None, None), "{name}");
-        } else {
-            assert_eq!(
-                secret.map(String::as_str),
-                Some(format!("{}${{pv.name}}", liteio_api::naming::AUTH_SECRET_PREFIX).as_str()),
-                "{name}"
-            );
-            assert_eq!(
-                secret_ns.map(String::as_str),
-                Some(liteio_api::keys::DEFAULT_NAMESPACE),
-                "{name}"
-            );
+        // authentication Secret to NodeStageVolume (to connect) and to NodePublishVolume (to
+        // refresh rotated keys at each republish); must-local volumes never are.
+        for (what, name_param, ns_param) in [
+            (
+                "node-stage",
+                liteio_api::auth::SC_PARAM_NODE_STAGE_SECRET_NAME,
+                liteio_api::auth::SC_PARAM_NODE_STAGE_SECRET_NAMESPACE,
+            ),
+            (
+                "node-publish",
+                liteio_api::auth::SC_PARAM_NODE_PUBLISH_SECRET_NAME,
+                liteio_api::auth::SC_PARAM_NODE_PUBLISH_SECRET_NAMESPACE,
+            ),
+        ] {
+            let secret = params.get(name_param);
+            let secret_ns = params.get(ns_param);
+            if name == "antstor-nvmf-mustlocal" {
+                assert_eq!((secret, secret_ns), (None, None), "{name}: {what}");
+            } else {
+                assert_eq!(
+                    secret.map(String::as_str),
+                    Some(
+                        format!("{}${{pv.name}}", liteio_api::naming::AUTH_SECRET_PREFIX).as_str()
+                    ),
+                    "{name}: {name_param}"
+                );
+                assert_eq!(
+                    secret_ns.map(String::as_str),
+                    Some(liteio_api::keys::DEFAULT_NAMESPACE),
+                    "{name}: {ns_param}"
+                );
+            }
         }
         match name.as_str() {
             "antstor-nvmf" => assert_eq!(advice, None),

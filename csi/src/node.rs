@@ -11,7 +11,10 @@
 //!   kubelet passes the volume's Secret (`NodeStageVolumeRequest.secrets`, from the
 //!   StorageClass's `csi.storage.k8s.io/node-stage-secret-*` parameters), the connection uses
 //!   DH-HMAC-CHAP in both directions and is made through `/dev/nvme-fabrics`, so that no
-//!   secret is ever on a command line (see [`crate::nvme`]).
+//!   secret is ever on a command line (see [`crate::nvme`]). Keys rotated later reach the
+//!   connected controller at NodePublishVolume: the CSIDriver's `requiresRepublish` makes
+//!   kubelet call it about every minute with the current node-publish Secret, and changed
+//!   keys are written to the controller's sysfs attributes ([`Host::refresh_keys`]).
 //!
 //! Blocking work (commands, sysfs polling) runs on tokio's blocking pool.
 
@@ -85,12 +88,61 @@ pub fn attach_plan(vol: &AntstorVolume, node: &str) -> Result<Attach> {
 /// (the StorageClass names no node-stage Secret). Errors name the Secret data key and never
 /// contain its value.
 pub fn stage_keys(secrets: &HashMap<String, String>) -> Result<Option<VolumeKeys>> {
+    request_keys(secrets, "node-stage")
+}
+
+/// The keys kubelet passed in `NodePublishVolumeRequest.secrets` (also at each periodic
+/// republish): `None` when it passed none (the StorageClass names no node-publish Secret).
+/// Errors name the Secret data key and never contain its value.
+pub fn publish_keys(secrets: &HashMap<String, String>) -> Result<Option<VolumeKeys>> {
+    request_keys(secrets, "node-publish")
+}
+
+fn request_keys(secrets: &HashMap<String, String>, which: &str) -> Result<Option<VolumeKeys>> {
     if secrets.is_empty() {
         return Ok(None);
     }
     VolumeKeys::from_string_map(secrets)
         .map(Some)
-        .map_err(|e| CsiError::invalid("secrets", format!("{e} (in the node-stage Secret)")))
+        .map_err(|e| CsiError::invalid("secrets", format!("{e} (in the {which} Secret)")))
+}
+
+/// What [`Host::refresh_keys`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRefresh {
+    /// The volume has no NVMe/TCP controller on this node (a local device, or not connected).
+    NotConnected,
+    /// The controller holds these keys already: nothing was written.
+    Unchanged {
+        /// Controller name (`nvme3`).
+        controller: String,
+    },
+    /// New keys were written; the kernel re-authenticates the controller with them.
+    Written {
+        /// Controller name (`nvme3`).
+        controller: String,
+        /// The sysfs attributes written ([`nvme::ATTR_DHCHAP_SECRET`], …).
+        attributes: Vec<&'static str>,
+    },
+}
+
+/// Logs the outcome of a key refresh of `volume` at NodePublishVolume. A failure is a
+/// warning, not a failed publish: the volume stays usable over its current connection, and
+/// kubelet's next republish tries again. Nothing logged holds a secret: errors name Secret
+/// data keys and sysfs attributes only.
+pub fn report_key_refresh(volume: &str, outcome: &Result<KeyRefresh>) {
+    match outcome {
+        Ok(KeyRefresh::NotConnected | KeyRefresh::Unchanged { .. }) => {}
+        Ok(KeyRefresh::Written {
+            controller,
+            attributes,
+        }) => {
+            info!(volume, controller = %controller, attributes = %attributes.join(","), "gave the volume's current DH-HMAC-CHAP keys to its NVMe controller; the kernel re-authenticates with them");
+        }
+        Err(e) => {
+            warn!(volume, kind = e.kind().as_str(), error = %e.chain(), "cannot give the volume's current DH-HMAC-CHAP keys to its NVMe controller; it keeps working with its old keys until a reconnect, and the next republish tries again");
+        }
+    }
 }
 
 /// Blocking host operations; cloned into `spawn_blocking`.
@@ -216,6 +268,34 @@ impl Host {
                     })
             }
         }
+    }
+
+    /// Gives `keys` to the NVMe/TCP controller of a connected volume (see
+    /// [`nvme::refresh_keys`]): at each NodePublishVolume, including kubelet's periodic
+    /// republish, so that keys rotated since NodeStageVolume are used at the next reconnect.
+    /// Cheap and idempotent: nothing is written when the controller holds these keys.
+    /// Local volumes and volumes without a controller on this node: nothing to do.
+    pub fn refresh_keys(&self, plan: &Attach, keys: &VolumeKeys) -> Result<KeyRefresh> {
+        let Attach::Nvme(t) = plan else {
+            return Ok(KeyRefresh::NotConnected);
+        };
+        if t.sn.is_empty() {
+            return Ok(KeyRefresh::NotConnected);
+        }
+        let Some(found) = nvme::find_by_serial(&self.cfg.sysfs_root, &t.sn) else {
+            return Ok(KeyRefresh::NotConnected);
+        };
+        let attributes = nvme::refresh_keys(&self.cfg.sysfs_root, &found.controller, keys)?;
+        Ok(if attributes.is_empty() {
+            KeyRefresh::Unchanged {
+                controller: found.controller,
+            }
+        } else {
+            KeyRefresh::Written {
+                controller: found.controller,
+                attributes,
+            }
+        })
     }
 
     /// `losetup -d dev`, then waits until the kernel has let it go: a device still open
@@ -547,6 +627,35 @@ impl NodeService {
         }
     }
 
+    /// Gives the keys of the node-publish Secret to the volume's NVMe/TCP controller when
+    /// they changed (a rotation since NodeStageVolume). Never fails the publish: a failure
+    /// is logged as a warning and retried at kubelet's next republish, because the volume is
+    /// mounted and working and a failed NodePublishVolume would report the pod's volume as
+    /// failing for a problem that only matters at the next reconnect.
+    async fn refresh_keys(
+        &self,
+        vol: &AntstorVolume,
+        plan: &Attach,
+        req: &NodePublishVolumeRequest,
+    ) {
+        if !matches!(plan, Attach::Nvme(_)) || req.secrets.is_empty() {
+            return;
+        }
+        let name = vol.name_any();
+        let keys = match publish_keys(&req.secrets) {
+            Ok(Some(keys)) => keys,
+            Ok(None) => return,
+            Err(e) => {
+                report_key_refresh(&name, &Err(e));
+                return;
+            }
+        };
+        let host = self.host.clone();
+        let plan = plan.clone();
+        let outcome = blocking(move || host.refresh_keys(&plan, &keys)).await;
+        report_key_refresh(&name, &outcome);
+    }
+
     async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<()> {
         let id = require("volume_id", &req.volume_id)?;
         let target = PathBuf::from(require("target_path", &req.target_path)?);
@@ -559,6 +668,7 @@ impl NodeService {
         let _g = self.inflight.claim(&format!("volume {id}"))?;
         let vol = self.find_volume(id).await?;
         let plan = attach_plan(&vol, &self.cfg.node_id)?;
+        self.refresh_keys(&vol, &plan, req).await;
         let host = self.host.clone();
         let readonly = req.readonly;
         let t = target.clone();
@@ -1142,6 +1252,172 @@ mod tests {
             e.to_string(),
             "secrets: dhchapCtrlKey: is missing (in the node-stage Secret)"
         );
+    }
+
+    /// Collects what `tracing` writes while a test runs.
+    #[derive(Clone, Default)]
+    struct LogBuf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for LogBuf {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(f: impl FnOnce()) -> String {
+        let buf = LogBuf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(sub, f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Asserts that `text` holds no 8-character piece of the keys' base64 parts.
+    fn assert_no_key(text: &str, k: &VolumeKeys) {
+        for s in [k.host.expose(), k.ctrl.expose()] {
+            for c in s.as_bytes()["DHHC-1:00:".len()..].chunks(8) {
+                let c = String::from_utf8_lossy(c);
+                assert!(
+                    c.len() < 8 || !text.contains(c.as_ref()),
+                    "{text} holds {c}"
+                );
+            }
+        }
+    }
+
+    fn secrets_of(keys: &VolumeKeys) -> HashMap<String, String> {
+        keys.to_secret_data()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn republished_keys_reach_the_connected_controller_once() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = cfg(d.path());
+        let vol = nvme_volume("node-2");
+        let plan = attach_plan(&vol, "node-1").unwrap();
+        let host = Host::new(Arc::clone(&cfg), Arc::new(ScriptedRunner::new()));
+        let k1 = VolumeKeys::generate(false).unwrap();
+        // Not connected on this node yet: nothing to do.
+        assert_eq!(
+            host.refresh_keys(&plan, &k1).unwrap(),
+            KeyRefresh::NotConnected
+        );
+        // Connected with k1 (what the kernel shows after an authenticated connect).
+        let c = cfg.sysfs_root.join("class/nvme/nvme3");
+        fs::create_dir_all(c.join("nvme3n1")).unwrap();
+        let sn = &vol.spec.spdk_target.as_ref().unwrap().sn;
+        fs::write(c.join("serial"), format!("{sn}  \n")).unwrap();
+        fs::write(c.join("dhchap_secret"), format!("{}\n", k1.host.expose())).unwrap();
+        fs::write(
+            c.join("dhchap_ctrl_secret"),
+            format!("{}\n", k1.ctrl.expose()),
+        )
+        .unwrap();
+        assert_eq!(
+            host.refresh_keys(&plan, &k1).unwrap(),
+            KeyRefresh::Unchanged {
+                controller: "nvme3".into()
+            }
+        );
+        // Rotated: written once, then unchanged.
+        let k2 = VolumeKeys::generate(false).unwrap();
+        let written = host.refresh_keys(&plan, &k2);
+        assert_eq!(
+            written.as_ref().unwrap(),
+            &KeyRefresh::Written {
+                controller: "nvme3".into(),
+                attributes: vec![nvme::ATTR_DHCHAP_SECRET, nvme::ATTR_DHCHAP_CTRL_SECRET],
+            }
+        );
+        assert_eq!(
+            fs::read_to_string(c.join("dhchap_secret")).unwrap(),
+            k2.host.expose()
+        );
+        assert_eq!(
+            fs::read_to_string(c.join("dhchap_ctrl_secret")).unwrap(),
+            k2.ctrl.expose()
+        );
+        let log = logged(|| report_key_refresh("pvc-1", &written));
+        assert!(log.contains("INFO"), "{log}");
+        assert!(log.contains("volume=\"pvc-1\""), "{log}");
+        assert!(log.contains("controller=nvme3"), "{log}");
+        assert!(
+            log.contains("attributes=dhchap_secret,dhchap_ctrl_secret"),
+            "{log}"
+        );
+        assert_no_key(&log, &k1);
+        assert_no_key(&log, &k2);
+        let again = host.refresh_keys(&plan, &k2);
+        assert_eq!(
+            again.as_ref().unwrap(),
+            &KeyRefresh::Unchanged {
+                controller: "nvme3".into()
+            }
+        );
+        // Nothing changed: nothing to say at every republish.
+        assert_eq!(logged(|| report_key_refresh("pvc-1", &again)), "");
+        // A local volume has no controller to refresh.
+        let local = Attach::Local(d.path().join("dev-x"));
+        assert_eq!(
+            host.refresh_keys(&local, &k2).unwrap(),
+            KeyRefresh::NotConnected
+        );
+    }
+
+    #[test]
+    fn a_failed_refresh_is_a_warning_that_names_the_attribute_and_volume() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = cfg(d.path());
+        let vol = nvme_volume("node-2");
+        let plan = attach_plan(&vol, "node-1").unwrap();
+        let host = Host::new(Arc::clone(&cfg), Arc::new(ScriptedRunner::new()));
+        // An old kernel: the controller has no dhchap attributes.
+        let c = cfg.sysfs_root.join("class/nvme/nvme3");
+        fs::create_dir_all(&c).unwrap();
+        let sn = &vol.spec.spdk_target.as_ref().unwrap().sn;
+        fs::write(c.join("serial"), format!("{sn}\n")).unwrap();
+        let k = VolumeKeys::generate(false).unwrap();
+        let outcome = host.refresh_keys(&plan, &k);
+        let log = logged(|| report_key_refresh("pvc-1", &outcome));
+        assert!(log.contains("WARN"), "{log}");
+        assert!(log.contains("volume=\"pvc-1\""), "{log}");
+        assert!(
+            log.contains(&format!(
+                "{}: does not exist",
+                c.join("dhchap_secret").display()
+            )),
+            "{log}"
+        );
+        assert!(log.contains("CONFIG_NVME_HOST_AUTH"), "{log}");
+        assert!(log.contains("the next republish tries again"), "{log}");
+        assert_no_key(&log, &k);
+        // A bad node-publish Secret: named by data key, also only a warning.
+        let mut secrets = secrets_of(&k);
+        let mut bad = k.ctrl.expose().to_string();
+        bad.truncate(20);
+        secrets.insert("dhchapCtrlKey".into(), bad.clone());
+        let e = publish_keys(&secrets).unwrap_err();
+        assert!(e.to_string().starts_with("secrets: dhchapCtrlKey: "), "{e}");
+        assert!(
+            e.to_string().ends_with("(in the node-publish Secret)"),
+            "{e}"
+        );
+        let log = logged(|| report_key_refresh("pvc-1", &Err(e)));
+        assert!(log.contains("WARN"), "{log}");
+        assert!(!log.contains(&bad["DHHC-1:00:".len()..]), "{log}");
+        assert_no_key(&log, &k);
+        assert_eq!(publish_keys(&HashMap::new()).unwrap(), None);
+        assert_eq!(publish_keys(&secrets_of(&k)).unwrap(), Some(k));
     }
 
     #[test]

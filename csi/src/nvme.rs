@@ -445,6 +445,114 @@ pub fn dev_path(name: &str) -> PathBuf {
     Path::new("/dev").join(name)
 }
 
+/// The controller attribute (`<sysfs>/class/nvme/nvmeX/…`) holding the host's DH-HMAC-CHAP
+/// secret.
+pub const ATTR_DHCHAP_SECRET: &str = "dhchap_secret";
+/// The controller attribute holding the secret the target proves itself with.
+pub const ATTR_DHCHAP_CTRL_SECRET: &str = "dhchap_ctrl_secret";
+
+/// What the kernel shows in a secret attribute of a controller connected without one.
+const NO_SECRET: &str = "none";
+
+/// A secret attribute's content as read, wiped on drop; never printed.
+struct AttrContent(Vec<u8>);
+
+impl Drop for AttrContent {
+    fn drop(&mut self) {
+        self.0.iter_mut().for_each(|b| *b = 0);
+        std::hint::black_box(&self.0);
+    }
+}
+
+/// Gives `keys` to the live controller `controller` through its sysfs attributes
+/// [`ATTR_DHCHAP_SECRET`] (`keys.host`) and [`ATTR_DHCHAP_CTRL_SECRET`] (`keys.ctrl`), writing
+/// only those whose content differs. Returns the attributes written, in that order: empty
+/// when the controller holds these keys already.
+///
+/// How the kernel behaves (Linux 6.0+, `drivers/nvme/host/sysfs.c`, formerly `core.c`):
+/// - reading an attribute shows the secret the controller uses, as given (not masked), or
+///   `none` when it was connected without one;
+/// - a write of a `DHHC-1:` secret replaces it and *always* queues a re-authentication, even
+///   when the secret is the same; the next reconnect uses the new secret too;
+/// - a write to a controller connected without a secret fails with EINVAL.
+///
+/// So the attribute itself is the record of what the controller holds: comparing with it is
+/// right after a restart of this driver, after a reconnect or a new controller with the same
+/// name, and costs two small reads, while writing unconditionally would re-authenticate every
+/// volume at every republish. The content read is compared without stopping at the first
+/// difference, wiped after use and never logged. A content that is not a DH-HMAC-CHAP secret
+/// (a kernel that masks it) counts as different: the key is written, and the kernel
+/// re-authenticates with the key it already had when nothing changed.
+///
+/// Errors name the attribute's path, never a value: a missing attribute means a kernel
+/// without NVMe in-band authentication; `none` means a controller connected without keys.
+/// The attribute written first stays written when the second fails; a later call writes only
+/// what still differs.
+pub fn refresh_keys(
+    sysfs: &Path,
+    controller: &str,
+    keys: &VolumeKeys,
+) -> Result<Vec<&'static str>> {
+    let dir = sysfs.join("class/nvme").join(controller);
+    let mut written = Vec::new();
+    for (attr, secret) in [
+        (ATTR_DHCHAP_SECRET, &keys.host),
+        (ATTR_DHCHAP_CTRL_SECRET, &keys.ctrl),
+    ] {
+        let path = dir.join(attr);
+        let content = match std::fs::read(&path) {
+            Ok(bytes) => AttrContent(bytes),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{}: does not exist; this kernel cannot change the DH-HMAC-CHAP keys of a \
+                     connected controller (NVMe in-band authentication needs Linux 6.0 or later \
+                     built with CONFIG_NVME_HOST_AUTH)",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(CsiError::io(format!("read {}", path.display()), e)),
+        };
+        let current = std::str::from_utf8(&content.0).unwrap_or_default().trim();
+        if current == NO_SECRET {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{}: reads {NO_SECRET}: controller {controller} was connected without \
+                 DH-HMAC-CHAP, so the kernel takes no new key; the keys apply when the volume \
+                 is staged again",
+                path.display()
+            )));
+        }
+        let same = auth::DhchapSecret::parse(attr, current).is_ok_and(|held| held == *secret);
+        if same {
+            continue;
+        }
+        write_attr(&path, secret.expose())?;
+        written.push(attr);
+    }
+    Ok(written)
+}
+
+/// One write of `value` (no newline: the kernel keeps every byte it is given) to the sysfs
+/// attribute `path`, which must exist. Errors name the path, not the value.
+fn write_attr(path: &Path, value: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| CsiError::io(format!("open {} for writing", path.display()), e))?;
+    let bytes = value.as_bytes();
+    let n = f
+        .write(bytes)
+        .map_err(|e| CsiError::io(format!("write {}", path.display()), e))?;
+    if n != bytes.len() {
+        return Err(CsiError::Internal(format!(
+            "write {}: the kernel took {n} of {} bytes",
+            path.display(),
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -783,5 +891,163 @@ mod tests {
         assert!(!is_ns_name("nvme0"));
         assert!(is_path_name("nvme0c1n1"));
         assert!(!is_path_name("nvme0n1"));
+    }
+
+    /// A controller `nvme3` in a fake sysfs whose secret attributes show `host` and `ctrl`
+    /// the way the kernel does (`<secret>\n`, or `none\n`); returns its directory.
+    fn auth_ctrl(root: &Path, host: &str, ctrl_secret: &str) -> PathBuf {
+        ctrl(root, "nvme3", "SN3", "nqn.a", &["nvme3n1"]);
+        let d = root.join("class/nvme/nvme3");
+        fs::write(d.join(ATTR_DHCHAP_SECRET), format!("{host}\n")).unwrap();
+        fs::write(d.join(ATTR_DHCHAP_CTRL_SECRET), format!("{ctrl_secret}\n")).unwrap();
+        d
+    }
+
+    /// Sets the modification time of every secret attribute to a fixed past instant, so that
+    /// a later write shows.
+    fn age(dir: &Path) -> std::time::SystemTime {
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        for a in [ATTR_DHCHAP_SECRET, ATTR_DHCHAP_CTRL_SECRET] {
+            fs::File::options()
+                .write(true)
+                .open(dir.join(a))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        old
+    }
+
+    fn mtime(p: &Path) -> std::time::SystemTime {
+        fs::metadata(p).unwrap().modified().unwrap()
+    }
+
+    #[test]
+    fn refresh_keys_writes_only_what_changed() {
+        let d = tempfile::tempdir().unwrap();
+        let k1 = keys();
+        let dir = auth_ctrl(d.path(), k1.host.expose(), k1.ctrl.expose());
+        // The keys the controller was connected with: nothing to write.
+        let old = age(&dir);
+        assert!(refresh_keys(d.path(), "nvme3", &k1).unwrap().is_empty());
+        assert_eq!(mtime(&dir.join(ATTR_DHCHAP_SECRET)), old);
+        assert_eq!(mtime(&dir.join(ATTR_DHCHAP_CTRL_SECRET)), old);
+        // Rotated keys: both attributes get the new secret, as is (no newline).
+        let k2 = keys();
+        assert_eq!(
+            refresh_keys(d.path(), "nvme3", &k2).unwrap(),
+            vec![ATTR_DHCHAP_SECRET, ATTR_DHCHAP_CTRL_SECRET]
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join(ATTR_DHCHAP_SECRET)).unwrap(),
+            k2.host.expose()
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join(ATTR_DHCHAP_CTRL_SECRET)).unwrap(),
+            k2.ctrl.expose()
+        );
+        // The next republish with the same keys writes nothing.
+        let old = age(&dir);
+        assert!(refresh_keys(d.path(), "nvme3", &k2).unwrap().is_empty());
+        assert_eq!(mtime(&dir.join(ATTR_DHCHAP_SECRET)), old);
+        assert_eq!(mtime(&dir.join(ATTR_DHCHAP_CTRL_SECRET)), old);
+        // Only the controller key changed: only its attribute is written.
+        let k3 = VolumeKeys {
+            ctrl: k1.ctrl.clone(),
+            ..k2.clone()
+        };
+        assert_eq!(
+            refresh_keys(d.path(), "nvme3", &k3).unwrap(),
+            vec![ATTR_DHCHAP_CTRL_SECRET]
+        );
+        assert_eq!(mtime(&dir.join(ATTR_DHCHAP_SECRET)), old);
+        assert_ne!(mtime(&dir.join(ATTR_DHCHAP_CTRL_SECRET)), old);
+        assert_eq!(
+            fs::read_to_string(dir.join(ATTR_DHCHAP_CTRL_SECRET)).unwrap(),
+            k1.ctrl.expose()
+        );
+    }
+
+    #[test]
+    fn refresh_keys_writes_over_a_content_that_is_no_secret() {
+        // A kernel that masked the secret would show something else: write, never skip.
+        let d = tempfile::tempdir().unwrap();
+        let k = keys();
+        let dir = auth_ctrl(d.path(), "********", "DHHC-1:00:garbage:");
+        assert_eq!(
+            refresh_keys(d.path(), "nvme3", &k).unwrap(),
+            vec![ATTR_DHCHAP_SECRET, ATTR_DHCHAP_CTRL_SECRET]
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join(ATTR_DHCHAP_SECRET)).unwrap(),
+            k.host.expose()
+        );
+    }
+
+    #[test]
+    fn refresh_keys_errors_name_the_attribute_and_hold_no_secret() {
+        let d = tempfile::tempdir().unwrap();
+        let k = keys();
+        // A kernel without in-band authentication has no such attribute.
+        ctrl(d.path(), "nvme3", "SN3", "nqn.a", &["nvme3n1"]);
+        let e = refresh_keys(d.path(), "nvme3", &k).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::FailedPrecondition);
+        let msg = e.chain();
+        assert!(
+            msg.starts_with(&format!(
+                "{}: does not exist",
+                d.path().join("class/nvme/nvme3/dhchap_secret").display()
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains("CONFIG_NVME_HOST_AUTH"), "{msg}");
+        assert!(msg.contains("Linux 6.0"), "{msg}");
+        assert!(
+            !d.path().join("class/nvme/nvme3/dhchap_secret").exists(),
+            "a missing attribute must not be created"
+        );
+        assert_no_secret(&msg, &k);
+        // A controller connected without keys shows `none`: nothing is written.
+        let dir = auth_ctrl(d.path(), NO_SECRET, NO_SECRET);
+        let e = refresh_keys(d.path(), "nvme3", &k).unwrap_err();
+        let msg = e.chain();
+        assert!(
+            msg.starts_with(&format!(
+                "{}: reads none",
+                dir.join(ATTR_DHCHAP_SECRET).display()
+            )),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("nvme3 was connected without DH-HMAC-CHAP"),
+            "{msg}"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join(ATTR_DHCHAP_SECRET)).unwrap(),
+            "none\n"
+        );
+        assert_no_secret(&msg, &k);
+        // An attribute that cannot be read.
+        let other = keys();
+        auth_ctrl(d.path(), other.host.expose(), other.ctrl.expose());
+        fs::remove_file(dir.join(ATTR_DHCHAP_CTRL_SECRET)).unwrap();
+        fs::create_dir(dir.join(ATTR_DHCHAP_CTRL_SECRET)).unwrap();
+        let e = refresh_keys(d.path(), "nvme3", &k).unwrap_err();
+        let msg = e.chain();
+        assert!(
+            msg.starts_with(&format!(
+                "read {}: ",
+                dir.join(ATTR_DHCHAP_CTRL_SECRET).display()
+            )),
+            "{msg}"
+        );
+        assert_no_secret(&msg, &k);
+        assert_no_secret(&msg, &other);
+        assert_no_secret(&format!("{e:?}"), &k);
+        // The host key was written before the failure; a retry writes only what differs.
+        assert_eq!(
+            fs::read_to_string(dir.join(ATTR_DHCHAP_SECRET)).unwrap(),
+            k.host.expose()
+        );
     }
 }

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 
 use common::{NODE, NS, bounded, start};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use liteio_api::auth::VolumeKeys;
 use liteio_api::keys::labels;
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, KernelLvol, VolumeType};
+use liteio_api::{AntstorVolume, AntstorVolumeSpec, KernelLvol, SpdkTarget, VolumeType, naming};
 use liteio_csi::csi::volume_capability::access_mode::Mode;
 use liteio_csi::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use liteio_csi::csi::*;
@@ -502,6 +503,153 @@ async fn node_bad_requests_and_info() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+        env.stop().await;
+    })
+    .await;
+}
+
+/// A volume exported over NVMe/TCP by node-2, as the agent leaves it.
+async fn nvme_volume(api: &Api<AntstorVolume>, name: &str, uuid: &str) -> SpdkTarget {
+    let t = SpdkTarget {
+        subsys_nqn: naming::subsys_nqn(uuid),
+        svc_id: "4421".into(),
+        sn: naming::serial_number(uuid),
+        trans_type: "TCP".into(),
+        address: "10.0.0.9".into(),
+        ..SpdkTarget::default()
+    };
+    let mut v = AntstorVolume::new(name, AntstorVolumeSpec::default());
+    v.metadata.namespace = Some(NS.into());
+    v.metadata.labels = Some(BTreeMap::from([(
+        labels::VOL_UUID.to_string(),
+        uuid.to_string(),
+    )]));
+    v.spec.uuid = uuid.into();
+    v.spec.size_byte = 64 << 20;
+    v.spec.target_node_id = "node-2".into();
+    v.spec.spdk_target = Some(t.clone());
+    api.create(&PostParams::default(), &v).await.unwrap();
+    t
+}
+
+fn secrets(k: &VolumeKeys) -> std::collections::HashMap<String, String> {
+    k.to_secret_data()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+        .collect()
+}
+
+/// kubelet's periodic republish (requiresRepublish) of a mounted NVMe/TCP volume with the
+/// node-publish Secret: rotated keys reach the controller's sysfs attributes once, an
+/// unchanged Secret writes nothing, and neither a bad Secret nor an old kernel fails the
+/// publish. The kernel is a fake sysfs tree and the mounts a fake mount table, so this
+/// runs without root.
+#[tokio::test]
+async fn republish_gives_rotated_keys_to_the_connected_controller() {
+    bounded(async {
+        let mut env = start(false, true, |c| {
+            c.mountinfo_path = c.sysfs_root.with_file_name("mountinfo");
+        })
+        .await;
+        let dir = env.dir.path().to_path_buf();
+        let t = nvme_volume(&env.volumes(), "pvc-r", "r-1").await;
+        let local_file = file_volume(&env.volumes(), &dir, "pvc-l", UUID, 4 << 20, "xfs").await;
+        let staging = dir.join("staging/pvc-r");
+        let target = dir.join("pods/p1/volumes/pvc-r");
+        let local_target = dir.join("pods/p2/volumes/pvc-l");
+        std::fs::write(
+            dir.join("mountinfo"),
+            format!(
+                "100 1 259:3 / {} rw,relatime - xfs /dev/nvme3n1 rw\n\
+                 101 1 7:0 / {} rw,relatime - xfs /dev/loop0 rw\n",
+                target.display(),
+                local_target.display()
+            ),
+        )
+        .unwrap();
+        // The controller NodeStageVolume connected with k1.
+        let k1 = VolumeKeys::generate(false).unwrap();
+        let c = dir.join("sys/class/nvme/nvme3");
+        std::fs::create_dir_all(c.join("nvme3n1")).unwrap();
+        std::fs::write(c.join("serial"), format!("{}    \n", t.sn)).unwrap();
+        let host_attr = c.join("dhchap_secret");
+        let ctrl_attr = c.join("dhchap_ctrl_secret");
+        std::fs::write(&host_attr, format!("{}\n", k1.host.expose())).unwrap();
+        std::fs::write(&ctrl_attr, format!("{}\n", k1.ctrl.expose())).unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let age = || {
+            for p in [&host_attr, &ctrl_attr] {
+                std::fs::File::options()
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+                    .set_modified(old)
+                    .unwrap();
+            }
+        };
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        let republish = |keys: &std::collections::HashMap<String, String>| {
+            let mut r = publish_req("r-1", &staging, &target, mount_cap(""));
+            r.secrets = keys.clone();
+            r
+        };
+        let n = &mut env.csi.node;
+
+        // The Secret as staged: nothing to write.
+        age();
+        n.node_publish_volume(republish(&secrets(&k1)))
+            .await
+            .unwrap();
+        assert_eq!(mtime(&host_attr), old);
+        assert_eq!(mtime(&ctrl_attr), old);
+        // kubectl liteio rotate-keys: the next republish hands k2 to the controller.
+        let k2 = VolumeKeys::generate(false).unwrap();
+        n.node_publish_volume(republish(&secrets(&k2)))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&host_attr).unwrap(),
+            k2.host.expose()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&ctrl_attr).unwrap(),
+            k2.ctrl.expose()
+        );
+        // And the one after writes nothing.
+        age();
+        n.node_publish_volume(republish(&secrets(&k2)))
+            .await
+            .unwrap();
+        assert_eq!(mtime(&host_attr), old);
+        assert_eq!(mtime(&ctrl_attr), old);
+        // No Secret (a class without node-publish parameters): nothing written.
+        n.node_publish_volume(republish(&Default::default()))
+            .await
+            .unwrap();
+        assert_eq!(mtime(&host_attr), old);
+        // A broken Secret is a warning, not a failed publish, and changes nothing.
+        let mut bad = secrets(&k1);
+        bad.remove("dhchapKey");
+        n.node_publish_volume(republish(&bad)).await.unwrap();
+        assert_eq!(mtime(&host_attr), old);
+        // An old kernel (no dhchap attributes): still published.
+        std::fs::remove_file(&host_attr).unwrap();
+        std::fs::remove_file(&ctrl_attr).unwrap();
+        n.node_publish_volume(republish(&secrets(&k1)))
+            .await
+            .unwrap();
+        assert!(!host_attr.exists() && !ctrl_attr.exists());
+        // A local volume has no controller: its keys are not written anywhere.
+        let mut r = publish_req(
+            UUID,
+            &dir.join("staging/pvc-l"),
+            &local_target,
+            mount_cap(""),
+        );
+        r.secrets = secrets(&k2);
+        n.node_publish_volume(r).await.unwrap();
+        assert!(!host_attr.exists());
+        assert!(local_file.exists());
         env.stop().await;
     })
     .await;
