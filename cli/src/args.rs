@@ -67,9 +67,10 @@ pub enum Command {
     /// Replace the DH-HMAC-CHAP keys of a volume, or of every volume a node stores or
     /// consumes. The new keys go into the volume's Secret (liteio-auth-<pv name>) and the
     /// disk-agent applies them to the live export: connected hosts stay connected, and any
-    /// new connection needs the new keys. A kernel host gets the new keys with its next
-    /// NodeStageVolume (the pod's next start on a node); until then a reconnect of its
-    /// current connection is refused. A TLS PSK is kept (SPDK cannot change it live).
+    /// new connection needs the new keys. A kernel host gets them at kubelet's next
+    /// republish of the volume (about a minute; the CSI node hands them to the live
+    /// controller); a reconnect before that is refused. A TLS PSK is kept (SPDK cannot
+    /// change it live).
     #[command(name = "rotate-keys")]
     RotateKeys {
         /// Volume name (the AntstorVolume / PV name).
