@@ -19,41 +19,10 @@ use liteio_agent::engine::blkstat::parse_stat;
 use liteio_agent::engine::lvm::report::{parse_lvs, parse_vgs};
 use liteio_agent::engine::parse_losetup_j;
 use liteio_agent::metrics::parse_task_stat;
+use liteio_tests::prop::check;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use serde_json::{Map, Value};
-
-const CASES: u32 = 256;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
-
-fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = PtConfig {
-        cases: cases(),
-        failure_persistence: None,
-        ..PtConfig::default()
-    };
-    let ran = std::sync::atomic::AtomicU32::new(0);
-    let result = TestRunner::new(config).run(&strategy, |v| {
-        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        test(v)
-    });
-    println!(
-        "property {name}: {} cases",
-        ran.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    if let Err(e) = result {
-        panic!("property {name} failed: {e}");
-    }
-}
 
 fn fixture(name: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))

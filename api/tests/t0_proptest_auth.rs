@@ -16,43 +16,9 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use liteio_api::auth::{AuthError, DhchapSecret, TlsPsk, crc32};
+use liteio_tests::prop::check;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-
-const CASES: u32 = 256;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
-
-/// Runs `test` on `cases()` values of `strategy`, prints how many ran, fails on the first
-/// failure or panic.
-fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let ran = std::sync::atomic::AtomicU32::new(0);
-    let mut runner = TestRunner::new(config);
-    let result = runner.run(&strategy, |v| {
-        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        test(v)
-    });
-    println!(
-        "property {name}: {} cases",
-        ran.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    if let Err(e) = result {
-        panic!("property {name} failed: {e}");
-    }
-}
+use proptest::test_runner::TestCaseError;
 
 /// A string near one of the two formats.
 fn near_format() -> impl Strategy<Value = String> {

@@ -21,46 +21,12 @@ use liteio_api::{
     AntstorDataControl, AntstorSnapshot, AntstorVolume, AntstorVolumeGroup, StoragePool,
     VolumeMigration,
 };
+use liteio_tests::prop::check;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-
-const CASES: u32 = 256;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
-
-/// Runs `test` on `cases()` values of `strategy`, prints how many ran, fails on the first
-/// failure or panic (proptest turns a panic into a failure and shrinks it).
-fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let ran = std::sync::atomic::AtomicU32::new(0);
-    let mut runner = TestRunner::new(config);
-    let result = runner.run(&strategy, |v| {
-        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        test(v)
-    });
-    println!(
-        "property {name}: {} cases",
-        ran.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    if let Err(e) = result {
-        panic!("property {name} failed: {e}");
-    }
-}
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));

@@ -17,17 +17,10 @@ use kube::api::{Api, ListParams, PostParams};
 use liteio_api::StoragePool;
 use liteio_cli::{Cli, ErrorKind, run_at};
 use liteio_test_apiserver::TestApiServer;
+use liteio_tests::prop::{cases, runner};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, TestRunner};
 
 const CASES: u32 = 128;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
 
 fn nasty() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -73,14 +66,9 @@ async fn commands_with_arbitrary_names_answer_or_refuse() {
         ]);
         let output = prop::sample::select(vec!["table", "json", "yaml"]);
         let strategy = (verb, nasty(), nasty(), output);
-        let config = PtConfig {
-            cases: cases(),
-            failure_persistence: None,
-            ..PtConfig::default()
-        };
         let ran = std::sync::atomic::AtomicU32::new(0);
         let result = tokio::task::block_in_place(|| {
-            TestRunner::new(config).run(&strategy, |(verb, name, namespace, output)| {
+            runner(cases(CASES)).run(&strategy, |(verb, name, namespace, output)| {
                 ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut argv: Vec<String> = vec!["kubectl-liteio".into()];
                 argv.extend(verb.split(' ').map(str::to_string));

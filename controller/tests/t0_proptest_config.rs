@@ -12,41 +12,10 @@
 
 use liteio_controller::Error;
 use liteio_controller::config::{Config, parse_duration};
+use liteio_tests::prop::check;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use serde_json::{Map, Value, json};
-
-const CASES: u32 = 256;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
-
-fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = PtConfig {
-        cases: cases(),
-        failure_persistence: None,
-        ..PtConfig::default()
-    };
-    let ran = std::sync::atomic::AtomicU32::new(0);
-    let result = TestRunner::new(config).run(&strategy, |v| {
-        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        test(v)
-    });
-    println!(
-        "property {name}: {} cases",
-        ran.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    if let Err(e) = result {
-        panic!("property {name} failed: {e}");
-    }
-}
 
 fn nasty_string() -> impl Strategy<Value = String> {
     prop_oneof![

@@ -17,40 +17,9 @@ use liteio_csi::csi::volume_capability::access_mode::Mode;
 use liteio_csi::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use liteio_csi::csi::{CapacityRange, VolumeCapability};
 use liteio_csi::{CsiError, ErrorKind, mount, nvme, params};
+use liteio_tests::prop::check;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
-
-const CASES: u32 = 256;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
-
-fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = PtConfig {
-        cases: cases(),
-        failure_persistence: None,
-        ..PtConfig::default()
-    };
-    let ran = std::sync::atomic::AtomicU32::new(0);
-    let result = TestRunner::new(config).run(&strategy, |v| {
-        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        test(v)
-    });
-    println!(
-        "property {name}: {} cases",
-        ran.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    if let Err(e) = result {
-        panic!("property {name} failed: {e}");
-    }
-}
+use proptest::test_runner::TestCaseError;
 
 fn nasty_string() -> impl Strategy<Value = String> {
     prop_oneof![

@@ -24,18 +24,12 @@ use liteio_api::AntstorVolume;
 use liteio_csi::csi::volume_capability::access_mode::Mode;
 use liteio_csi::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use liteio_csi::csi::*;
+use liteio_tests::prop::{cases, runner};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tonic::Code;
 
 const CASES: u32 = 128;
-
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES)
-}
 
 fn nasty_string() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -227,15 +221,10 @@ async fn bad_requests_get_a_status_naming_the_field_and_leave_nothing_behind() {
         let csi = env.csi.clone();
         let vols: Api<AntstorVolume> = Api::namespaced(env.client.clone(), NS);
         let handle = tokio::runtime::Handle::current();
-        let config = PtConfig {
-            cases: cases(),
-            failure_persistence: None,
-            ..PtConfig::default()
-        };
         let ran = std::sync::atomic::AtomicU32::new(0);
         let created = std::sync::atomic::AtomicU32::new(0);
         let result = tokio::task::block_in_place(|| {
-            TestRunner::new(config).run(&request(), |req| {
+            runner(cases(CASES)).run(&request(), |req| {
                 ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut c = csi.clone();
                 handle.block_on(async {

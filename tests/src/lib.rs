@@ -1,2 +1,4 @@
 //! Cross-component test support.
 #![forbid(unsafe_code)]
+
+pub mod prop;
