@@ -13,17 +13,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, consumer_pool, eventually, prepare_cluster, remote_volume, start_spdk_agent_with,
-    with_spdk,
+    HOST_B, MIB, consumer_pool, create_exported, eventually, prepare_cluster, remote_volume,
+    start_spdk_agent_with, with_spdk,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::nvmf::{self, HostKeys};
 use liteio_agent::spdk::{bdev, initiator, io, keyring};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::keys::{annotations, finalizers};
-use liteio_api::{AntstorVolume, VolumeStatus, keys, naming};
+use liteio_api::{AntstorVolume, keys, naming};
 use liteio_test_apiserver::TestApiServer;
 
 const UUID: &str = "9e8d7c6b-5a49-4382-9170-6f5e4d3c2b1a";
@@ -72,19 +72,10 @@ async fn scenario() {
 
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    vols.create(
-        &PostParams::default(),
+    let v = create_exported(
+        &client,
         &remote_volume("pvc-k", UUID, 16 * MIB),
-    )
-    .await
-    .unwrap();
-    let v = eventually(
-        "the volume ready and exported",
         Duration::from_secs(20),
-        || async {
-            let v = vols.get_opt("pvc-k").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
-        },
     )
     .await;
     let t = v.spec.spdk_target.clone().unwrap();
@@ -200,16 +191,7 @@ async fn scenario() {
         annotations::NVMF_TLS.to_string(),
         "true".to_string(),
     )]));
-    vols.create(&PostParams::default(), &tv).await.unwrap();
-    let tv = eventually(
-        "the TLS volume ready and exported",
-        Duration::from_secs(20),
-        || async {
-            let v = vols.get_opt("pvc-t").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
-        },
-    )
-    .await;
+    let tv = create_exported(&client, &tv, Duration::from_secs(20)).await;
     let tt = tv.spec.spdk_target.clone().unwrap();
     let tport: u16 = tt.svc_id.parse().unwrap();
     let ts = secrets.get(&naming::auth_secret("pvc-t")).await.unwrap();

@@ -9,15 +9,15 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, eventually, prepare_cluster, remote_volume, start_spdk_agent,
-    with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, prepare_cluster, remote_volume,
+    start_spdk_agent, with_spdk,
 };
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::lvol;
 use liteio_agent::spdk::nvmf;
 use liteio_api::keys::{annotations, finalizers};
-use liteio_api::{AntstorVolume, StoragePool, VolumeStatus, keys, naming};
+use liteio_api::{AntstorVolume, StoragePool, keys, naming};
 use liteio_test_apiserver::TestApiServer;
 
 #[test]
@@ -55,12 +55,7 @@ async fn scenario() {
     let uuid = "5c2d3e4f-6a7b-4c8d-9e0f-1a2b3c4d5e6f";
     let v = remote_volume("pvc-s", uuid, 10 * MIB);
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    vols.create(&PostParams::default(), &v).await.unwrap();
-    let v = eventually("the volume ready", Duration::from_secs(10), || async {
-        let v = vols.get_opt("pvc-s").await.unwrap()?;
-        (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
-    })
-    .await;
+    let v = create_exported(&client, &v, Duration::from_secs(10)).await;
     let l = v.spec.spdk_lvol.clone().expect("spdkLvol recorded");
     assert_eq!((l.lvs_name.as_str(), l.name.as_str()), ("lvs0", "pvc-s"));
     let t = v.spec.spdk_target.clone().unwrap();

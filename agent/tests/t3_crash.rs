@@ -20,16 +20,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::binary::{AgentProc, spawn_agent};
-use common::{MIB, NODE, prepare_cluster, rpc};
+use common::{HOST_B, MIB, NODE, prepare_cluster, rpc};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
 use liteio_api::keys::{self, annotations, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool, VolumeStatus, naming};
+use liteio_api::{AntstorVolume, AntstorVolumeSpec, NodeInfo, VolumeStatus, naming};
 use liteio_test_apiserver::TestApiServer;
 use serde_json::{Value, json};
 
-const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 const LVS: &str = "lvs-crash";
 const BASE_AIO: &str = "crash-aio";
 const DATA: &str = "pvc-data";
@@ -336,15 +335,7 @@ async fn scenario(pool: Pool) {
     );
     std::fs::write(dir.path().join("agent.yaml"), cfg).unwrap();
     // The consuming host publishes its NQN on its own pool object.
-    let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let mut host = StoragePool::new("node-b", Default::default());
-    host.metadata.annotations = Some(BTreeMap::from([(
-        annotations::HOST_NQN.to_string(),
-        HOST_B.to_string(),
-    )]));
-    host.spec.node_info.id = "node-b".into();
-    host.spec.kernel_lvm.name = "vg".into();
-    pools.create(&PostParams::default(), &host).await.unwrap();
+    common::consumer_pool(&client).await;
     let mut c = Cluster {
         pool,
         api: Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE),

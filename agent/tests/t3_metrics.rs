@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, eventually, metric_value, prepare_cluster, remote_volume,
-    scrape, start_spdk_agent, with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, metric_value, prepare_cluster,
+    remote_volume, scrape, start_spdk_agent, with_spdk,
 };
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::stats::RuntimeSource;
 use liteio_agent::spdk::{bdev, initiator, io};
 use liteio_api::keys::finalizers;
-use liteio_api::{AntstorVolume, VolumeStatus, keys};
+use liteio_api::{AntstorVolume, keys};
 use liteio_test_apiserver::TestApiServer;
 
 const UUID: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -47,19 +47,10 @@ async fn scenario() {
     consumer_pool(&client).await;
 
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    vols.create(
-        &PostParams::default(),
+    let v = create_exported(
+        &client,
         &remote_volume("pvc-m", UUID, 16 * MIB),
-    )
-    .await
-    .unwrap();
-    let v = eventually(
-        "the volume ready and exported",
         Duration::from_secs(10),
-        || async {
-            let v = vols.get_opt("pvc-m").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
-        },
     )
     .await;
     let t = v.spec.spdk_target.clone().unwrap();

@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_char, c_void};
 
 use super::error::{Result, SpdkError};
-use super::nvmf::HostKeys;
+use super::nvmf::{HostKeys, ptr_or_null};
 use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
 struct Attach {
@@ -157,22 +157,7 @@ async fn attach(
     reconnect: Option<(u32, i32)>,
     keys: &HostKeys,
 ) -> Result<Vec<String>> {
-    if keys.dhchap_ctrlr_key.is_some() && keys.dhchap_key.is_none() {
-        return Err(SpdkError::InvalidArgument {
-            field: "dhchap_ctrlr_key",
-            reason: "a controller key needs a host key (dhchap_key)".into(),
-        });
-    }
-    let key = |field, k: &Option<String>| {
-        k.as_deref()
-            .map(|n| super::keyring::check_name(field, n))
-            .transpose()
-    };
-    let key_names = [
-        key("dhchap_key", &keys.dhchap_key)?,
-        key("dhchap_ctrlr_key", &keys.dhchap_ctrlr_key)?,
-        key("psk", &keys.psk)?,
-    ];
+    let key_names = keys.c_names()?;
     let (ctrlr, hostnqn) = (ctrlr.to_string(), hostnqn.to_string());
     let address = trid.clone();
     exec(move |reply| {
@@ -223,10 +208,9 @@ async fn attach(
             bopts.ctrlr_loss_timeout_sec = loss;
             bopts.fast_io_fail_timeout_sec = 0;
         }
-        let ptr = |k: &Option<CString>| k.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-        bopts.dhchap_key = ptr(&key_names[0]);
-        bopts.dhchap_ctrlr_key = ptr(&key_names[1]);
-        bopts.psk = ptr(&key_names[2]);
+        bopts.dhchap_key = ptr_or_null(&key_names[0]);
+        bopts.dhchap_ctrlr_key = ptr_or_null(&key_names[1]);
+        bopts.psk = ptr_or_null(&key_names[2]);
         let mut a = Box::new(Attach {
             names: vec![std::ptr::null(); 32],
             _strings: (base, host),
@@ -289,19 +273,7 @@ pub async fn detach(ctrlr: &str) -> Result<()> {
 /// re-authenticate its connections with them, without disconnecting: the host's half of a
 /// key rotation, after the target got the new keys. Fails when the target refuses them.
 pub async fn set_keys(ctrlr: &str, keys: &HostKeys) -> Result<()> {
-    if keys.dhchap_ctrlr_key.is_some() && keys.dhchap_key.is_none() {
-        return Err(SpdkError::InvalidArgument {
-            field: "dhchap_ctrlr_key",
-            reason: "a controller key needs a host key (dhchap_key)".into(),
-        });
-    }
-    let key = |field, k: &Option<String>| {
-        k.as_deref()
-            .map(|n| super::keyring::check_name(field, n))
-            .transpose()
-    };
-    let host = key("dhchap_key", &keys.dhchap_key)?;
-    let ctrl = key("dhchap_ctrlr_key", &keys.dhchap_ctrlr_key)?;
+    let [host, ctrl, _] = keys.c_names()?;
     let c = cstr("ctrlr", ctrlr)?;
     let name = ctrlr.to_string();
     exec(move |reply: Reply<()>| {
@@ -312,14 +284,13 @@ pub async fn set_keys(ctrlr: &str, keys: &HostKeys) -> Result<()> {
                 Err(SpdkError::errno("re-authenticate controller", name, rc))
             })
         });
-        let ptr = |k: &Option<CString>| k.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
         // SAFETY: on the reactor; the names are copied (looked up) during the call; `ctx` is
         // owned by SPDK when rc == 0.
         let rc = unsafe {
             spdk_sys::liteio_bdev_nvme_set_keys(
                 c.as_ptr(),
-                ptr(&host),
-                ptr(&ctrl),
+                ptr_or_null(&host),
+                ptr_or_null(&ctrl),
                 Some(errno_cb),
                 ctx,
             )

@@ -43,45 +43,39 @@ pub struct HostKeys {
 }
 
 impl HostKeys {
-    fn check(&self) -> Result<()> {
-        for (field, name) in [
-            ("dhchap_key", &self.dhchap_key),
-            ("dhchap_ctrlr_key", &self.dhchap_ctrlr_key),
-            ("psk", &self.psk),
-        ] {
-            if let Some(n) = name {
-                super::keyring::check_name(field, n)?;
-            }
-        }
+    /// The key names checked (valid names; a controller key only with a host key) and
+    /// turned into C strings for SPDK: host key, controller key, PSK.
+    pub(crate) fn c_names(&self) -> Result<[Option<std::ffi::CString>; 3]> {
         if self.dhchap_ctrlr_key.is_some() && self.dhchap_key.is_none() {
             return Err(SpdkError::InvalidArgument {
                 field: "dhchap_ctrlr_key",
                 reason: "a controller key needs a host key (dhchap_key)".into(),
             });
         }
-        Ok(())
+        let c = |field, name: &Option<String>| {
+            name.as_deref()
+                .map(|n| super::keyring::check_name(field, n))
+                .transpose()
+        };
+        Ok([
+            c("dhchap_key", &self.dhchap_key)?,
+            c("dhchap_ctrlr_key", &self.dhchap_ctrlr_key)?,
+            c("psk", &self.psk)?,
+        ])
     }
 }
 
-/// Key names as C strings, for the shim; NULL for none.
-struct KeyNames(
-    Option<std::ffi::CString>,
-    Option<std::ffi::CString>,
-    Option<std::ffi::CString>,
-);
+/// A C string's pointer for SPDK, NULL for none.
+pub(crate) fn ptr_or_null(c: &Option<std::ffi::CString>) -> *const std::ffi::c_char {
+    c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
+}
+
+/// Key names as C strings, for the shim: host key, controller key, PSK.
+struct KeyNames([Option<std::ffi::CString>; 3]);
 
 impl KeyNames {
     fn new(k: &HostKeys) -> Result<Self> {
-        let c = |f, o: &Option<String>| o.as_deref().map(|n| cstr(f, n)).transpose();
-        Ok(Self(
-            c("dhchap_key", &k.dhchap_key)?,
-            c("dhchap_ctrlr_key", &k.dhchap_ctrlr_key)?,
-            c("psk", &k.psk)?,
-        ))
-    }
-
-    fn ptr(c: &Option<std::ffi::CString>) -> *const std::ffi::c_char {
-        c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
+        k.c_names().map(Self)
     }
 
     /// Allow `host` on `ss` with these keys.
@@ -89,14 +83,15 @@ impl KeyNames {
     /// # Safety
     /// On the reactor, `ss` a live subsystem.
     unsafe fn add_host(&self, ss: *mut spdk_nvmf_subsystem, host: &std::ffi::CStr) -> i32 {
+        let [k, c, p] = &self.0;
         // SAFETY: the caller's contract; every string is valid or NULL, copied by SPDK.
         unsafe {
             spdk_sys::liteio_nvmf_add_host(
                 ss,
                 host.as_ptr(),
-                Self::ptr(&self.0),
-                Self::ptr(&self.1),
-                Self::ptr(&self.2),
+                ptr_or_null(k),
+                ptr_or_null(c),
+                ptr_or_null(p),
             )
         }
     }
@@ -393,7 +388,7 @@ fn validate(spec: &SubsystemSpec) -> Result<()> {
             reason: "must be 1-65535".into(),
         });
     }
-    spec.keys.check()?;
+    spec.keys.c_names()?;
     if spec.secure_channel && spec.keys.psk.is_none() {
         return Err(SpdkError::InvalidArgument {
             field: "psk",
@@ -591,7 +586,7 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
 /// new connections fail and its existing ones are closed; a host whose DH-HMAC-CHAP keys
 /// change stays connected, and its next connection needs the new keys).
 pub async fn set_hosts(nqn: &str, hosts: &[String], keys: &HostKeys) -> Result<SubsystemInfo> {
-    keys.check()?;
+    keys.c_names()?;
     let (nqn, hosts, keys) = (nqn.to_string(), hosts.to_vec(), keys.clone());
     on_reactor_with(move |r| {
         let ss = subsystem(r, &nqn)?;
@@ -606,8 +601,8 @@ pub async fn set_hosts(nqn: &str, hosts: &[String], keys: &HostKeys) -> Result<S
                     spdk_sys::liteio_nvmf_set_keys(
                         ss,
                         c.as_ptr(),
-                        KeyNames::ptr(&names.0),
-                        KeyNames::ptr(&names.1),
+                        ptr_or_null(&names.0[0]),
+                        ptr_or_null(&names.0[1]),
                     )
                 }
             } else {

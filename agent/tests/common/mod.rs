@@ -98,6 +98,25 @@ pub async fn consumer_pool(client: &Client) {
     pools.create(&PostParams::default(), &host).await.unwrap();
 }
 
+/// Creates `v` and waits up to `within` until the agent has it ready and exported; returns
+/// the volume as the agent left it.
+pub async fn create_exported(
+    client: &Client,
+    v: &liteio_api::AntstorVolume,
+    within: Duration,
+) -> liteio_api::AntstorVolume {
+    use kube::ResourceExt;
+    let vols: Api<liteio_api::AntstorVolume> =
+        Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    vols.create(&PostParams::default(), v).await.unwrap();
+    let name = v.name_any();
+    eventually(&format!("{name} ready and exported"), within, || async {
+        let v = vols.get_opt(&name).await.unwrap()?;
+        (v.phase() == liteio_api::VolumeStatus::Ready && v.spec.spdk_target.is_some()).then_some(v)
+    })
+    .await
+}
+
 /// Runs `scenario` within `limit` on a two-thread runtime beside an SPDK runtime named
 /// `name` (`poll`: SPDK polls, as its NVMe/TCP initiator needs; else interrupt mode), and
 /// stops SPDK afterwards.
