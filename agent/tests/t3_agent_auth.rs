@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, consumer_pool, create_exported, eventually, prepare_cluster, remote_volume,
-    start_spdk_agent_with, with_spdk,
+    HOST_B, MIB, consumer_pool, create_exported, eventually, remote_volume, start_spdk_agent_with,
+    with_spdk,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -24,7 +24,6 @@ use liteio_agent::spdk::{bdev, initiator, io, keyring};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::keys::{annotations, finalizers};
 use liteio_api::{AntstorVolume, keys, naming};
-use liteio_test_apiserver::TestApiServer;
 
 const UUID: &str = "9e8d7c6b-5a49-4382-9170-6f5e4d3c2b1a";
 
@@ -58,14 +57,7 @@ async fn refused(ctrlr: &str, port: u16, nqn: &str, keys: &HostKeys, case: &str)
 }
 
 async fn scenario() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn")
-        .with_test_writer()
-        .try_init();
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    prepare_cluster(&client).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_server, client, dir) = common::test_cluster("warn").await;
     let _agent = start_spdk_agent_with(&client, dir.path(), true).await;
 
     consumer_pool(&client).await;

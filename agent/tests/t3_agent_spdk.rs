@@ -9,8 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, prepare_cluster, remote_volume,
-    start_spdk_agent, with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, remote_volume, start_spdk_agent,
+    with_spdk,
 };
 use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
@@ -18,7 +18,6 @@ use liteio_agent::spdk::lvol;
 use liteio_agent::spdk::nvmf;
 use liteio_api::keys::{annotations, finalizers};
 use liteio_api::{AntstorVolume, StoragePool, keys, naming};
-use liteio_test_apiserver::TestApiServer;
 
 #[test]
 fn agent_on_spdk_provisions_and_exports_remote_volumes() {
@@ -26,14 +25,7 @@ fn agent_on_spdk_provisions_and_exports_remote_volumes() {
 }
 
 async fn scenario() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_test_writer()
-        .try_init();
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    prepare_cluster(&client).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_server, client, dir) = common::test_cluster("info").await;
     let agent = start_spdk_agent(&client, dir.path()).await;
 
     let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::binary::{AgentProc, spawn_agent};
-use common::{HOST_B, MIB, NODE, prepare_cluster, rpc};
+use common::{HOST_B, MIB, NODE, rpc};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
@@ -303,14 +303,7 @@ impl Cluster {
 }
 
 async fn scenario(pool: Pool) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn")
-        .with_test_writer()
-        .try_init();
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    prepare_cluster(&client).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (server, client, dir) = common::test_cluster("warn").await;
     server
         .write_kubeconfig(&dir.path().join("kubeconfig"))
         .unwrap();

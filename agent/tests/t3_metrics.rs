@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, metric_value, prepare_cluster,
-    remote_volume, scrape, start_spdk_agent, with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, metric_value, remote_volume,
+    scrape, start_spdk_agent, with_spdk,
 };
 use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
@@ -22,7 +22,6 @@ use liteio_agent::spdk::stats::RuntimeSource;
 use liteio_agent::spdk::{bdev, initiator, io};
 use liteio_api::keys::finalizers;
 use liteio_api::{AntstorVolume, keys};
-use liteio_test_apiserver::TestApiServer;
 
 const UUID: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 
@@ -32,14 +31,7 @@ fn lvol_io_and_reactor_metrics() {
 }
 
 async fn scenario() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn")
-        .with_test_writer()
-        .try_init();
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    prepare_cluster(&client).await;
-    let dir = tempfile::tempdir().unwrap();
+    let (_server, client, dir) = common::test_cluster("warn").await;
     let agent = start_spdk_agent(&client, dir.path()).await;
     agent.ctx().metrics.add_source(Arc::new(RuntimeSource));
 

@@ -98,6 +98,19 @@ pub async fn consumer_pool(client: &Client) {
     pools.create(&PostParams::default(), &host).await.unwrap();
 }
 
+/// A test API server with the `obnvmf` namespace and the Node ([`prepare_cluster`]), a
+/// client of it and a scratch directory; the test's log lines at `log` level and above.
+pub async fn test_cluster(log: &str) -> (TestApiServer, Client, tempfile::TempDir) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(log)
+        .with_test_writer()
+        .try_init();
+    let server = TestApiServer::start().await.unwrap();
+    let client = server.client().await.unwrap();
+    prepare_cluster(&client).await;
+    (server, client, tempfile::tempdir().unwrap())
+}
+
 /// Creates `v` and waits up to `within` until the agent has it ready and exported; returns
 /// the volume as the agent left it.
 pub async fn create_exported(
