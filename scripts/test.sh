@@ -14,10 +14,19 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export CARGO_TERM_COLOR=never
+# A cold build of every tier needs about 15 GiB; incremental caches would add several more
+# and buy nothing in a one-shot run.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 log_dir=${LITEIO_TEST_LOG_DIR:-$root/target/test-logs}
 mkdir -p "$log_dir"
 
 say() { printf '==> %s\n' "$*"; }
+
+# A full disk shows up as a link error far from its cause: say it first.
+free_kib=$(df -Pk "$root" 2>/dev/null | awk 'NR == 2 { print $4 }')
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((20 * 1024 * 1024)) ]; then
+    say "warning: only $((free_kib / 1024 / 1024)) GiB free under $root; a cold build of all tiers needs about 15 GiB"
+fi
 
 # --- what the checks need -------------------------------------------------------------
 need_pkgs=()
