@@ -76,7 +76,7 @@ mod bench {
             trace_entries: 0,
             lock_cores: true,
             request_timeout: liteio_agent::spdk::runtime::DEFAULT_REQUEST_TIMEOUT,
-            max_subsystems: 0,
+            ..SpdkOptions::default()
         })?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_char, c_void};
 
 use super::error::{Result, SpdkError};
-use super::nvmf::{HostKeys, ptr_or_null};
+use super::nvmf::{DhGroup, HostKeys, ptr_or_null};
 use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
 struct Attach {
@@ -299,6 +299,40 @@ pub async fn set_keys(ctrlr: &str, keys: &HostKeys) -> Result<()> {
             // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
             unsafe { errno_cb(ctx, rc) };
         }
+    })
+    .await
+}
+
+/// The DH groups this host offers in DH-HMAC-CHAP (all of them by default; the target picks
+/// the strongest it also allows). SPDK takes this only while no NVMe controller is attached:
+/// otherwise the call fails with EPERM.
+pub async fn set_dhchap_dhgroups(groups: &[DhGroup]) -> Result<()> {
+    if groups.is_empty() {
+        return Err(SpdkError::InvalidArgument {
+            field: "dhchap_dhgroups",
+            reason: "needs at least one group".into(),
+        });
+    }
+    let mask = DhGroup::mask(groups);
+    exec(move |reply: Reply<()>| {
+        // SAFETY: a zeroed options struct is a valid buffer for the getter, which fills it.
+        let mut o: spdk_sys::spdk_bdev_nvme_opts = unsafe { std::mem::zeroed() };
+        // SAFETY: on the reactor; `o` is writable and of the size passed.
+        unsafe {
+            spdk_sys::spdk_bdev_nvme_get_opts(&mut o, std::mem::size_of_val(&o));
+        }
+        o.dhchap_dhgroups = mask;
+        // SAFETY: on the reactor; `o` was filled by the getter and is copied by the call.
+        let rc = unsafe { spdk_sys::spdk_bdev_nvme_set_opts(&o) };
+        reply.send(if rc == 0 {
+            Ok(())
+        } else {
+            Err(SpdkError::errno(
+                "set the host's DH-HMAC-CHAP groups",
+                "bdev_nvme",
+                rc,
+            ))
+        });
     })
     .await
 }

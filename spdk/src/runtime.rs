@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::error::{Result, SpdkError};
+use super::nvmf::DhGroup;
 
 /// Options of the SPDK runtime.
 #[derive(Debug, Clone)]
@@ -58,6 +59,9 @@ pub struct SpdkOptions {
     /// SPDK's default (1,024, one of them the discovery subsystem). Each slot costs a pointer
     /// in the target and a small record per poll group.
     pub max_subsystems: u32,
+    /// DH groups the NVMe-oF target allows in DH-HMAC-CHAP; empty = SPDK's default (all, so
+    /// a host that offers ffdhe8192 gets it: see [`DhGroup`] for what that costs).
+    pub dhchap_dhgroups: Vec<DhGroup>,
 }
 
 impl Default for SpdkOptions {
@@ -75,6 +79,7 @@ impl Default for SpdkOptions {
             lock_cores: true,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_subsystems: 0,
+            dhchap_dhgroups: Vec::new(),
         }
     }
 }
@@ -802,13 +807,31 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     rc
 }
 
-/// SPDK's start-up JSON config for what `opts` sets beyond the app options (today the
-/// NVMe-oF target's `max_subsystems`); `None` when SPDK's defaults do.
+/// SPDK's start-up JSON config for what `opts` sets beyond the app options (the NVMe-oF
+/// target's `max_subsystems` and DH groups); `None` when SPDK's defaults do.
 fn startup_config(opts: &SpdkOptions) -> Option<Vec<u8>> {
-    (opts.max_subsystems > 0).then(|| {
-        format!(
-            r#"{{"subsystems":[{{"subsystem":"nvmf","config":[{{"method":"nvmf_set_max_subsystems","params":{{"max_subsystems":{}}}}}]}}]}}"#,
+    let mut nvmf = Vec::new();
+    if opts.max_subsystems > 0 {
+        nvmf.push(format!(
+            r#"{{"method":"nvmf_set_max_subsystems","params":{{"max_subsystems":{}}}}}"#,
             opts.max_subsystems
+        ));
+    }
+    if !opts.dhchap_dhgroups.is_empty() {
+        let groups: Vec<String> = opts
+            .dhchap_dhgroups
+            .iter()
+            .map(|g| format!("\"{}\"", g.name()))
+            .collect();
+        nvmf.push(format!(
+            r#"{{"method":"nvmf_set_config","params":{{"dhchap_dhgroups":[{}]}}}}"#,
+            groups.join(",")
+        ));
+    }
+    (!nvmf.is_empty()).then(|| {
+        format!(
+            r#"{{"subsystems":[{{"subsystem":"nvmf","config":[{}]}}]}}"#,
+            nvmf.join(",")
         )
         .into_bytes()
     })

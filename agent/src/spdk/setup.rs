@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::exporter::SpdkExporter;
-use super::nvmf::TcpTransportOptions;
+use super::nvmf::{DhGroup, TcpTransportOptions};
 use super::{Spdk, SpdkError, SpdkOptions};
 use crate::config::{BdevType, Config, PoolingMode};
 use crate::engine::PoolEngine;
@@ -26,6 +26,13 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         lock_cores: sp.lock_cores,
         request_timeout: cfg.timeouts.spdk_request,
         max_subsystems: sp.max_subsystems,
+        // Names checked by Config::validate; one that is not a group is left out here.
+        dhchap_dhgroups: cfg
+            .nvmf
+            .dhchap_dhgroups
+            .iter()
+            .filter_map(|g| g.parse::<DhGroup>().ok())
+            .collect(),
     }
 }
 

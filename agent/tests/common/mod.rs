@@ -135,7 +135,7 @@ pub async fn create_exported(
 /// stops SPDK afterwards.
 #[cfg(feature = "spdk")]
 pub fn with_spdk<F: Future<Output = ()>>(name: &str, poll: bool, limit: Duration, scenario: F) {
-    use liteio_agent::spdk::{Spdk, SpdkOptions};
+    use liteio_agent::spdk::SpdkOptions;
     let mut opts = SpdkOptions {
         name: name.into(),
         ..SpdkOptions::small()
@@ -143,7 +143,18 @@ pub fn with_spdk<F: Future<Output = ()>>(name: &str, poll: bool, limit: Duration
     if poll {
         opts.interrupt_mode = false;
     }
-    let spdk = Spdk::start(&opts).unwrap();
+    with_spdk_opts(&opts, limit, scenario);
+}
+
+/// [`with_spdk`] with SPDK started from `opts`.
+#[cfg(feature = "spdk")]
+pub fn with_spdk_opts<F: Future<Output = ()>>(
+    opts: &liteio_agent::spdk::SpdkOptions,
+    limit: Duration,
+    scenario: F,
+) {
+    let name = opts.name.clone();
+    let spdk = liteio_agent::spdk::Spdk::start(opts).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
