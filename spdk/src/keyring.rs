@@ -44,6 +44,31 @@ fn secret_cstr(name: &str, secret: &str) -> Result<CString> {
     })
 }
 
+/// Whether key `name` holds exactly `secret`; `None` when there is no such key. The key
+/// material is read into a buffer that is wiped before returning.
+///
+/// # Safety
+/// Must run on an SPDK thread (the keyring's users are there).
+unsafe fn compare(name: &std::ffi::CStr, secret: &std::ffi::CStr) -> Option<bool> {
+    let len = spdk_sys::LITEIO_KEY_MAX as usize;
+    let mut out = vec![0u8; len];
+    // SAFETY: the caller's contract; a key found is read into `out` (room for `len` bytes)
+    // and put back.
+    let same = unsafe {
+        let k = spdk_sys::spdk_keyring_get_key(name.as_ptr());
+        if k.is_null() {
+            None
+        } else {
+            let got = spdk_sys::spdk_key_get_key(k, out.as_mut_ptr().cast(), len as i32);
+            spdk_sys::spdk_keyring_put_key(k);
+            Some(got >= 0 && out.get(..got as usize) == Some(secret.to_bytes()))
+        }
+    };
+    out.fill(0);
+    std::hint::black_box(&out);
+    same
+}
+
 /// Overwrite a C string holding a secret before it is freed.
 fn wipe(c: CString) {
     let mut bytes = c.into_bytes_with_nul();
@@ -60,21 +85,8 @@ pub async fn add_key(name: &str, secret: &str) -> Result<()> {
     let s = secret_cstr(name, secret)?;
     let name = name.to_string();
     on_reactor(move || {
-        let len = spdk_sys::LITEIO_KEY_MAX as usize;
-        let mut out = vec![0u8; len];
-        // SAFETY: on the reactor; a key found is read into `out` (room for `len` bytes) and
-        // put back.
-        let current = unsafe {
-            let k = spdk_sys::spdk_keyring_get_key(n.as_ptr());
-            if k.is_null() {
-                None
-            } else {
-                let got = spdk_sys::spdk_key_get_key(k, out.as_mut_ptr().cast(), len as i32);
-                spdk_sys::spdk_keyring_put_key(k);
-                Some(got >= 0 && out.get(..got as usize) == Some(s.as_bytes()))
-            }
-        };
-        out.fill(0);
+        // SAFETY: on the reactor.
+        let current = unsafe { compare(&n, &s) };
         let rc = match current {
             Some(true) => 0,
             // SAFETY: on the reactor; removes only a key of our module, then adds the new
@@ -130,21 +142,8 @@ pub async fn holds(name: &str, secret: &str) -> Result<bool> {
     let n = check_name("name", name)?;
     let s = secret_cstr(name, secret)?;
     on_reactor(move || {
-        let len = spdk_sys::LITEIO_KEY_MAX as usize;
-        let mut out = vec![0u8; len];
-        // SAFETY: on the reactor; a key found is read into `out` (room for `len` bytes) and
-        // put back.
-        let same = unsafe {
-            let k = spdk_sys::spdk_keyring_get_key(n.as_ptr());
-            if k.is_null() {
-                false
-            } else {
-                let got = spdk_sys::spdk_key_get_key(k, out.as_mut_ptr().cast(), len as i32);
-                spdk_sys::spdk_keyring_put_key(k);
-                got >= 0 && out.get(..got as usize) == Some(s.as_bytes())
-            }
-        };
-        out.fill(0);
+        // SAFETY: on the reactor.
+        let same = unsafe { compare(&n, &s) }.unwrap_or(false);
         wipe(s);
         Ok(same)
     })
