@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -247,7 +248,16 @@ pub(crate) async fn run_controller<K, F, Fut>(
             res
         }
     };
-    let controller = Controller::new(api, wc);
+    // The reflector keeps a copy of every object of this node; managedFields (who wrote which
+    // field, often the largest part of an object) are never read here, so they are dropped
+    // before the copy is stored.
+    let (reader, writer) = kube::runtime::reflector::store::<K>();
+    let objects = kube::runtime::reflector(
+        writer,
+        watcher(api, wc).modify(|o: &mut K| o.meta_mut().managed_fields = None),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(objects, reader);
     // A pool change may be what a failing object waited for (freed space, a repaired disk):
     // reconcile those objects then, whatever their back-off says. Only those: with thousands
     // of settled objects, reconciling all of them on every pool change (each new volume is
