@@ -15,6 +15,8 @@
 //!
 //! `--runs N` repeats the measurement N times, each in a fresh process (a new API server,
 //! agent and SPDK), and prints the worst run's p99 and the median run's p50 per engine.
+//! `--prefill MIB` writes zeroes over the first MIB of the lvstore's file before SPDK
+//! starts (by default the file is sparse).
 //! `--engine file|spdk` measures one engine only. `--polling` runs SPDK's reactor polling,
 //! as the agent does by default on production nodes (otherwise it runs in interrupt mode).
 //!
@@ -618,7 +620,9 @@ fn main() -> anyhow::Result<()> {
     let count: usize = args
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--runs" | "--engine"))
+        .filter(|(i, _)| {
+            *i == 0 || !matches!(args[i - 1].as_str(), "--runs" | "--engine" | "--prefill")
+        })
         .find_map(|(_, a)| a.parse().ok())
         .unwrap_or(200);
     let engine = value("--engine");
@@ -628,6 +632,12 @@ fn main() -> anyhow::Result<()> {
         engine.unwrap_or_default()
     );
     let want = |e: &str| engine.as_deref().is_none_or(|x| x == e);
+    let prefill_mib: u64 = match value("--prefill") {
+        None => 0,
+        Some(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--prefill: expected MiB as a number, got {v:?}"))?,
+    };
     if let Some(runs) = value("--runs") {
         let runs: usize =
             runs.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -688,6 +698,18 @@ fn main() -> anyhow::Result<()> {
         let lvs_bytes = ((count as u64 * 16 * MIB) * 5 / 4)
             .max(8 << 30)
             .next_multiple_of(1 << 30);
+        if prefill_mib > 0 {
+            // Written zeroes, not a hole: the blobstore's metadata writes land on allocated
+            // blocks, so the file system has nothing to allocate under io_submit.
+            use std::io::Write as _;
+            let mut f = std::fs::File::create(&file)?;
+            let zeroes = vec![0u8; MIB as usize];
+            for _ in 0..prefill_mib.min(lvs_bytes / MIB) {
+                f.write_all(&zeroes)?;
+            }
+            f.sync_all()?;
+            f.set_len(lvs_bytes)?;
+        }
         let base = BaseBdev::Aio {
             name: "bench-aio".into(),
             path: file.clone(),

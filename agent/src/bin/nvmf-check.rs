@@ -403,6 +403,7 @@ async fn logged_writes(
     let until = Instant::now() + Duration::from_secs(args.write_seconds);
     let mut last = Instant::now();
     let (mut stall, mut stall_ends_at, mut n) = (Duration::ZERO, 0_u64, 0_u64);
+    let mut gaps = Vec::new();
     while Instant::now() < until && n < max_blocks {
         io::write_at(name, n * BLOCK, pattern(seed, n * BLOCK, BLOCK))
             .await
@@ -410,6 +411,7 @@ async fn logged_writes(
         n += 1;
         let gap = last.elapsed();
         last = Instant::now();
+        gaps.push(gap);
         if gap > stall {
             (stall, stall_ends_at) = (gap, n);
         }
@@ -433,6 +435,13 @@ async fn logged_writes(
     );
     report.insert("written_blocks".into(), json!(n));
     report.insert("longest_stall_ms".into(), json!(stall.as_millis()));
+    // What one write takes when nothing goes wrong, to tell a stall from the usual pace.
+    gaps.sort();
+    let median = gaps.get(gaps.len() / 2).copied().unwrap_or_default();
+    report.insert(
+        "median_write_us".into(),
+        json!(u64::try_from(median.as_micros()).unwrap_or(u64::MAX)),
+    );
     report.insert("blocks_after_stall".into(), json!(after));
     Ok(())
 }
