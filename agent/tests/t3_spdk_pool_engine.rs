@@ -144,3 +144,43 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
     spdk.stop();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A new pool file has its head (the blobstore's metadata) written, not a hole, and the rest
+/// sparse; an existing path is refused, and a file that cannot be written is not left behind.
+#[test]
+fn a_new_pool_file_has_its_metadata_head_written() {
+    use liteio_agent::engine::spdk::{create_pool_file, pool_file_head};
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = std::env::temp_dir().join(format!("liteio-t3-head-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pool.img");
+    let size = 4096 * MIB;
+    create_pool_file(&path, size).unwrap();
+    let m = std::fs::metadata(&path).unwrap();
+    assert_eq!(m.len(), size);
+    let head = pool_file_head(size);
+    assert_eq!(head, 20 * MIB, "4 GiB: 4 MiB of metadata pages plus 16 MiB");
+    let allocated = m.blocks() * 512;
+    assert!(
+        allocated >= head,
+        "only {allocated} bytes allocated: the head of {head} bytes has holes"
+    );
+    assert!(
+        allocated < size / 2,
+        "{allocated} bytes allocated: the rest of the file should stay sparse"
+    );
+    // Idempotence is the caller's (it creates only a missing file): an existing one is refused.
+    let e = create_pool_file(&path, size).unwrap_err().to_string();
+    assert!(e.contains("pool.img"), "{e}");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    // A small file is written whole.
+    let small = dir.join("small.img");
+    create_pool_file(&small, 8 * MIB).unwrap();
+    assert!(std::fs::metadata(&small).unwrap().blocks() * 512 >= 8 * MIB);
+    // A file the file system cannot hold (ext4 and XFS stop far below 2^62 bytes) is refused
+    // before anything is written, and removed.
+    let huge = dir.join("huge.img");
+    assert!(create_pool_file(&huge, 1 << 62).is_err());
+    assert!(!huge.exists(), "a failed create left {}", huge.display());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

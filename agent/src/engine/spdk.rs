@@ -58,6 +58,45 @@ pub enum BaseBdev {
     },
 }
 
+/// How much of a new pool file is written with zeroes: the head, where the blobstore keeps
+/// its metadata (one 4 KiB page per cluster by default, 1/1024 of the size with the agent's
+/// 4 MiB clusters), plus 16 MiB for its super block and masks.
+pub fn pool_file_head(size: u64) -> u64 {
+    (size / 1024 + (16 << 20)).min(size)
+}
+
+/// Creates the file of an aio pool: `size` bytes, the first [`pool_file_head`] of them
+/// written with zeroes and the rest sparse. A hole costs the file system an allocation when
+/// it is first written, and SPDK submits its I/O on the reactor: on ext4, a metadata write
+/// into a hole blocked the reactor for seconds (issue 17), stalling every volume of the
+/// node. A file left half-written (no space) is removed.
+pub fn create_pool_file(path: &std::path::Path, size: u64) -> Result<(), EngineError> {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| EngineError::io("create", path, e))?;
+    // From here on the file is ours: on failure it is removed.
+    let mut write = || -> std::io::Result<()> {
+        // The size first: one the file system cannot hold fails here, before any writing.
+        f.set_len(size)?;
+        let head = pool_file_head(size);
+        let zeroes = vec![0u8; 1 << 20];
+        let mut done = 0;
+        while done < head {
+            let n = usize::try_from((head - done).min(1 << 20)).unwrap_or(1 << 20);
+            f.write_all(&zeroes[..n])?;
+            done += n as u64;
+        }
+        f.sync_all()
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        EngineError::io("create", path, e)
+    })
+}
+
 impl BaseBdev {
     /// The bdev the lvstore sits on.
     pub fn name(&self) -> &str {
@@ -88,14 +127,7 @@ impl BaseBdev {
                 create,
             } => {
                 if !path.exists() && *create {
-                    let f = std::fs::OpenOptions::new()
-                        .create(true)
-                        .truncate(false)
-                        .write(true)
-                        .open(path)
-                        .map_err(|e| EngineError::io("create", path, e))?;
-                    f.set_len(*size)
-                        .map_err(|e| EngineError::io("size", path, e))?;
+                    create_pool_file(path, *size)?;
                 }
                 block_on(bdev::create_aio(name, path, 512)).map_err(map)?;
             }
