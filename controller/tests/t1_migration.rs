@@ -546,3 +546,38 @@ async fn only_a_migration_destination_may_share_the_uuid() {
     .await
     .unwrap();
 }
+
+/// After the switch the host uses the destination: deleting the migration then does not
+/// cancel it; the controller finishes the flow, then lets the object go.
+#[tokio::test]
+async fn deleting_a_migration_after_the_switch_finishes_it_first() {
+    timeout(LIMIT, async {
+        let h = setup().await;
+        let (dest, node) = up_to_setup_pipe(&h, migration("m1", "pvc-1")).await;
+        agent_reports(&h, "m1", json!({ "migrationPipe": { "destBdevName": format!("{dest}n1"), "status": "Connected" } }),
+            Some((finalizers::MIGRATE_PIPE_CONNECTED, true))).await;
+        agent_reports(&h, "m1", json!({ "hostConnectStatus": "Connected" }),
+            Some((finalizers::MIGRATE_HOST_CONNECTED, true))).await;
+        wait_phase(&h, "m1", MigrationPhase::Syncing, STATUS_WORKING).await;
+        agent_reports(&h, "m1", json!({ "autoSwitch": { "enabled": true, "status": "Success" } }), None).await;
+        wait_phase(&h, "m1", MigrationPhase::Cleaning, STATUS_WORKING).await;
+
+        migrations(&h).delete("m1", &DeleteParams::default()).await.unwrap();
+        // The destination stays; the agents finish their part.
+        assert!(h.volume(&dest).await.metadata.deletion_timestamp.is_none());
+        agent_reports(&h, "m1", json!({ "migrationPipe": { "status": "Disconnected" } }),
+            Some((finalizers::MIGRATE_PIPE_CONNECTED, false))).await;
+        agent_reports(&h, "m1", json!({ "hostConnectStatus": "Disconnected" }),
+            Some((finalizers::MIGRATE_HOST_CONNECTED, false))).await;
+        agent_deletes(&h, "pvc-1").await;
+        eventually("m1 gone", || async { migrations(&h).get_opt("m1").await.unwrap().is_none() }).await;
+        let d = h.volume(&dest).await;
+        assert!(d.metadata.deletion_timestamp.is_none());
+        assert!(!d.labels().contains_key(labels::MIGRATE_MIGRATION_NAME));
+        assert_eq!(d.spec.target_node_id, node);
+        wait_free(&h, "n1", 100 * GIB).await;
+        h.stop().await;
+    })
+    .await
+    .unwrap();
+}
