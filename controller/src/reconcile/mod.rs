@@ -3,11 +3,12 @@
 //! pools that are not ready) every `liveness.tick`. Nothing else runs on a timer: a volume
 //! that did not fit is retried when a pool changes or space is freed, a clone waiting for
 //! its source snapshot when that snapshot appears, a snapshot waiting for its origin when
-//! the origin changes.
+//! the origin changes, a migration when its source or destination volume changes (or
+//! another migration of its volume goes away).
 //!
-//! Workers start only after the first full list of pools, volumes, snapshots and Leases, so
-//! the scheduler never decides on a partial view (a restarted controller places nothing
-//! twice). Failed reconciles are retried with per-key exponential back-off.
+//! Workers start only after the first full list of pools, volumes, snapshots, migrations
+//! and Leases, so the scheduler never decides on a partial view (a restarted controller
+//! places nothing twice). Failed reconciles are retried with per-key exponential back-off.
 
 pub mod migration;
 pub mod pool;
@@ -185,7 +186,7 @@ pub struct Context {
     volumes: Arc<WorkQueue>,
     pools: Arc<WorkQueue>,
     snapshots: Arc<WorkQueue>,
-    migrations: Arc<WorkQueue>,
+    migration_queue: Arc<WorkQueue>,
     /// The VolumeMigrations, as last seen (watch events and this controller's writes).
     migration_cache: Mutex<HashMap<ObjectKey, Arc<VolumeMigration>>>,
     synced: Synced,
@@ -235,7 +236,7 @@ impl Context {
             volumes: Arc::default(),
             pools: Arc::default(),
             snapshots: Arc::default(),
-            migrations: Arc::default(),
+            migration_queue: Arc::default(),
             migration_cache: Mutex::default(),
             synced: Synced::default(),
             synced_tx: watch::channel(false).0,
@@ -334,12 +335,12 @@ impl Context {
         for m in self.migrations() {
             let dest = migration::dest_key(&m);
             if migration::source_key(&m) == *key || dest.as_ref() == Some(key) {
-                self.migrations.add(ObjectKey::of(m.as_ref()));
+                self.migration_queue.add(ObjectKey::of(m.as_ref()));
             }
         }
     }
 
-    /// True once pools, volumes, snapshots and Leases were listed.
+    /// True once pools, volumes, snapshots, migrations and Leases were listed.
     pub fn is_synced(&self) -> bool {
         *self.synced_tx.borrow()
     }
@@ -686,24 +687,24 @@ fn on_migration(
             }
             ctx.count_migrations();
             for k in keys {
-                ctx.migrations.add(k);
+                ctx.migration_queue.add(k);
             }
             ctx.mark_synced(&ctx.synced.migrations);
         }
         Event::Apply(m) => {
             let key = ObjectKey::of(&m);
             ctx.upsert_migration(Arc::new(m));
-            ctx.migrations.add(key);
+            ctx.migration_queue.add(key);
         }
         Event::Delete(m) => {
             let key = ObjectKey::of(&m);
             ctx.remove_migration(&key);
-            ctx.migrations.add(key);
+            ctx.migration_queue.add(key);
             // Another migration of the same volume may have waited for this one.
             let src = migration::source_key(&m);
             for other in ctx.migrations() {
                 if migration::source_key(&other) == src {
-                    ctx.migrations.add(ObjectKey::of(other.as_ref()));
+                    ctx.migration_queue.add(ObjectKey::of(other.as_ref()));
                 }
             }
         }
@@ -845,7 +846,7 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
         WorkKind::Volume => Arc::clone(&ctx.volumes),
         WorkKind::Pool => Arc::clone(&ctx.pools),
         WorkKind::Snapshot => Arc::clone(&ctx.snapshots),
-        WorkKind::Migration => Arc::clone(&ctx.migrations),
+        WorkKind::Migration => Arc::clone(&ctx.migration_queue),
     };
     loop {
         let key = tokio::select! {
