@@ -257,6 +257,12 @@ async fn a_migration_runs_to_finished_and_one_volume_is_left() {
     timeout(LIMIT, async {
         let h = setup().await;
         wait_free(&h, "n1", 90 * GIB).await;
+        // What the CSI node recorded when it published the source.
+        let published = json!({ "stagingTargetPath": "/var/lib/kubelet/staging/pvc-1", "targetPath": "/var/lib/kubelet/pods/p/pvc-1" });
+        h.volumes()
+            .patch_status("pvc-1", &pp(), &Patch::Merge(json!({ "status": { "csiNodePubParams": published } })))
+            .await
+            .unwrap();
         let (dest, node) = up_to_setup_pipe(&h, migration("m1", "pvc-1")).await;
 
         // The migration: the source's place, the routing labels; the destination: the
@@ -320,6 +326,10 @@ async fn a_migration_runs_to_finished_and_one_volume_is_left() {
         assert_eq!(d.spec.target_node_id, node);
         assert!(!d.labels().contains_key(labels::MIGRATE_MIGRATION_NAME));
         assert!(!d.labels().contains_key(labels::MIGRATE_SOURCE_VOLUME_NAME));
+        assert_eq!(
+            serde_json::to_value(d.status.as_ref().unwrap().csi_node_pub_params.as_ref().unwrap()).unwrap(),
+            published
+        );
         // The scheduler's state: the source's space is back, the destination's is taken.
         wait_free(&h, "n1", 100 * GIB).await;
         assert_eq!(free(&h, &node), i128::from(90 * GIB));

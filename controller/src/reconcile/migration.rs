@@ -793,6 +793,7 @@ async fn retire_source(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Actio
             return finish(ctx, mig).await;
         }
         if src.metadata.deletion_timestamp.is_none() {
+            adopt_publish_record(ctx, &mig, &src).await?;
             if src.labels().contains_key(labels::VOL_UUID) {
                 let body = json!({ "metadata": {
                     "resourceVersion": src.metadata.resource_version,
@@ -832,8 +833,42 @@ async fn retire_source(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Actio
     finish(ctx, mig).await
 }
 
-/// The source is gone: the destination drops its migration labels and takes over the
-/// source's CSI publish record; the migration is `Finished`.
+/// The destination takes over the source's record of the CSI node publish
+/// (`status.csiNodePubParams`) when it has none: it is the volume from now on.
+async fn adopt_publish_record(
+    ctx: &Context,
+    mig: &VolumeMigration,
+    src: &AntstorVolume,
+) -> Result<()> {
+    let Some(params) = src
+        .status
+        .as_ref()
+        .and_then(|s| s.csi_node_pub_params.clone())
+    else {
+        return Ok(());
+    };
+    let dest = dest_key(mig).and_then(|k| {
+        let d = ctx.state().volume(&k).cloned();
+        d.map(|d| (k, d))
+    });
+    let Some((dkey, dest)) = dest else {
+        return Ok(());
+    };
+    if dest
+        .status
+        .as_ref()
+        .is_some_and(|s| s.csi_node_pub_params.is_some())
+    {
+        return Ok(());
+    }
+    let body = json!({ "status": { "csiNodePubParams": params } });
+    let out: AntstorVolume = ctx.patch(&dkey.namespace, &dkey.name, &body, true).await?;
+    store_volume(ctx, out);
+    Ok(())
+}
+
+/// The source is gone: the destination drops its migration labels; the migration is
+/// `Finished`.
 async fn finish(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Action> {
     let dest = dest_key(&mig).and_then(|k| {
         let d = ctx.state().volume(&k).cloned();
