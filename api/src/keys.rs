@@ -173,6 +173,14 @@ pub mod annotations {
     /// Volume: `"true"` to export it over TLS only (a PSK in the volume's Secret). Set from
     /// the StorageClass parameter `nvmfTls`.
     pub const NVMF_TLS: &str = "obnvmf/nvmf-tls";
+    /// Migration: when the controller first saw the source agent enable the switch-over
+    /// (`migrationInfo.autoSwitch.enabled`), RFC 3339.
+    pub const MIGRATE_SWITCH_ENABLED_AT: &str = "migrate.obnvmf/switch-enabled-at";
+    /// Migration: when the controller first saw the switch-over succeed
+    /// (`migrationInfo.autoSwitch.status: Success`), RFC 3339.
+    pub const MIGRATE_SWITCHED_AT: &str = "migrate.obnvmf/switched-at";
+    /// Migration: when it reached `Finished`, RFC 3339.
+    pub const MIGRATE_FINISHED_AT: &str = "migrate.obnvmf/finished-at";
     /// PVC: the node kube-scheduler selected.
     pub const K8S_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
     /// Volume: `guest-direct` when a Kata guest connects SPDK directly.

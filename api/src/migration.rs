@@ -190,3 +190,105 @@ pub struct VolumeMigrationStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
+
+/// `status.status` while a migration makes progress.
+pub const STATUS_WORKING: &str = "Working";
+/// `status.status` when a step failed; the phase shows which one, `status.message` why.
+pub const STATUS_ERROR: &str = "Error";
+/// `status.status` once the migration is done.
+pub const STATUS_FINISHED: &str = "Finished";
+/// Prefix of the destination volume's name: `mig-<migration uid>` (LiteIO: `mig-<uuid>`).
+pub const DEST_VOLUME_PREFIX: &str = "mig-";
+
+impl MigrationPhase {
+    /// Every phase, in flow order.
+    pub const ALL: [Self; 6] = [
+        Self::Pending,
+        Self::CreatingVolume,
+        Self::SetupPipe,
+        Self::Syncing,
+        Self::Cleaning,
+        Self::Finished,
+    ];
+
+    /// LiteIO's name of the phase (also a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::CreatingVolume => "CreatingVolume",
+            Self::SetupPipe => "SetupPipe",
+            Self::Syncing => "Syncing",
+            Self::Cleaning => "Cleaning",
+            Self::Finished => "Finished",
+        }
+    }
+}
+
+impl VolumeMigration {
+    /// The phase (`Pending` when none was written yet).
+    pub fn phase(&self) -> MigrationPhase {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or_default()
+    }
+
+    /// `status.status` (empty when none was written yet).
+    pub fn status_name(&self) -> &str {
+        self.status.as_ref().map_or("", |s| s.status.as_str())
+    }
+
+    /// Namespace of the source volume: `spec.sourceVolume.namespace`, else the migration's.
+    pub fn source_namespace(&self) -> String {
+        let ns = &self.spec.source_volume.namespace;
+        if ns.is_empty() {
+            self.metadata.namespace.clone().unwrap_or_default()
+        } else {
+            ns.clone()
+        }
+    }
+
+    /// Name of the destination volume this migration creates: `mig-<metadata.uid>`, so that
+    /// a retried step finds the volume it created before instead of making a second one.
+    pub fn dest_volume_name(&self) -> Option<String> {
+        let uid = self.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
+        Some(format!("{DEST_VOLUME_PREFIX}{uid}"))
+    }
+
+    /// Bytes copied so far according to the source agent (`jobProgress.total_write_pages`
+    /// pages of 4 KiB).
+    pub fn bytes_copied(&self) -> u64 {
+        let pages = self.spec.migration_info.job_progress.total_write_pages;
+        u64::try_from(pages).unwrap_or(0).saturating_mul(PAGE_BYTES)
+    }
+}
+
+/// Size of one page of `jobProgress.total_write_pages` / `total_read_pages`.
+pub const PAGE_BYTES: u64 = 4096;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_keep_liteios_names() {
+        for p in MigrationPhase::ALL {
+            assert_eq!(
+                serde_json::to_value(p).unwrap(),
+                serde_json::json!(p.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn dest_name_follows_the_uid() {
+        let mut m = VolumeMigration::new("m1", VolumeMigrationSpec::default());
+        assert_eq!(m.dest_volume_name(), None);
+        m.metadata.uid = Some("0b9d1f3c-6a2e".into());
+        assert_eq!(m.dest_volume_name().as_deref(), Some("mig-0b9d1f3c-6a2e"));
+        assert_eq!(m.phase(), MigrationPhase::Pending);
+        m.metadata.namespace = Some("obnvmf".into());
+        assert_eq!(m.source_namespace(), "obnvmf");
+    }
+}

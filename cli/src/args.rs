@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 use liteio_api::keys;
 
-/// Inspect LiteIO storage pools, volumes and snapshots, and lock pools out of scheduling.
+/// Inspect LiteIO storage pools, volumes, snapshots and migrations, lock pools out of
+/// scheduling and migrate volumes.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "kubectl-liteio", version, bin_name = "kubectl liteio")]
 pub struct Cli {
@@ -46,6 +47,20 @@ pub enum Command {
     /// List snapshots.
     #[command(visible_aliases = ["snapshot", "snap"])]
     Snapshots,
+    /// List volume migrations: volume, source and destination node, phase, status, copy
+    /// progress and rate.
+    #[command(visible_aliases = ["migration", "mig"])]
+    Migrations,
+    /// Move a volume's data to another node while its consumer keeps using it (a
+    /// VolumeMigration). A second call for a volume that is being migrated reports that
+    /// migration instead of starting another.
+    Migrate {
+        /// Volume name (the AntstorVolume name).
+        volume: String,
+        /// Destination node; default: the scheduler picks one other than the volume's.
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Everything about one volume or pool.
     Describe {
         /// The object.

@@ -9,9 +9,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use liteio_api::keys::{annotations, labels, managers};
+use liteio_api::migration::MigrationPhase;
 use liteio_api::naming;
 use liteio_api::size::format_bytes;
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
+use liteio_api::{
+    AntstorSnapshot, AntstorVolume, StoragePool, VolumeMigration, VolumeMigrationSpec,
+};
 use serde::Serialize;
 use serde_json::json;
 
@@ -88,6 +91,132 @@ pub async fn snapshots(
     let snaps: Vec<AntstorSnapshot> = list(client, ns, "antstorsnapshots").await?;
     let rows = view::snapshot_rows(&snaps);
     table_or(&rows, view::snapshots_table(&rows), format, "snapshots", ns)
+}
+
+/// `migrations`.
+pub async fn migrations(
+    client: &Client,
+    ns: &str,
+    format: OutputFormat,
+    now: Timestamp,
+) -> Result<String, CliError> {
+    let migs: Vec<VolumeMigration> = list(client, ns, "volumemigrations").await?;
+    let volumes: Vec<AntstorVolume> = list(client, ns, "antstorvolumes").await?;
+    let rows = view::migration_rows(&migs, &volumes, now);
+    table_or(
+        &rows,
+        view::migrations_table(&rows),
+        format,
+        "migrations",
+        ns,
+    )
+}
+
+/// What `migrate` did, in `-o json|yaml`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MigrateResult {
+    migration: String,
+    volume: String,
+    /// The node the user asked for (empty: the scheduler's choice).
+    to: String,
+    /// False when a migration of the volume was already under way.
+    created: bool,
+    phase: String,
+    status: String,
+}
+
+/// Name of a new migration of `volume`: `<volume>-mig-<unix seconds>` (cut so that it stays
+/// a valid object name).
+fn migration_name(volume: &str, now: Timestamp) -> String {
+    let suffix = format!("-mig-{}", now.as_second());
+    let mut head = volume.to_string();
+    let max = 253usize.saturating_sub(suffix.len());
+    while head.len() > max {
+        head.pop();
+    }
+    format!("{}{suffix}", head.trim_end_matches(['-', '.']))
+}
+
+/// `migrate VOLUME [--to NODE]`: creates a VolumeMigration of the volume, unless one that
+/// has not finished exists already; then reports that one.
+pub async fn migrate(
+    client: &Client,
+    ns: &str,
+    volume: &str,
+    to: Option<&str>,
+    format: OutputFormat,
+    now: Timestamp,
+) -> Result<String, CliError> {
+    let vol: AntstorVolume = get(client, ns, "volume", volume).await?;
+    let to = to.unwrap_or_default();
+    if !to.is_empty() && vol.target_node() == Some(to) {
+        return Err(CliError::Refused(format!(
+            "volume {volume} is already on node {to}; name another node with --to, or leave it out"
+        )));
+    }
+    let migs: Vec<VolumeMigration> = list(client, ns, "volumemigrations").await?;
+    let running = migs.iter().find(|m| {
+        m.spec.source_volume.name == volume
+            && m.phase() != MigrationPhase::Finished
+            && m.metadata.deletion_timestamp.is_none()
+    });
+    let (mig, created) = match running {
+        Some(m) => (m.clone(), false),
+        None => {
+            let mut m =
+                VolumeMigration::new(&migration_name(volume, now), VolumeMigrationSpec::default());
+            m.metadata.namespace = Some(ns.to_string());
+            m.spec.source_volume.namespace = ns.to_string();
+            m.spec.source_volume.name = volume.to_string();
+            m.spec.dest_volume.target_node_id = to.to_string();
+            let api: Api<VolumeMigration> = Api::namespaced(client.clone(), ns);
+            let pp = kube::api::PostParams {
+                field_manager: Some(managers::CLI.to_string()),
+                ..kube::api::PostParams::default()
+            };
+            let out = api.create(&pp, &m).await.map_err(|e| {
+                CliError::api(
+                    format!("create volumemigration {} in namespace {ns}", m.name_any()),
+                    &e,
+                )
+            })?;
+            (out, true)
+        }
+    };
+    let result = MigrateResult {
+        migration: mig.name_any(),
+        volume: volume.to_string(),
+        to: mig.spec.dest_volume.target_node_id.clone(),
+        created,
+        phase: mig.phase().as_str().to_string(),
+        status: mig.status_name().to_string(),
+    };
+    if format != OutputFormat::Table {
+        return render(&result, format);
+    }
+    let dest = if result.to.is_empty() {
+        "a node the scheduler picks".to_string()
+    } else {
+        format!("node {}", result.to)
+    };
+    Ok(if created {
+        format!(
+            "migration {} created: volume {volume} moves to {dest}; follow it with `kubectl liteio migrations`\n",
+            result.migration
+        )
+    } else {
+        format!(
+            "volume {volume} is already being migrated by migration {} to {dest} (phase {}, status {}); nothing created\n",
+            result.migration,
+            result.phase,
+            if result.status.is_empty() {
+                NONE
+            } else {
+                result.status.as_str()
+            }
+        )
+    })
 }
 
 fn table_or<T: Serialize>(

@@ -59,6 +59,10 @@ pub async fn run_at(cli: &Cli, client: &Client, now: Timestamp) -> Result<String
         Command::Pools => commands::pools(client, ns, fmt, now).await,
         Command::Volumes => commands::volumes(client, ns, fmt).await,
         Command::Snapshots => commands::snapshots(client, ns, fmt).await,
+        Command::Migrations => commands::migrations(client, ns, fmt, now).await,
+        Command::Migrate { volume, to } => {
+            commands::migrate(client, ns, volume, to.as_deref(), fmt, now).await
+        }
         Command::Describe {
             target: DescribeTarget::Volume { name },
         } => commands::describe_volume(client, ns, name, fmt, now).await,

@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use liteio_api::keys::{annotations, labels};
 use liteio_api::size::format_bytes;
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
+use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeMigration};
 use serde::Serialize;
 
 use crate::table::Table;
@@ -335,6 +335,137 @@ pub fn snapshots_table(rows: &[SnapshotRow]) -> Table {
     t
 }
 
+/// One row of `migrations`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationRow {
+    /// Migration name.
+    pub name: String,
+    /// The volume being moved.
+    pub volume: String,
+    /// Node the data comes from.
+    pub from: String,
+    /// Node the data goes to; empty until placed (or the node the user named).
+    pub to: String,
+    /// `Pending`, `CreatingVolume`, `SetupPipe`, `Syncing`, `Cleaning`, `Finished`.
+    pub phase: String,
+    /// `Working`, `Error`, `Finished`; `deleting` once a deletion was requested.
+    pub status: String,
+    /// Bytes the source agent reports copied (`jobProgress`).
+    pub copied_bytes: u64,
+    /// Size of the volume, when known.
+    pub size_bytes: Option<u64>,
+    /// Copy rounds passed.
+    pub rounds: i64,
+    /// Copy rate in bytes per second, once the agent reported time spent.
+    pub rate_bytes_per_second: Option<u64>,
+    /// Why the migration is in `Error` (or what it waits for).
+    pub message: String,
+    /// Seconds since the migration was created.
+    pub age_seconds: Option<i64>,
+}
+
+/// Rows of `migrations`, sorted by name; `volumes` give the sizes.
+pub fn migration_rows(
+    migs: &[VolumeMigration],
+    volumes: &[AntstorVolume],
+    now: Timestamp,
+) -> Vec<MigrationRow> {
+    let size_of = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v.name_any() == name)
+            .map(|v| v.spec.size_byte)
+    };
+    let mut rows: Vec<MigrationRow> = migs
+        .iter()
+        .map(|m| {
+            let job = &m.spec.migration_info.job_progress;
+            let copied = m.bytes_copied();
+            let rate = u64::try_from(job.ms_elapsed)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(|ms| copied.saturating_mul(1000) / ms);
+            let status = if m.metadata.deletion_timestamp.is_some() {
+                "deleting".to_string()
+            } else {
+                m.status_name().to_string()
+            };
+            MigrationRow {
+                name: m.name_any(),
+                volume: m.spec.source_volume.name.clone(),
+                from: m.spec.source_volume.target_node_id.clone(),
+                to: m.spec.dest_volume.target_node_id.clone(),
+                phase: m.phase().as_str().to_string(),
+                status,
+                copied_bytes: copied,
+                size_bytes: size_of(&m.spec.source_volume.name)
+                    .or_else(|| size_of(&m.spec.dest_volume.name)),
+                rounds: job.round_passed,
+                rate_bytes_per_second: rate,
+                message: m
+                    .status
+                    .as_ref()
+                    .map(|s| s.message.clone())
+                    .unwrap_or_default(),
+                age_seconds: m
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| seconds_since(t.0, now)),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+/// The copy progress as the table shows it: `42%` of the volume (capped at 100: a copy
+/// that goes round again rewrites blocks), or the bytes copied when the size is unknown.
+pub fn migration_progress(r: &MigrationRow) -> String {
+    if r.phase == "Finished" {
+        return "100%".into();
+    }
+    match r.size_bytes.filter(|s| *s > 0) {
+        Some(size) if r.copied_bytes > 0 => {
+            let pct = (u128::from(r.copied_bytes) * 100 / u128::from(size)).min(100);
+            format!("{pct}%")
+        }
+        _ if r.copied_bytes > 0 => format_bytes(r.copied_bytes),
+        _ => NONE.into(),
+    }
+}
+
+/// The `migrations` table.
+pub fn migrations_table(rows: &[MigrationRow]) -> Table {
+    let mut t = Table::new(&[
+        "NAME", "VOLUME", "FROM", "TO", "PHASE", "STATUS", "PROGRESS", "ROUNDS", "RATE", "AGE",
+        "MESSAGE",
+    ]);
+    for r in rows {
+        t.row(vec![
+            r.name.clone(),
+            or_none(&r.volume),
+            or_none(&r.from),
+            or_none(&r.to),
+            or_none(&r.phase),
+            or_none(&r.status),
+            migration_progress(r),
+            if r.rounds > 0 {
+                r.rounds.to_string()
+            } else {
+                NONE.into()
+            },
+            r.rate_bytes_per_second
+                .map(|b| format!("{}/s", format_bytes(b)))
+                .unwrap_or_else(|| NONE.into()),
+            r.age_seconds.map(format_age).unwrap_or_else(|| NONE.into()),
+            or_none(&r.message),
+        ]);
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,6 +485,35 @@ mod tests {
             "File".to_string(),
         )]));
         assert_eq!(engine(&p), "File");
+    }
+
+    #[test]
+    fn migration_progress_and_rate_come_from_the_job() {
+        let mut m = VolumeMigration::new("m1", liteio_api::VolumeMigrationSpec::default());
+        m.spec.source_volume.name = "pvc-1".into();
+        m.spec.migration_info.job_progress.total_write_pages = 65_536; // 256 MiB
+        m.spec.migration_info.job_progress.ms_elapsed = 2_000;
+        m.spec.migration_info.job_progress.round_passed = 1;
+        let v = AntstorVolume::new(
+            "pvc-1",
+            liteio_api::AntstorVolumeSpec {
+                size_byte: 1 << 30,
+                ..Default::default()
+            },
+        );
+        let rows = migration_rows(std::slice::from_ref(&m), &[v], Timestamp::now());
+        assert_eq!(rows[0].copied_bytes, 256 << 20);
+        assert_eq!(rows[0].rate_bytes_per_second, Some(128 << 20));
+        assert_eq!(migration_progress(&rows[0]), "25%");
+        let out = migrations_table(&rows).render();
+        assert!(out.contains("25%") && out.contains("128.0 MiB/s"), "{out}");
+        // Unknown size: the bytes; nothing copied: a dash.
+        let rows = migration_rows(std::slice::from_ref(&m), &[], Timestamp::now());
+        assert_eq!(migration_progress(&rows[0]), "256.0 MiB");
+        m.spec.migration_info.job_progress = Default::default();
+        let rows = migration_rows(std::slice::from_ref(&m), &[], Timestamp::now());
+        assert_eq!(migration_progress(&rows[0]), NONE);
+        assert_eq!(rows[0].rate_bytes_per_second, None);
     }
 
     #[test]

@@ -771,7 +771,8 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                 (
                     LITEIO,
                     "antstorvolumes",
-                    &["list", "watch", "patch"][..],
+                    // create and delete: migration destinations and retired sources.
+                    &["list", "watch", "patch", "create", "get", "delete"][..],
                     Ns,
                 ),
                 (LITEIO, "antstorvolumes/status", &["patch"][..], Ns),
@@ -782,6 +783,13 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     Ns,
                 ),
                 (LITEIO, "antstorsnapshots/status", &["patch"][..], Ns),
+                (
+                    LITEIO,
+                    "volumemigrations",
+                    &["list", "watch", "patch"][..],
+                    Ns,
+                ),
+                (LITEIO, "volumemigrations/status", &["patch"][..], Ns),
                 (
                     COORD,
                     "leases",

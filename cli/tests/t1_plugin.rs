@@ -718,3 +718,78 @@ async fn rotate_keys_replaces_a_volumes_keys_and_tells_the_agent() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn migrate_creates_one_migration_and_the_table_shows_its_progress() {
+    within(async {
+        let (_server, client) = seeded().await;
+        let name = "pvc-a-mig-1800000000";
+        let text = out(&client, &["migrate", "pvc-a", "--to", "node-2"]).await;
+        assert_eq!(
+            text,
+            format!("migration {name} created: volume pvc-a moves to node node-2; follow it with `kubectl liteio migrations`\n")
+        );
+        let migs: Api<liteio_api::VolumeMigration> = Api::namespaced(client.clone(), NS);
+        let m = migs.get(name).await.unwrap();
+        assert_eq!(m.spec.source_volume.name, "pvc-a");
+        assert_eq!(m.spec.source_volume.namespace, NS);
+        assert_eq!(m.spec.dest_volume.target_node_id, "node-2");
+
+        // Idempotent: a second call reports the migration under way.
+        let text = out(&client, &["migrate", "pvc-a"]).await;
+        assert_eq!(
+            text,
+            format!("volume pvc-a is already being migrated by migration {name} to node node-2 (phase Pending, status -); nothing created\n")
+        );
+        let json: Value =
+            serde_json::from_str(&out(&client, &["migrate", "pvc-a", "-o", "json"]).await).unwrap();
+        assert_eq!(json["created"], false);
+        assert_eq!(json["migration"], name);
+        assert_eq!(migs.list(&Default::default()).await.unwrap().items.len(), 1);
+
+        // Refused and missing.
+        let err = run_at(&cli(&["migrate", "pvc-a", "--to", "node-1"]), &client, now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Refused);
+        assert!(err.to_string().contains("already on node node-1"), "{err}");
+        let err = run_at(&cli(&["migrate", "pvc-x"]), &client, now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), "volume pvc-x not found in namespace obnvmf");
+
+        // The table: what the controller and the source agent wrote.
+        migs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": {
+                "sourceVolume": { "targetNodeId": "node-1" },
+                "migrationInfo": { "jobProgress": {
+                    "status": "running", "total_write_pages": 655_360, "roundPassed": 1, "ms_elapsed": 10_000,
+                }},
+            }})),
+        )
+        .await
+        .unwrap();
+        status(&migs, name, json!({ "phase": "Syncing", "status": "Working" })).await;
+        let text = out(&client, &["migrations"]).await;
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(
+            squash(lines[0]),
+            "NAME VOLUME FROM TO PHASE STATUS PROGRESS ROUNDS RATE AGE MESSAGE"
+        );
+        assert!(
+            squash(lines[1]).starts_with(&format!("{name} pvc-a node-1 node-2 Syncing Working 25% 1 256.0 MiB/s ")),
+            "{text}"
+        );
+        let yaml: Value = serde_yaml::from_str(&out(&client, &["mig", "-o", "yaml"]).await).unwrap();
+        assert_eq!(yaml[0]["copiedBytes"], 655_360u64 * 4096);
+        assert_eq!(yaml[0]["sizeBytes"], 10 * GIB);
+        let empty = run_at(&cli(&["-n", "elsewhere", "migrations"]), &client, now())
+            .await
+            .unwrap();
+        assert_eq!(empty, "No migrations found in namespace elsewhere.\n");
+    })
+    .await;
+}

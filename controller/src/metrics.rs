@@ -2,8 +2,8 @@
 //! results, reasons and pool states, never an error's text.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// The controller's metrics.
@@ -20,6 +20,14 @@ pub struct Metrics {
     pub pools: IntGaugeVec,
     /// 1 while this instance leads.
     pub leader: IntGauge,
+    /// VolumeMigrations by phase and status (`Working`, `Error`, `Finished`, `none`).
+    pub migrations: IntGaugeVec,
+    /// Time from the source agent enabling the switch-over to its success, as the
+    /// controller saw them (annotations `migrate.obnvmf/switch-enabled-at` and
+    /// `migrate.obnvmf/switched-at`).
+    pub migration_switch_seconds: Histogram,
+    /// Time from a VolumeMigration's creation to `Finished`.
+    pub migration_seconds: Histogram,
 }
 
 impl Metrics {
@@ -49,11 +57,34 @@ impl Metrics {
         )?;
         let pools = IntGaugeVec::new(Opts::new("pools", "Pools by state"), &["state"])?;
         let leader = IntGauge::new("leader", "1 while this instance is the leader")?;
+        let migrations = IntGaugeVec::new(
+            Opts::new("migrations", "VolumeMigrations by phase and status"),
+            &["phase", "status"],
+        )?;
+        let migration_switch_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "migration_switch_duration_seconds",
+                "Time from the switch-over being enabled to its success",
+            )
+            .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+        )?;
+        let migration_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "migration_duration_seconds",
+                "Time from a VolumeMigration's creation to Finished",
+            )
+            .buckets(vec![
+                1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 86400.0,
+            ]),
+        )?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(schedule_seconds.clone()))?;
         registry.register(Box::new(schedule_failures.clone()))?;
         registry.register(Box::new(pools.clone()))?;
         registry.register(Box::new(leader.clone()))?;
+        registry.register(Box::new(migrations.clone()))?;
+        registry.register(Box::new(migration_switch_seconds.clone()))?;
+        registry.register(Box::new(migration_seconds.clone()))?;
         Ok(Self {
             registry,
             reconciles,
@@ -61,6 +92,9 @@ impl Metrics {
             schedule_failures,
             pools,
             leader,
+            migrations,
+            migration_switch_seconds,
+            migration_seconds,
         })
     }
 

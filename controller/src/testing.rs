@@ -1,4 +1,4 @@
-//! Test fixtures: builders for pools, volumes and snapshots
+//! Test fixtures: builders for pools, volumes, snapshots and migrations
 //! (`volume("v1", 10 * GIB).host("n1").scheduled_to("n1").arc()`). Used by the unit and
 //! integration tests; nothing here talks to a cluster.
 
@@ -16,7 +16,7 @@ use liteio_api::pool::{
 use liteio_api::snapshot::{AntstorSnapshotSpec, SnapshotVolType};
 use liteio_api::{
     AntstorSnapshot, AntstorVolume, AntstorVolumeSpec, StoragePool, StoragePoolSpec,
-    StoragePoolStatus,
+    StoragePoolStatus, VolumeMigration, VolumeMigrationSpec,
 };
 
 fn meta(name: &str) -> ObjectMeta {
@@ -304,5 +304,31 @@ impl SnapshotFixture {
     /// The snapshot in an `Arc`.
     pub fn arc(self) -> Arc<AntstorSnapshot> {
         Arc::new(self.0)
+    }
+}
+
+/// Builder of a [`VolumeMigration`].
+#[derive(Debug, Clone)]
+pub struct MigrationFixture(pub VolumeMigration);
+
+/// A migration `name` of volume `source` (both in `obnvmf`), destination left to the
+/// scheduler.
+pub fn migration(name: &str, source: &str) -> MigrationFixture {
+    let mut m = VolumeMigration::new(name, VolumeMigrationSpec::default());
+    m.metadata = meta(name);
+    m.spec.source_volume.namespace = keys::DEFAULT_NAMESPACE.into();
+    m.spec.source_volume.name = source.into();
+    MigrationFixture(m)
+}
+
+impl MigrationFixture {
+    /// Names the destination node (`spec.destVolume.targetNodeId`).
+    pub fn to(mut self, node: &str) -> Self {
+        self.0.spec.dest_volume.target_node_id = node.into();
+        self
+    }
+    /// The migration.
+    pub fn build(self) -> VolumeMigration {
+        self.0
     }
 }

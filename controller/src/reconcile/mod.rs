@@ -3,12 +3,14 @@
 //! pools that are not ready) every `liveness.tick`. Nothing else runs on a timer: a volume
 //! that did not fit is retried when a pool changes or space is freed, a clone waiting for
 //! its source snapshot when that snapshot appears, a snapshot waiting for its origin when
-//! the origin changes.
+//! the origin changes, a migration when its source or destination volume changes (or
+//! another migration of its volume goes away).
 //!
-//! Workers start only after the first full list of pools, volumes, snapshots and Leases, so
-//! the scheduler never decides on a partial view (a restarted controller places nothing
-//! twice). Failed reconciles are retried with per-key exponential back-off.
+//! Workers start only after the first full list of pools, volumes, snapshots, migrations
+//! and Leases, so the scheduler never decides on a partial view (a restarted controller
+//! places nothing twice). Failed reconciles are retried with per-key exponential back-off.
 
+pub mod migration;
 pub mod pool;
 pub mod snapshot;
 pub mod volume;
@@ -29,7 +31,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use liteio_api::keys::{finalizers, managers};
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool};
+use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeMigration};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
@@ -160,6 +162,7 @@ struct Synced {
     volumes: AtomicBool,
     snapshots: AtomicBool,
     leases: AtomicBool,
+    migrations: AtomicBool,
     nodes: AtomicBool,
 }
 
@@ -183,6 +186,9 @@ pub struct Context {
     volumes: Arc<WorkQueue>,
     pools: Arc<WorkQueue>,
     snapshots: Arc<WorkQueue>,
+    migration_queue: Arc<WorkQueue>,
+    /// The VolumeMigrations, as last seen (watch events and this controller's writes).
+    migration_cache: Mutex<HashMap<ObjectKey, Arc<VolumeMigration>>>,
     synced: Synced,
     synced_tx: watch::Sender<bool>,
     recorder: Recorder,
@@ -230,6 +236,8 @@ impl Context {
             volumes: Arc::default(),
             pools: Arc::default(),
             snapshots: Arc::default(),
+            migration_queue: Arc::default(),
+            migration_cache: Mutex::default(),
             synced: Synced::default(),
             synced_tx: watch::channel(false).0,
             recorder,
@@ -258,7 +266,81 @@ impl Context {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// True once pools, volumes, snapshots and Leases were listed.
+    /// The VolumeMigration `key` as last seen.
+    pub fn migration(&self, key: &ObjectKey) -> Option<Arc<VolumeMigration>> {
+        self.migration_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Every VolumeMigration as last seen.
+    pub fn migrations(&self) -> Vec<Arc<VolumeMigration>> {
+        self.migration_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Records the latest version of a VolumeMigration (and refreshes the by-phase gauge).
+    pub fn upsert_migration(&self, mig: Arc<VolumeMigration>) {
+        let key = ObjectKey::of(mig.as_ref());
+        self.migration_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, mig);
+        self.count_migrations();
+    }
+
+    /// Forgets a VolumeMigration.
+    pub fn remove_migration(&self, key: &ObjectKey) {
+        self.migration_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+        self.count_migrations();
+    }
+
+    fn count_migrations(&self) {
+        let mut counts: HashMap<(&'static str, &'static str), i64> = HashMap::new();
+        for m in self.migrations() {
+            let status = match m.status_name() {
+                liteio_api::migration::STATUS_WORKING => liteio_api::migration::STATUS_WORKING,
+                liteio_api::migration::STATUS_ERROR => liteio_api::migration::STATUS_ERROR,
+                liteio_api::migration::STATUS_FINISHED => liteio_api::migration::STATUS_FINISHED,
+                _ => "none",
+            };
+            *counts.entry((m.phase().as_str(), status)).or_default() += 1;
+        }
+        for phase in liteio_api::migration::MigrationPhase::ALL {
+            for status in [
+                liteio_api::migration::STATUS_WORKING,
+                liteio_api::migration::STATUS_ERROR,
+                liteio_api::migration::STATUS_FINISHED,
+                "none",
+            ] {
+                self.metrics
+                    .migrations
+                    .with_label_values(&[phase.as_str(), status])
+                    .set(counts.get(&(phase.as_str(), status)).copied().unwrap_or(0));
+            }
+        }
+    }
+
+    /// Queues the migrations whose source or destination is the volume `key`.
+    fn enqueue_migrations_of(&self, key: &ObjectKey) {
+        for m in self.migrations() {
+            let dest = migration::dest_key(&m);
+            if migration::source_key(&m) == *key || dest.as_ref() == Some(key) {
+                self.migration_queue.add(ObjectKey::of(m.as_ref()));
+            }
+        }
+    }
+
+    /// True once pools, volumes, snapshots, migrations and Leases were listed.
     pub fn is_synced(&self) -> bool {
         *self.synced_tx.borrow()
     }
@@ -280,6 +362,7 @@ impl Context {
             &self.synced.volumes,
             &self.synced.snapshots,
             &self.synced.leases,
+            &self.synced.migrations,
         ]
         .iter()
         .all(|f| f.load(Ordering::SeqCst));
@@ -509,6 +592,7 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
                 };
                 (s.snapshots_of(&key), unscheduled)
             };
+            ctx.enqueue_migrations_of(&key);
             ctx.volumes.add(key);
             ctx.enqueue_snapshots(snaps);
             ctx.enqueue_volumes(unscheduled);
@@ -523,6 +607,7 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
             if let Some(n) = v.target_node() {
                 ctx.enqueue_pool(n);
             }
+            ctx.enqueue_migrations_of(&key);
             ctx.volumes.add(key);
             ctx.enqueue_snapshots(snaps);
             ctx.enqueue_volumes(unscheduled);
@@ -575,6 +660,53 @@ fn on_snapshot(
             ctx.snapshots.add(key);
             ctx.enqueue_snapshots(siblings);
             ctx.enqueue_volumes(unscheduled);
+        }
+    }
+}
+
+fn on_migration(
+    ctx: &Arc<Context>,
+    ev: Event<VolumeMigration>,
+    buf: &mut Vec<Arc<VolumeMigration>>,
+) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(m) => buf.push(Arc::new(m)),
+        Event::InitDone => {
+            let migs = std::mem::take(buf);
+            let keys: Vec<ObjectKey> = migs.iter().map(|m| ObjectKey::of(m.as_ref())).collect();
+            {
+                let mut cache = ctx
+                    .migration_cache
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                cache.clear();
+                for (k, m) in keys.iter().zip(migs) {
+                    cache.insert(k.clone(), m);
+                }
+            }
+            ctx.count_migrations();
+            for k in keys {
+                ctx.migration_queue.add(k);
+            }
+            ctx.mark_synced(&ctx.synced.migrations);
+        }
+        Event::Apply(m) => {
+            let key = ObjectKey::of(&m);
+            ctx.upsert_migration(Arc::new(m));
+            ctx.migration_queue.add(key);
+        }
+        Event::Delete(m) => {
+            let key = ObjectKey::of(&m);
+            ctx.remove_migration(&key);
+            ctx.migration_queue.add(key);
+            // Another migration of the same volume may have waited for this one.
+            let src = migration::source_key(&m);
+            for other in ctx.migrations() {
+                if migration::source_key(&other) == src {
+                    ctx.migration_queue.add(ObjectKey::of(other.as_ref()));
+                }
+            }
         }
     }
 }
@@ -679,7 +811,27 @@ async fn watch_loop<K, B>(
 
 use kube::runtime::watcher::watcher;
 
-async fn worker(ctx: Arc<Context>, kind: Kind, mut shutdown: watch::Receiver<bool>) {
+/// The kinds the workers reconcile (one worker and one queue each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkKind {
+    Volume,
+    Pool,
+    Snapshot,
+    Migration,
+}
+
+impl WorkKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Volume => Kind::Volume.as_str(),
+            Self::Pool => Kind::Pool.as_str(),
+            Self::Snapshot => Kind::Snapshot.as_str(),
+            Self::Migration => "migration",
+        }
+    }
+}
+
+async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver<bool>) {
     let mut synced = ctx.synced_tx.subscribe();
     loop {
         if *synced.borrow() {
@@ -691,9 +843,10 @@ async fn worker(ctx: Arc<Context>, kind: Kind, mut shutdown: watch::Receiver<boo
         }
     }
     let queue = match kind {
-        Kind::Volume => Arc::clone(&ctx.volumes),
-        Kind::Pool => Arc::clone(&ctx.pools),
-        Kind::Snapshot => Arc::clone(&ctx.snapshots),
+        WorkKind::Volume => Arc::clone(&ctx.volumes),
+        WorkKind::Pool => Arc::clone(&ctx.pools),
+        WorkKind::Snapshot => Arc::clone(&ctx.snapshots),
+        WorkKind::Migration => Arc::clone(&ctx.migration_queue),
     };
     loop {
         let key = tokio::select! {
@@ -702,9 +855,10 @@ async fn worker(ctx: Arc<Context>, kind: Kind, mut shutdown: watch::Receiver<boo
         };
         let one = async {
             match kind {
-                Kind::Volume => volume::reconcile(&ctx, &key).await,
-                Kind::Pool => pool::reconcile(&ctx, &key).await,
-                Kind::Snapshot => snapshot::reconcile(&ctx, &key).await,
+                WorkKind::Volume => volume::reconcile(&ctx, &key).await,
+                WorkKind::Pool => pool::reconcile(&ctx, &key).await,
+                WorkKind::Snapshot => snapshot::reconcile(&ctx, &key).await,
+                WorkKind::Migration => migration::reconcile(&ctx, &key).await,
             }
         };
         // Each kind has one worker, so a request that hangs would stop every object of the
@@ -820,6 +974,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
     ));
     tasks.spawn(watch_loop(
         Arc::clone(&ctx),
+        Api::<VolumeMigration>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_migration,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
         Api::<Lease>::namespaced(client.clone(), &ns),
         watcher::Config::default(),
         on_lease,
@@ -840,7 +1002,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
         Vec::new(),
         shutdown.clone(),
     ));
-    for kind in [Kind::Volume, Kind::Pool, Kind::Snapshot] {
+    for kind in [
+        WorkKind::Volume,
+        WorkKind::Pool,
+        WorkKind::Snapshot,
+        WorkKind::Migration,
+    ] {
         tasks.spawn(worker(Arc::clone(&ctx), kind, shutdown.clone()));
     }
     tasks.spawn(liveness_clock(Arc::clone(&ctx), shutdown.clone()));

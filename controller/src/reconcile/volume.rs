@@ -107,7 +107,9 @@ fn check(ctx: &Context, key: &ObjectKey, vol: &AntstorVolume) -> std::result::Re
         .validate_volume(vol)
         .map_err(|e| e.to_string())?;
     let state = ctx.state();
-    if let Some(owner) = state.uuid_owner(key) {
+    if let Some(owner) = state.uuid_owner(key)
+        && !is_migration_dest_of(vol, key, &owner)
+    {
         return Err(format!(
             "invalid volume: spec.uuid: {} is already used by AntstorVolume {owner}; \
              a volume is found by its uuid, so this one is not scheduled",
@@ -126,6 +128,16 @@ fn check(ctx: &Context, key: &ObjectKey, vol: &AntstorVolume) -> std::result::Re
         ));
     }
     Ok(())
+}
+
+/// True when `vol` is the destination of a migration of `owner` (label
+/// `migrate.obnvmf/source-volume-name`): it shares the source's uuid until the migration
+/// retires the source (see [`super::migration`]).
+fn is_migration_dest_of(vol: &AntstorVolume, key: &ObjectKey, owner: &ObjectKey) -> bool {
+    owner.namespace == key.namespace
+        && liteio_api::meta::label(&vol.metadata, labels::MIGRATE_MIGRATION_NAME).is_some()
+        && liteio_api::meta::label(&vol.metadata, labels::MIGRATE_SOURCE_VOLUME_NAME)
+            == Some(owner.name.as_str())
 }
 
 /// The message for a clone whose source snapshot is not in the cluster (the agent could

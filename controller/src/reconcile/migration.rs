@@ -1,0 +1,1197 @@
+//! The VolumeMigration reconciler: the controller's half of hot migration (reference §2.5,
+//! issue 15). It validates the source, places and creates the destination volume, follows
+//! what the source agent and the host's CSI node report on the migration object, and at the
+//! end makes the destination *the* volume and deletes the source through the normal volume
+//! deletion path. The agents' half and the contract between the two are in
+//! `docs/migration.md`, section "Object flow".
+//!
+//! The decisions are pure functions ([`validate_source`], [`dest_volume`], [`agent_error`],
+//! [`next`]) so that they are unit-tested without an API server; [`reconcile`] applies them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use liteio_api::common::{SpdkTarget, VolumePosition, VolumeType};
+use liteio_api::keys::{annotations, finalizers, labels, managers};
+use liteio_api::migration::{
+    ConnectStatus, MigrationPhase, ResultStatus, STATUS_ERROR, STATUS_FINISHED, STATUS_WORKING,
+};
+use liteio_api::{AntstorVolume, AntstorVolumeSpec, VolumeMigration, VolumeStatus, naming};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use super::{Action, Context};
+use crate::clock::elapsed;
+use crate::error::{Error, Result};
+use crate::scheduler::ScheduleError;
+use crate::state::{ObjectKey, State};
+
+/// Labels of the source volume that the destination does not inherit: its node, and the
+/// clone labels (the destination is a plain lvol holding a full copy, not a clone of a
+/// snapshot that exists only on the source node).
+const NOT_INHERITED_LABELS: [&str; 4] = [
+    labels::TARGET_NODE_ID,
+    labels::VOLUME_SOURCE_SNAP_NAME,
+    labels::VOLUME_SOURCE_SNAP_NS,
+    labels::EXPANSION_ORIGINAL_SIZE,
+];
+
+/// Annotations of the source volume that the destination does not inherit: the forced
+/// node, and what the controller and the agent write for the node the data is on.
+const NOT_INHERITED_ANNOTATIONS: [&str; 3] = [
+    annotations::SELECTED_TGT_NODE,
+    annotations::ALLOCATED_BYTES,
+    annotations::LOCAL_ONLY,
+];
+
+/// The key of the source volume of `mig`.
+pub fn source_key(mig: &VolumeMigration) -> ObjectKey {
+    ObjectKey::new(mig.source_namespace(), mig.spec.source_volume.name.clone())
+}
+
+/// The key of the destination volume of `mig` (it lives beside the source), once the
+/// migration has a uid.
+pub fn dest_key(mig: &VolumeMigration) -> Option<ObjectKey> {
+    Some(ObjectKey::new(
+        mig.source_namespace(),
+        mig.dest_volume_name()?,
+    ))
+}
+
+/// Why the volume `key` (as the state has it, `None` when it does not exist) cannot be
+/// migrated, if it cannot. `snapshots` are its snapshots; `other` names another unfinished
+/// migration of the same volume.
+pub fn validate_source(
+    key: &ObjectKey,
+    vol: Option<&AntstorVolume>,
+    snapshots: &[ObjectKey],
+    other: Option<&ObjectKey>,
+) -> std::result::Result<(), String> {
+    if key.name.is_empty() {
+        return Err("spec.sourceVolume.name is empty; name the AntstorVolume to migrate".into());
+    }
+    let Some(vol) = vol else {
+        return Err(format!(
+            "spec.sourceVolume: AntstorVolume {key} does not exist"
+        ));
+    };
+    if vol.metadata.deletion_timestamp.is_some() {
+        return Err(format!("source volume {key} is being deleted"));
+    }
+    if vol.spec.type_ != Some(VolumeType::SpdkLVol) {
+        let t = vol
+            .spec
+            .type_
+            .map_or("unset".to_string(), |t| format!("{t:?}"));
+        return Err(format!(
+            "source volume {key} has spec.type {t}; only SpdkLVol volumes can be migrated"
+        ));
+    }
+    if vol.spec.position_advice == VolumePosition::MustLocal {
+        return Err(format!(
+            "source volume {key} has spec.positionAdvice MustLocal; its data must stay on its consumer's node"
+        ));
+    }
+    if liteio_api::meta::annotation(&vol.metadata, annotations::LOCAL_ONLY) == Some("true") {
+        return Err(format!(
+            "source volume {key} is usable only on its node (annotation {}); its consumer cannot reach another node",
+            annotations::LOCAL_ONLY
+        ));
+    }
+    if vol.target_node().is_none() {
+        return Err(format!(
+            "source volume {key} has no spec.targetNodeId; it is not scheduled yet"
+        ));
+    }
+    if vol.phase() != VolumeStatus::Ready {
+        return Err(format!(
+            "source volume {key} has status.status {}; it must be ready",
+            status_name(vol.phase())
+        ));
+    }
+    if vol
+        .spec
+        .spdk_target
+        .as_ref()
+        .is_none_or(|t| t.subsys_nqn.is_empty())
+    {
+        return Err(format!(
+            "source volume {key} has no spec.spdkTarget.subsysNqn; it is not exported"
+        ));
+    }
+    if let Some(m) = liteio_api::meta::label(&vol.metadata, labels::MIGRATE_MIGRATION_NAME) {
+        return Err(format!(
+            "source volume {key} is the destination of migration {m}, which has not finished"
+        ));
+    }
+    if liteio_api::meta::label(&vol.metadata, labels::EXPANSION_ORIGINAL_SIZE).is_some() {
+        return Err(format!(
+            "source volume {key} is being expanded (label {}); migrate it afterwards",
+            labels::EXPANSION_ORIGINAL_SIZE
+        ));
+    }
+    if let Some(s) = snapshots.first() {
+        return Err(format!(
+            "source volume {key} has the snapshot {s}, which cannot move with it; delete the snapshot first"
+        ));
+    }
+    if let Some(o) = other {
+        return Err(format!(
+            "source volume {key} is already being migrated by VolumeMigration {o}"
+        ));
+    }
+    Ok(())
+}
+
+fn status_name(s: VolumeStatus) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{s:?}"))
+}
+
+/// The destination volume of `mig` for the source `src`, on `node` (empty: not placed yet,
+/// the form the scheduler is asked about).
+///
+/// Labels: the source's minus `obnvmf/target-node-id` (and the clone and expansion labels),
+/// the same `obnvmf/vol-uuid`, plus `migrate.obnvmf/source-volume-name` and
+/// `migrate.obnvmf/migration-name`. Annotations: the source's minus the forced node and
+/// what is node-specific, plus `obnvmf/csi-name` = the source's CSI name (so the agent on
+/// the destination node loads the same authentication Secret). Spec: the same uuid (so the
+/// serial number and model derived from it are the same), type, size, thinness, position
+/// advice, affinities and host node; `spdkTarget` preset with the source's NQN, serial and
+/// namespace UUID, which the agent keeps, so the host sees one namespace with two paths.
+pub fn dest_volume(
+    mig: &VolumeMigration,
+    src: &AntstorVolume,
+    name: &str,
+    node: &str,
+) -> AntstorVolume {
+    let mut lbls: BTreeMap<String, String> = src.labels().clone();
+    for l in NOT_INHERITED_LABELS {
+        lbls.remove(l);
+    }
+    lbls.insert(labels::VOL_UUID.into(), src.spec.uuid.clone());
+    lbls.insert(labels::MIGRATE_SOURCE_VOLUME_NAME.into(), src.name_any());
+    lbls.insert(labels::MIGRATE_MIGRATION_NAME.into(), mig.name_any());
+    if !node.is_empty() {
+        lbls.insert(labels::TARGET_NODE_ID.into(), node.into());
+    }
+    let mut annos: BTreeMap<String, String> = src.annotations().clone();
+    for a in NOT_INHERITED_ANNOTATIONS {
+        annos.remove(a);
+    }
+    annos.remove("kubectl.kubernetes.io/last-applied-configuration");
+    annos.insert(annotations::CSI_NAME.into(), src.csi_name());
+    let st = src.spec.spdk_target.clone().unwrap_or_default();
+    let preset = SpdkTarget {
+        subsys_nqn: if st.subsys_nqn.is_empty() {
+            naming::subsys_nqn(&src.spec.uuid)
+        } else {
+            st.subsys_nqn
+        },
+        sn: if st.sn.is_empty() {
+            naming::serial_number(&src.spec.uuid)
+        } else {
+            st.sn
+        },
+        ns_uuid: if st.ns_uuid.is_empty() {
+            src.spec.uuid.clone()
+        } else {
+            st.ns_uuid
+        },
+        trans_type: st.trans_type,
+        addr_fam: st.addr_fam,
+        ..SpdkTarget::default()
+    };
+    let mut vol = AntstorVolume::new(
+        name,
+        AntstorVolumeSpec {
+            uuid: src.spec.uuid.clone(),
+            type_: Some(VolumeType::SpdkLVol),
+            size_byte: src.spec.size_byte,
+            position_advice: src.spec.position_advice,
+            is_thin: src.spec.is_thin,
+            stop_reconcile: false,
+            node_affinity: src.spec.node_affinity.clone(),
+            pool_affinity: src.spec.pool_affinity.clone(),
+            target_node_id: node.into(),
+            host_node: src.spec.host_node.clone(),
+            kernel_lvol: None,
+            spdk_lvol: None,
+            spdk_target: Some(preset),
+        },
+    );
+    vol.metadata.namespace = src.metadata.namespace.clone();
+    vol.metadata.labels = Some(lbls);
+    vol.metadata.annotations = Some(annos);
+    vol
+}
+
+/// The error an agent reports on the migration, if one does: the source agent's copy job
+/// (`jobProgress.status` `Error` or `Failed`, any case) or the switch-over
+/// (`autoSwitch.status: Error`).
+pub fn agent_error(mig: &VolumeMigration) -> Option<String> {
+    let info = &mig.spec.migration_info;
+    let job = info.job_progress.status.as_str();
+    if job.eq_ignore_ascii_case("error") || job.eq_ignore_ascii_case("failed") {
+        return Some(format!(
+            "the source agent reports that the copy job failed (spec.migrationInfo.jobProgress.status: {job}); the source volume keeps serving"
+        ));
+    }
+    if info.auto_switch.status == Some(ResultStatus::Error) {
+        return Some(
+            "the switch-over to the destination failed (spec.migrationInfo.autoSwitch.status: Error); the source volume keeps serving"
+                .into(),
+        );
+    }
+    None
+}
+
+/// True once the host has no part in the migration or its CSI node reported `want`.
+fn host_is(mig: &VolumeMigration, want: ConnectStatus) -> bool {
+    mig.spec.source_volume.host_node_id.is_empty()
+        || mig.spec.migration_info.host_connect_status == Some(want)
+}
+
+fn has_finalizer(mig: &VolumeMigration, f: &str) -> bool {
+    mig.finalizers().iter().any(|x| x == f)
+}
+
+/// What the flow does next in the phases where the controller only waits for the agents
+/// (`SetupPipe`, `Syncing`, and the agents' part of `Cleaning`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Wait for the next change of the object.
+    Wait,
+    /// Go to this phase.
+    Advance(MigrationPhase),
+    /// The agents are done with `Cleaning`: the controller retires the source.
+    RetireSource,
+    /// An agent reported an error: the phase stays, the status becomes `Error`.
+    Fail(String),
+}
+
+/// The next step of `mig` in the agent-driven phases (pure).
+///
+/// - `SetupPipe` → `Syncing` once the source agent's pipe is `Connected` and the host (when
+///   the volume has one) is `Connected`.
+/// - `Syncing` → `Cleaning` once `autoSwitch.status` is `Success`.
+/// - `Cleaning`: the source is retired once the pipe is `Disconnected` and its finalizer
+///   gone, and the host (when there is one) is `Disconnected` and its finalizer gone.
+/// - An agent error ([`agent_error`]) before the switch is reported; after the switch
+///   (`Cleaning`) the host already uses the destination, so the flow goes on.
+pub fn next(mig: &VolumeMigration) -> Next {
+    let info = &mig.spec.migration_info;
+    let phase = mig.phase();
+    if matches!(phase, MigrationPhase::SetupPipe | MigrationPhase::Syncing)
+        && let Some(e) = agent_error(mig)
+    {
+        return Next::Fail(e);
+    }
+    match phase {
+        MigrationPhase::SetupPipe => {
+            if info.migration_pipe.status == Some(ConnectStatus::Connected)
+                && host_is(mig, ConnectStatus::Connected)
+            {
+                Next::Advance(MigrationPhase::Syncing)
+            } else {
+                Next::Wait
+            }
+        }
+        MigrationPhase::Syncing => {
+            if info.auto_switch.status == Some(ResultStatus::Success) {
+                Next::Advance(MigrationPhase::Cleaning)
+            } else {
+                Next::Wait
+            }
+        }
+        MigrationPhase::Cleaning => {
+            let pipe_done = info.migration_pipe.status == Some(ConnectStatus::Disconnected)
+                && !has_finalizer(mig, finalizers::MIGRATE_PIPE_CONNECTED);
+            let host_done = host_is(mig, ConnectStatus::Disconnected)
+                && !has_finalizer(mig, finalizers::MIGRATE_HOST_CONNECTED);
+            if pipe_done && host_done {
+                Next::RetireSource
+            } else {
+                Next::Wait
+            }
+        }
+        _ => Next::Wait,
+    }
+}
+
+/// True once the host was switched to the destination: from then on the migration cannot be
+/// cancelled, only finished.
+pub fn switched(mig: &VolumeMigration) -> bool {
+    matches!(
+        mig.phase(),
+        MigrationPhase::Cleaning | MigrationPhase::Finished
+    ) || mig.spec.migration_info.auto_switch.status == Some(ResultStatus::Success)
+}
+
+// ---- the reconciler ---------------------------------------------------------------------
+
+fn store(ctx: &Context, mig: VolumeMigration) -> Arc<VolumeMigration> {
+    let m = Arc::new(mig);
+    ctx.upsert_migration(Arc::clone(&m));
+    m
+}
+
+fn store_volume(ctx: &Context, vol: AntstorVolume) -> Arc<AntstorVolume> {
+    let v = Arc::new(vol);
+    ctx.state().upsert_volume(Arc::clone(&v));
+    v
+}
+
+/// Writes `status` (phase, status, message) when it differs.
+async fn set_status(
+    ctx: &Context,
+    mig: &Arc<VolumeMigration>,
+    phase: MigrationPhase,
+    status: &str,
+    message: &str,
+) -> Result<Arc<VolumeMigration>> {
+    let cur = mig.status.as_ref();
+    if cur.is_some_and(|s| s.phase == Some(phase) && s.status == status && s.message == message) {
+        return Ok(Arc::clone(mig));
+    }
+    let key = ObjectKey::of(mig.as_ref());
+    let body = json!({ "status": {
+        "phase": phase,
+        "status": status,
+        "message": if message.is_empty() { serde_json::Value::Null } else { json!(message) },
+    }});
+    let out: VolumeMigration = ctx.patch(&key.namespace, &key.name, &body, true).await?;
+    if status == STATUS_ERROR {
+        ctx.warn_once(&out, "MigrationFailed", message.to_string())
+            .await;
+        warn!(phase = phase.as_str(), message, "migration step failed");
+    } else {
+        ctx.clear_warning(&key);
+        info!(phase = phase.as_str(), status, "migration phase");
+    }
+    Ok(store(ctx, out))
+}
+
+async fn fail(ctx: &Context, mig: &Arc<VolumeMigration>, msg: &str) -> Result<Action> {
+    set_status(ctx, mig, mig.phase(), STATUS_ERROR, msg).await?;
+    Ok(Action::Done)
+}
+
+fn rfc3339(t: Timestamp) -> String {
+    t.to_string()
+}
+
+fn annotation_time(mig: &VolumeMigration, key: &str) -> Option<Timestamp> {
+    liteio_api::meta::annotation(&mig.metadata, key).and_then(|s| s.parse().ok())
+}
+
+/// Reconciles one VolumeMigration.
+///
+/// Flow (phases `Pending → CreatingVolume → SetupPipe → Syncing → Cleaning → Finished`,
+/// status `Working | Error | Finished`; the agents' part is in `docs/migration.md`):
+/// - The controller's `in-state` finalizer goes on first, so nothing it creates can outlive
+///   the migration unnoticed. A migration being deleted goes to [`handle_deletion`].
+/// - `Pending`: [`validate_source`]; then `spec.sourceVolume` gets the source's node, host
+///   and export, the migration the labels `migrate.obnvmf/source-node-id` and
+///   `migrate.obnvmf/host-node-id`; the destination node is chosen (the user's
+///   `spec.destVolume.targetNodeId`, checked by the scheduler's filters, else the
+///   scheduler's choice among every pool but the source's) and the destination volume
+///   [`dest_volume`] `mig-<uid>` is created bound to it, charged in the state at once;
+///   `spec.destVolume` names it. → `CreatingVolume`.
+/// - `CreatingVolume`: once the destination is ready and exported, `spec.destVolume.spdk`
+///   records its export. → `SetupPipe`.
+/// - `SetupPipe`, `Syncing`, `Cleaning`: [`next`] over what the agents report; the time the
+///   switch-over was enabled and when it succeeded are recorded as annotations.
+/// - End of `Cleaning`: the source volume loses its `obnvmf/vol-uuid` label (so CSI finds
+///   only the destination) and is deleted through the normal path (its agent removes the
+///   export and the lvol; the Secret it owns is orphaned, not deleted); once it is gone the
+///   destination loses its migration labels and is the volume. → `Finished`.
+///
+/// Guarantees: idempotent; the destination's name is derived from the migration's uid, so a
+/// retried step finds it instead of creating a second one. Errors the user or an agent must
+/// fix set status `Error` with a message naming the field or the report, keep the phase and
+/// are re-evaluated on every change (a source that becomes ready lets `Pending` go on).
+///
+/// Errors: API failures and conflicts (retried with back-off by the runtime).
+#[instrument(skip(ctx), fields(migration = %key))]
+pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
+    let Some(mig) = ctx.migration(key) else {
+        ctx.clear_warning(key);
+        return Ok(Action::Done);
+    };
+    if mig.metadata.deletion_timestamp.is_some() {
+        return handle_deletion(ctx, key, mig).await;
+    }
+    let mig = ensure_finalizer(ctx, key, mig).await?;
+    match mig.phase() {
+        MigrationPhase::Pending => pending(ctx, key, mig).await,
+        MigrationPhase::CreatingVolume => creating_volume(ctx, mig).await,
+        MigrationPhase::SetupPipe | MigrationPhase::Syncing | MigrationPhase::Cleaning => {
+            follow_agents(ctx, mig).await
+        }
+        MigrationPhase::Finished => {
+            set_status(ctx, &mig, MigrationPhase::Finished, STATUS_FINISHED, "").await?;
+            Ok(Action::Done)
+        }
+    }
+}
+
+async fn ensure_finalizer(
+    ctx: &Context,
+    key: &ObjectKey,
+    mig: Arc<VolumeMigration>,
+) -> Result<Arc<VolumeMigration>> {
+    if has_finalizer(&mig, finalizers::IN_STATE) {
+        return Ok(mig);
+    }
+    let mut fins = mig.finalizers().to_vec();
+    fins.push(finalizers::IN_STATE.into());
+    let body = json!({ "metadata": {
+        "resourceVersion": mig.metadata.resource_version,
+        "finalizers": fins,
+    }});
+    let out: VolumeMigration = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    Ok(store(ctx, out))
+}
+
+/// Another unfinished migration of the same source, older than `mig`.
+fn other_migration(ctx: &Context, mig: &VolumeMigration) -> Option<ObjectKey> {
+    let src = source_key(mig);
+    let mine = (
+        mig.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        ObjectKey::of(mig),
+    );
+    ctx.migrations()
+        .into_iter()
+        .filter(|m| {
+            let theirs = (
+                m.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                ObjectKey::of(m.as_ref()),
+            );
+            theirs < mine
+                && source_key(m) == src
+                && m.phase() != MigrationPhase::Finished
+                && m.metadata.deletion_timestamp.is_none()
+        })
+        .map(|m| ObjectKey::of(m.as_ref()))
+        .min()
+}
+
+async fn pending(ctx: &Context, key: &ObjectKey, mig: Arc<VolumeMigration>) -> Result<Action> {
+    let src_key = source_key(&mig);
+    let other = other_migration(ctx, &mig);
+    let (src, snaps) = {
+        let s = ctx.state();
+        (s.volume(&src_key).cloned(), s.snapshots_of(&src_key))
+    };
+    if let Err(msg) = validate_source(&src_key, src.as_deref(), &snaps, other.as_ref()) {
+        return fail(ctx, &mig, &msg).await;
+    }
+    let Some(src) = src else {
+        return Ok(Action::Done);
+    };
+    let Some(dest_name) = mig.dest_volume_name() else {
+        return fail(
+            ctx,
+            &mig,
+            "metadata.uid is empty; cannot name the destination volume",
+        )
+        .await;
+    };
+    let src_node = src.spec.target_node_id.clone();
+    let host = src
+        .spec
+        .host_node
+        .as_ref()
+        .map(|h| h.id.clone())
+        .unwrap_or_default();
+    let dest_key = ObjectKey::new(src_key.namespace.clone(), dest_name.clone());
+    // The destination may exist already (a step retried after its create succeeded).
+    let existing = ctx.state().volume(&dest_key).cloned();
+    let dest = match existing {
+        Some(d) => {
+            if liteio_api::meta::label(&d.metadata, labels::MIGRATE_MIGRATION_NAME)
+                != Some(key.name.as_str())
+            {
+                return fail(
+                    ctx,
+                    &mig,
+                    &format!(
+                        "AntstorVolume {dest_key} exists and is not this migration's destination"
+                    ),
+                )
+                .await;
+            }
+            d
+        }
+        None => {
+            let node = match choose_node(ctx, &mig, &src, &src_node, &dest_name) {
+                Ok(n) => n,
+                Err(msg) => return fail(ctx, &mig, &msg).await,
+            };
+            create_dest(ctx, &mig, &src, &dest_key, &node).await?
+        }
+    };
+    let source_info = json!({
+        "namespace": src_key.namespace,
+        "name": src_key.name,
+        "targetNodeId": src_node,
+        "hostNodeId": host,
+        "spdk": src.spec.spdk_target.clone().unwrap_or_default(),
+    });
+    let mut body = json!({
+        "metadata": { "labels": {
+            labels::MIGRATE_SOURCE_NODE_ID: src_node,
+            labels::MIGRATE_HOST_NODE_ID: host,
+        }},
+        "spec": {
+            "sourceVolume": source_info,
+            "destVolume": {
+                "namespace": dest_key.namespace,
+                "name": dest_key.name,
+                "targetNodeId": dest.spec.target_node_id,
+                "hostNodeId": host,
+            },
+        },
+    });
+    if mig.spec.migration_info.start_ts == 0 {
+        body["spec"]["migrationInfo"] = json!({ "startTs": ctx.clock.now().as_second() });
+    }
+    let out: VolumeMigration = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    let mig = store(ctx, out);
+    info!(source = %src_key, source_node = %src_node, dest = %dest_key, dest_node = %dest.spec.target_node_id, "migration destination created");
+    set_status(
+        ctx,
+        &mig,
+        MigrationPhase::CreatingVolume,
+        STATUS_WORKING,
+        "",
+    )
+    .await?;
+    Ok(Action::Done)
+}
+
+/// The destination node: the user's `spec.destVolume.targetNodeId` when set (checked by the
+/// scheduler's filters), else the scheduler's choice among the pools other than the
+/// source's.
+fn choose_node(
+    ctx: &Context,
+    mig: &VolumeMigration,
+    src: &AntstorVolume,
+    src_node: &str,
+    dest_name: &str,
+) -> std::result::Result<String, String> {
+    let probe = dest_volume(mig, src, dest_name, "");
+    let wanted = mig.spec.dest_volume.target_node_id.as_str();
+    let started = std::time::Instant::now();
+    let state = ctx.state();
+    let res = if wanted.is_empty() {
+        choose_any(ctx, &state, &probe, src_node)
+    } else if wanted == src_node {
+        Err(format!(
+            "spec.destVolume.targetNodeId: {wanted} is the source volume's node; name another node or leave it empty"
+        ))
+    } else {
+        match ctx.scheduler.check_pool(&state, wanted, &probe) {
+            Ok(Ok(())) => Ok(wanted.to_string()),
+            Ok(Err(reason)) => Err(format!(
+                "spec.destVolume.targetNodeId: node {wanted} cannot take volume {}: {}",
+                src.name_any(),
+                reason.as_str()
+            )),
+            Err(e) => Err(format!("destination volume: {e}")),
+        }
+    };
+    drop(state);
+    ctx.metrics
+        .schedule_seconds
+        .with_label_values(&[if res.is_ok() { "placed" } else { "unplaceable" }])
+        .observe(started.elapsed().as_secs_f64());
+    res
+}
+
+fn choose_any(
+    ctx: &Context,
+    state: &State,
+    probe: &AntstorVolume,
+    src_node: &str,
+) -> std::result::Result<String, String> {
+    let mut without_source = state.clone();
+    without_source.remove_pool(src_node);
+    match ctx.scheduler.schedule(&without_source, probe) {
+        Ok(p) => Ok(p.node),
+        Err(e @ ScheduleError::NoStoragePoolAvailable(_)) => Err(format!(
+            "no node other than the source's ({src_node}) can take volume {}: {e}",
+            probe
+                .labels()
+                .get(labels::MIGRATE_SOURCE_VOLUME_NAME)
+                .map_or("", String::as_str)
+        )),
+        Err(e) => Err(format!("destination volume: {e}")),
+    }
+}
+
+async fn create_dest(
+    ctx: &Context,
+    mig: &VolumeMigration,
+    src: &AntstorVolume,
+    key: &ObjectKey,
+    node: &str,
+) -> Result<Arc<AntstorVolume>> {
+    let vol = dest_volume(mig, src, &key.name, node);
+    let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let pp = PostParams {
+        field_manager: Some(managers::CONTROLLER.into()),
+        ..PostParams::default()
+    };
+    let out = match api.create(&pp, &vol).await {
+        Ok(v) => v,
+        Err(kube::Error::Api(s)) if s.code == 409 => api
+            .get(&key.name)
+            .await
+            .map_err(|e| Error::kube(format!("get AntstorVolume {key}"), e))?,
+        Err(e) => return Err(Error::kube(format!("create AntstorVolume {key}"), e)),
+    };
+    info!(volume = %key, node, "destination volume created");
+    Ok(store_volume(ctx, out))
+}
+
+async fn creating_volume(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Action> {
+    let Some(dkey) = dest_key(&mig) else {
+        return fail(
+            ctx,
+            &mig,
+            "metadata.uid is empty; cannot name the destination volume",
+        )
+        .await;
+    };
+    let Some(dest) = ctx.state().volume(&dkey).cloned() else {
+        return fail(
+            ctx,
+            &mig,
+            &format!(
+                "destination volume {dkey} disappeared; delete this migration and start another"
+            ),
+        )
+        .await;
+    };
+    let exported = dest
+        .spec
+        .spdk_target
+        .as_ref()
+        .filter(|t| !t.subsys_nqn.is_empty() && !t.svc_id.is_empty())
+        .cloned();
+    let (VolumeStatus::Ready, Some(target)) = (dest.phase(), exported) else {
+        let why = dest
+            .status
+            .as_ref()
+            .map(|s| s.message.as_str())
+            .filter(|m| !m.is_empty())
+            .map(|m| format!("waiting for destination volume {dkey}: {m}"))
+            .unwrap_or_default();
+        set_status(
+            ctx,
+            &mig,
+            MigrationPhase::CreatingVolume,
+            STATUS_WORKING,
+            &why,
+        )
+        .await?;
+        return Ok(Action::Done);
+    };
+    let key = ObjectKey::of(mig.as_ref());
+    let body = json!({ "spec": { "destVolume": {
+        "namespace": dkey.namespace,
+        "name": dkey.name,
+        "targetNodeId": dest.spec.target_node_id,
+        "hostNodeId": mig.spec.source_volume.host_node_id,
+        "spdk": target,
+    }}});
+    let out: VolumeMigration = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    let mig = store(ctx, out);
+    set_status(ctx, &mig, MigrationPhase::SetupPipe, STATUS_WORKING, "").await?;
+    Ok(Action::Done)
+}
+
+/// Records a timestamp annotation once; returns the migration as stored.
+async fn mark_time(
+    ctx: &Context,
+    mig: Arc<VolumeMigration>,
+    annotation: &str,
+    at: Timestamp,
+) -> Result<Arc<VolumeMigration>> {
+    if liteio_api::meta::annotation(&mig.metadata, annotation).is_some() {
+        return Ok(mig);
+    }
+    let key = ObjectKey::of(mig.as_ref());
+    let body = json!({ "metadata": { "annotations": { annotation: rfc3339(at) } } });
+    let out: VolumeMigration = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    Ok(store(ctx, out))
+}
+
+async fn follow_agents(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Action> {
+    let phase = mig.phase();
+    // Before the switch the destination must be there.
+    if matches!(phase, MigrationPhase::SetupPipe | MigrationPhase::Syncing)
+        && let Some(dkey) = dest_key(&mig)
+        && ctx.state().volume(&dkey).is_none()
+    {
+        return fail(
+            ctx,
+            &mig,
+            &format!("destination volume {dkey} disappeared; the source volume keeps serving"),
+        )
+        .await;
+    }
+    let now = ctx.clock.now();
+    let mut mig = mig;
+    if mig.spec.migration_info.auto_switch.enabled {
+        mig = mark_time(ctx, mig, annotations::MIGRATE_SWITCH_ENABLED_AT, now).await?;
+    }
+    match next(&mig) {
+        Next::Wait => {
+            set_status(ctx, &mig, phase, STATUS_WORKING, "").await?;
+        }
+        Next::Fail(msg) => {
+            set_status(ctx, &mig, phase, STATUS_ERROR, &msg).await?;
+        }
+        Next::Advance(p) => {
+            if p == MigrationPhase::Cleaning {
+                let first = annotation_time(&mig, annotations::MIGRATE_SWITCHED_AT).is_none();
+                mig = mark_time(ctx, mig, annotations::MIGRATE_SWITCHED_AT, now).await?;
+                if first
+                    && let Some(from) =
+                        annotation_time(&mig, annotations::MIGRATE_SWITCH_ENABLED_AT)
+                {
+                    ctx.metrics
+                        .migration_switch_seconds
+                        .observe(elapsed(now, from).as_secs_f64());
+                }
+            }
+            set_status(ctx, &mig, p, STATUS_WORKING, "").await?;
+        }
+        Next::RetireSource => return retire_source(ctx, mig).await,
+    }
+    Ok(Action::Done)
+}
+
+/// End of `Cleaning`: the source volume is deleted through the normal path, then the
+/// destination becomes the volume.
+async fn retire_source(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Action> {
+    let src_key = source_key(&mig);
+    let src = ctx.state().volume(&src_key).cloned();
+    if let Some(src) = src {
+        let is_source = src.spec.target_node_id == mig.spec.source_volume.target_node_id
+            && liteio_api::meta::label(&src.metadata, labels::MIGRATE_MIGRATION_NAME).is_none();
+        if !is_source {
+            // The name was reused for another volume after the source went: not ours.
+            return finish(ctx, mig).await;
+        }
+        if src.metadata.deletion_timestamp.is_none() {
+            adopt_publish_record(ctx, &mig, &src).await?;
+            if src.labels().contains_key(labels::VOL_UUID) {
+                let body = json!({ "metadata": {
+                    "resourceVersion": src.metadata.resource_version,
+                    "labels": { labels::VOL_UUID: null },
+                }});
+                let out: AntstorVolume = ctx
+                    .patch(&src_key.namespace, &src_key.name, &body, false)
+                    .await?;
+                store_volume(ctx, out);
+            }
+            let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &src_key.namespace);
+            // Orphan: the authentication Secret the source owns stays for the destination
+            // (CSI DeleteVolume deletes it when the volume goes for good).
+            let dp = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Orphan),
+                ..DeleteParams::default()
+            };
+            match api.delete(&src_key.name, &dp).await {
+                Ok(_) => {
+                    info!(source = %src_key, "source volume deleted; its agent removes the export and the lvol")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube(format!("delete AntstorVolume {src_key}"), e)),
+            }
+        }
+        set_status(
+            ctx,
+            &mig,
+            MigrationPhase::Cleaning,
+            STATUS_WORKING,
+            &format!("waiting for source volume {src_key} to be deleted"),
+        )
+        .await?;
+        // Its DELETE event re-queues this migration.
+        return Ok(Action::Done);
+    }
+    finish(ctx, mig).await
+}
+
+/// The destination takes over the source's record of the CSI node publish
+/// (`status.csiNodePubParams`) when it has none: it is the volume from now on.
+async fn adopt_publish_record(
+    ctx: &Context,
+    mig: &VolumeMigration,
+    src: &AntstorVolume,
+) -> Result<()> {
+    let Some(params) = src
+        .status
+        .as_ref()
+        .and_then(|s| s.csi_node_pub_params.clone())
+    else {
+        return Ok(());
+    };
+    let dest = dest_key(mig).and_then(|k| {
+        let d = ctx.state().volume(&k).cloned();
+        d.map(|d| (k, d))
+    });
+    let Some((dkey, dest)) = dest else {
+        return Ok(());
+    };
+    if dest
+        .status
+        .as_ref()
+        .is_some_and(|s| s.csi_node_pub_params.is_some())
+    {
+        return Ok(());
+    }
+    let body = json!({ "status": { "csiNodePubParams": params } });
+    let out: AntstorVolume = ctx.patch(&dkey.namespace, &dkey.name, &body, true).await?;
+    store_volume(ctx, out);
+    Ok(())
+}
+
+/// The source is gone: the destination drops its migration labels; the migration is
+/// `Finished`.
+async fn finish(ctx: &Context, mig: Arc<VolumeMigration>) -> Result<Action> {
+    let dest = dest_key(&mig).and_then(|k| {
+        let d = ctx.state().volume(&k).cloned();
+        d.map(|d| (k, d))
+    });
+    if let Some((dkey, dest)) = dest
+        && (dest.labels().contains_key(labels::MIGRATE_MIGRATION_NAME)
+            || dest
+                .labels()
+                .contains_key(labels::MIGRATE_SOURCE_VOLUME_NAME))
+    {
+        let body = json!({ "metadata": {
+            "resourceVersion": dest.metadata.resource_version,
+            "labels": {
+                labels::MIGRATE_MIGRATION_NAME: null,
+                labels::MIGRATE_SOURCE_VOLUME_NAME: null,
+                labels::VOL_UUID: dest.spec.uuid,
+            },
+        }});
+        let out: AntstorVolume = ctx.patch(&dkey.namespace, &dkey.name, &body, false).await?;
+        store_volume(ctx, out);
+        info!(volume = %dkey, "destination volume is now the volume");
+    }
+    let now = ctx.clock.now();
+    let first = annotation_time(&mig, annotations::MIGRATE_FINISHED_AT).is_none();
+    let mig = mark_time(ctx, mig, annotations::MIGRATE_FINISHED_AT, now).await?;
+    if first && let Some(created) = mig.metadata.creation_timestamp.as_ref() {
+        ctx.metrics
+            .migration_seconds
+            .observe(elapsed(now, created.0).as_secs_f64());
+    }
+    set_status(ctx, &mig, MigrationPhase::Finished, STATUS_FINISHED, "").await?;
+    Ok(Action::Done)
+}
+
+/// A migration being deleted.
+///
+/// Flow: before the switch-over the migration is cancelled: the destination volume (by its
+/// uid-derived name, so also one whose name never reached `spec.destVolume`) is deleted
+/// through the normal path, the source is not touched. After the switch-over (the host
+/// already uses the destination) the flow is finished first, as if the migration had not
+/// been deleted. Then the controller's `in-state` finalizer is removed; the agents remove
+/// theirs (`obnvmf/migrate-pipe-connected`, `obnvmf/migrate-host-connected`) once they have
+/// torn down the pipe and the second path.
+///
+/// Errors: API failures (retried).
+#[instrument(skip(ctx, mig), fields(migration = %key))]
+pub async fn handle_deletion(
+    ctx: &Context,
+    key: &ObjectKey,
+    mig: Arc<VolumeMigration>,
+) -> Result<Action> {
+    if !has_finalizer(&mig, finalizers::IN_STATE) {
+        return Ok(Action::Done);
+    }
+    if switched(&mig) && mig.phase() != MigrationPhase::Finished {
+        // Not cancellable any more: finish, then release.
+        let action = follow_agents(ctx, Arc::clone(&mig)).await?;
+        if ctx
+            .migration(key)
+            .is_none_or(|m| m.phase() != MigrationPhase::Finished)
+        {
+            return Ok(action);
+        }
+    } else if mig.phase() != MigrationPhase::Finished
+        && let Some(dkey) = dest_key(&mig)
+    {
+        let dest = ctx.state().volume(&dkey).cloned();
+        if let Some(dest) = dest
+            && dest.metadata.deletion_timestamp.is_none()
+            && liteio_api::meta::label(&dest.metadata, labels::MIGRATE_MIGRATION_NAME)
+                == Some(key.name.as_str())
+        {
+            let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &dkey.namespace);
+            match api.delete(&dkey.name, &DeleteParams::default()).await {
+                Ok(_) => info!(dest = %dkey, "migration cancelled; destination volume deleted"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube(format!("delete AntstorVolume {dkey}"), e)),
+            }
+        }
+    }
+    let mig = ctx.migration(key).unwrap_or(mig);
+    let keep: Vec<String> = mig
+        .finalizers()
+        .iter()
+        .filter(|f| f.as_str() != finalizers::IN_STATE)
+        .cloned()
+        .collect();
+    let body = json!({ "metadata": {
+        "resourceVersion": mig.metadata.resource_version,
+        "finalizers": keep,
+    }});
+    let out: VolumeMigration = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    if out.finalizers().is_empty() {
+        ctx.remove_migration(key);
+    } else {
+        store(ctx, out);
+    }
+    info!("migration released");
+    Ok(Action::Done)
+}
+
+/// The migration a destination volume belongs to (label `migrate.obnvmf/migration-name`).
+pub fn migration_of_dest(vol: &AntstorVolume) -> Option<ObjectKey> {
+    let name = liteio_api::meta::label(&vol.metadata, labels::MIGRATE_MIGRATION_NAME)?;
+    Some(ObjectKey::new(
+        vol.metadata.namespace.clone().unwrap_or_default(),
+        name,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::testing::*;
+    use liteio_api::migration::{
+        AutoSwitch, MigrationPipe, VolumeMigrationSpec, VolumeMigrationStatus,
+    };
+    use liteio_api::size::GIB;
+
+    fn ready_source() -> AntstorVolume {
+        let mut v = volume("pvc-1", 10 * GIB)
+            .kind(VolumeType::SpdkLVol)
+            .host("h1")
+            .scheduled_to("n1")
+            .label(labels::PV_NAME, "pvc-1")
+            .annotate(annotations::SELECTED_TGT_NODE, "n1")
+            .build();
+        v.spec.spdk_target = Some(SpdkTarget {
+            subsys_nqn: naming::subsys_nqn("uuid-pvc-1"),
+            ns_uuid: "uuid-pvc-1".into(),
+            sn: naming::serial_number("uuid-pvc-1"),
+            svc_id: "4420".into(),
+            address: "10.0.0.1".into(),
+            ..SpdkTarget::default()
+        });
+        v.status = Some(liteio_api::AntstorVolumeStatus {
+            status: VolumeStatus::Ready,
+            ..Default::default()
+        });
+        v
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey::new("obnvmf", "pvc-1")
+    }
+
+    fn mig(phase: MigrationPhase) -> VolumeMigration {
+        let mut m = VolumeMigration::new("m1", VolumeMigrationSpec::default());
+        m.metadata.namespace = Some("obnvmf".into());
+        m.metadata.uid = Some("u1".into());
+        m.spec.source_volume.name = "pvc-1".into();
+        m.spec.source_volume.host_node_id = "h1".into();
+        m.status = Some(VolumeMigrationStatus {
+            phase: Some(phase),
+            status: STATUS_WORKING.into(),
+            message: String::new(),
+        });
+        m
+    }
+
+    #[test]
+    fn a_ready_spdk_volume_is_a_valid_source() {
+        assert_eq!(
+            validate_source(&key(), Some(&ready_source()), &[], None),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn invalid_sources_name_the_problem() {
+        let k = key();
+        let cases: Vec<(Option<AntstorVolume>, &str)> = vec![
+            (None, "does not exist"),
+            (
+                Some({
+                    let mut v = ready_source();
+                    v.spec.type_ = Some(VolumeType::KernelLVol);
+                    v
+                }),
+                "spec.type KernelLVol",
+            ),
+            (
+                Some({
+                    let mut v = ready_source();
+                    v.spec.position_advice = VolumePosition::MustLocal;
+                    v
+                }),
+                "MustLocal",
+            ),
+            (
+                Some({
+                    let mut v = ready_source();
+                    v.status = None;
+                    v
+                }),
+                "status.status creating",
+            ),
+            (
+                Some({
+                    let mut v = ready_source();
+                    v.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(annotations::LOCAL_ONLY.into(), "true".into());
+                    v
+                }),
+                annotations::LOCAL_ONLY,
+            ),
+            (
+                Some({
+                    let mut v = ready_source();
+                    v.spec.spdk_target = None;
+                    v
+                }),
+                "spdkTarget",
+            ),
+        ];
+        for (vol, says) in cases {
+            let e = validate_source(&k, vol.as_ref(), &[], None).unwrap_err();
+            assert!(e.contains(says), "{e:?} should say {says:?}");
+            assert!(e.contains("obnvmf/pvc-1"), "{e:?} names the volume");
+        }
+        let snap = ObjectKey::new("obnvmf", "s1");
+        let e = validate_source(&k, Some(&ready_source()), &[snap], None).unwrap_err();
+        assert!(e.contains("snapshot obnvmf/s1"), "{e}");
+        let other = ObjectKey::new("obnvmf", "m0");
+        let e = validate_source(&k, Some(&ready_source()), &[], Some(&other)).unwrap_err();
+        assert!(e.contains("VolumeMigration obnvmf/m0"), "{e}");
+        let e = validate_source(&ObjectKey::new("obnvmf", ""), None, &[], None).unwrap_err();
+        assert!(e.contains("spec.sourceVolume.name"), "{e}");
+    }
+
+    #[test]
+    fn the_destination_is_the_same_namespace_on_another_node() {
+        let src = ready_source();
+        let m = mig(MigrationPhase::Pending);
+        let d = dest_volume(&m, &src, "mig-u1", "n2");
+        let l = d.labels();
+        assert_eq!(l.get(labels::VOL_UUID).unwrap(), "uuid-pvc-1");
+        assert_eq!(l.get(labels::TARGET_NODE_ID).unwrap(), "n2");
+        assert_eq!(l.get(labels::MIGRATE_SOURCE_VOLUME_NAME).unwrap(), "pvc-1");
+        assert_eq!(l.get(labels::MIGRATE_MIGRATION_NAME).unwrap(), "m1");
+        assert_eq!(l.get(labels::PV_NAME).unwrap(), "pvc-1");
+        assert!(!d.annotations().contains_key(annotations::SELECTED_TGT_NODE));
+        assert_eq!(d.annotations().get(annotations::CSI_NAME).unwrap(), "pvc-1");
+        assert_eq!(d.spec.uuid, src.spec.uuid);
+        assert_eq!(d.spec.size_byte, src.spec.size_byte);
+        assert_eq!(d.spec.target_node_id, "n2");
+        assert_eq!(d.spec.host_node, src.spec.host_node);
+        let t = d.spec.spdk_target.unwrap();
+        let s = src.spec.spdk_target.clone().unwrap();
+        assert_eq!(
+            (t.subsys_nqn, t.ns_uuid, t.sn),
+            (s.subsys_nqn, s.ns_uuid, s.sn)
+        );
+        assert!(
+            t.svc_id.is_empty() && t.address.is_empty(),
+            "the destination picks its own listener"
+        );
+        // The probe the scheduler sees is unplaced.
+        let probe = dest_volume(&m, &src, "mig-u1", "");
+        assert!(probe.target_node().is_none());
+        assert!(!probe.labels().contains_key(labels::TARGET_NODE_ID));
+    }
+
+    #[test]
+    fn phases_follow_the_agents() {
+        let mut m = mig(MigrationPhase::SetupPipe);
+        assert_eq!(next(&m), Next::Wait);
+        m.spec.migration_info.migration_pipe = MigrationPipe {
+            dest_bdev_name: "mig-u1n1".into(),
+            status: Some(ConnectStatus::Connected),
+        };
+        assert_eq!(next(&m), Next::Wait, "the host has not connected");
+        m.spec.migration_info.host_connect_status = Some(ConnectStatus::Connected);
+        assert_eq!(next(&m), Next::Advance(MigrationPhase::Syncing));
+
+        m.status.as_mut().unwrap().phase = Some(MigrationPhase::Syncing);
+        m.spec.migration_info.auto_switch = AutoSwitch {
+            enabled: true,
+            status: Some(ResultStatus::Unknown),
+        };
+        assert_eq!(next(&m), Next::Wait);
+        assert!(!switched(&m));
+        m.spec.migration_info.auto_switch.status = Some(ResultStatus::Success);
+        assert_eq!(next(&m), Next::Advance(MigrationPhase::Cleaning));
+        assert!(switched(&m));
+
+        m.status.as_mut().unwrap().phase = Some(MigrationPhase::Cleaning);
+        m.metadata.finalizers = Some(vec![
+            finalizers::MIGRATE_PIPE_CONNECTED.into(),
+            finalizers::MIGRATE_HOST_CONNECTED.into(),
+        ]);
+        assert_eq!(next(&m), Next::Wait);
+        m.spec.migration_info.migration_pipe.status = Some(ConnectStatus::Disconnected);
+        m.spec.migration_info.host_connect_status = Some(ConnectStatus::Disconnected);
+        assert_eq!(next(&m), Next::Wait, "finalizers still there");
+        m.metadata.finalizers = None;
+        assert_eq!(next(&m), Next::RetireSource);
+    }
+
+    #[test]
+    fn a_volume_without_a_host_needs_only_the_pipe() {
+        let mut m = mig(MigrationPhase::SetupPipe);
+        m.spec.source_volume.host_node_id = String::new();
+        m.spec.migration_info.migration_pipe.status = Some(ConnectStatus::Connected);
+        assert_eq!(next(&m), Next::Advance(MigrationPhase::Syncing));
+    }
+
+    #[test]
+    fn agent_errors_fail_before_the_switch_only() {
+        let mut m = mig(MigrationPhase::Syncing);
+        m.spec.migration_info.job_progress.status = "Failed".into();
+        assert!(matches!(next(&m), Next::Fail(e) if e.contains("jobProgress.status: Failed")));
+        m.spec.migration_info.job_progress.status = "running".into();
+        m.spec.migration_info.auto_switch.status = Some(ResultStatus::Error);
+        assert!(matches!(next(&m), Next::Fail(e) if e.contains("autoSwitch.status: Error")));
+        // After the switch the host is on the destination: finishing is the only way on.
+        m.status.as_mut().unwrap().phase = Some(MigrationPhase::Cleaning);
+        m.spec.migration_info.auto_switch.status = Some(ResultStatus::Success);
+        m.spec.migration_info.job_progress.status = "error".into();
+        assert_eq!(next(&m), Next::Wait);
+    }
+}
