@@ -1140,7 +1140,10 @@ pub async fn add_listener(
 /// Hold the I/O of `nqn`'s namespace 1 on this target: commands already running finish,
 /// new ones wait in the target (the host sees them as slow, not failed). The first step of a
 /// hot-migration switch-over, on the old path's target, so that no write lands on the old
-/// copy once the new path serves. [`set_ana_state`] (or [`unfence_io`]) ends the fence.
+/// copy once the new path serves. [`set_ana_state`] (or [`unfence_io`]) ends the fence, and
+/// so does anything else that resumes the subsystem ([`settle`], hence the exporter's
+/// resize and delete). The admin queues wait too, keep-alives included: a fence must end
+/// well within the hosts' keep-alive timeout (the kernel's default: 5 s).
 pub async fn fence_io(nqn: &str) -> Result<()> {
     let nqn = nqn.to_string();
     exec_on(move |r, reply| {
