@@ -134,6 +134,7 @@ async fn scenario() {
         hosts: vec![H1.into()],
         keys: Default::default(),
         secure_channel: false,
+        multipath: None,
     };
     let made = nvmf::create_subsystem(spec.clone()).await.unwrap();
     assert_eq!(made.serial, spec.serial);

@@ -64,6 +64,10 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             assert_eq!(exp.ensure_export(&req).await.unwrap(), t);
             let ss = nvmf::subsystems().await.unwrap();
             assert_eq!(ss[0].hosts, vec![H2.to_string()]);
+            // Every export can be one path of a hot migration: ANA reporting on, controller
+            // IDs from the node's slot.
+            assert!(ss[0].ana_reporting);
+            assert_eq!(ss[0].cntlid_range, naming::cntlid_range("127.0.0.1"));
 
             // An LVM / file volume is exported through an aio bdev named after its serial, on
             // another port of the range.

@@ -53,6 +53,7 @@ async fn scenario() {
             hosts: Vec::new(),
             keys: Default::default(),
             secure_channel: false,
+            multipath: None,
         }
     };
     for i in 0..SLOTS {

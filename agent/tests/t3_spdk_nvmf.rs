@@ -75,6 +75,7 @@ async fn scenario() {
         hosts: vec![GOOD_HOST.into()],
         keys: Default::default(),
         secure_channel: false,
+        multipath: None,
     };
     let ss = nvmf::create_subsystem(spec.clone()).await.unwrap();
     assert_eq!(ss.serial, naming::serial_number(uuid));

@@ -71,6 +71,31 @@ pub fn snapshot_name(origin: &str) -> String {
     format!("{}{tail}", &origin[..cut])
 }
 
+/// Controller IDs per node slot: a subsystem needs one per connected host path (plus a few
+/// while a host reconnects), so 1,024 is plenty.
+pub const CNTLID_SLOT_SIZE: u16 = 1024;
+/// Slots in the controller-ID space (NVMe allows 1-0xFFEF: 63 whole slots of 1,024).
+pub const CNTLID_SLOTS: u16 = 63;
+
+/// The controller-ID range `(min, max)` every export of the node with this NVMe-oF listener
+/// address hands out. Two targets serving one NQN (the source and destination of a hot
+/// migration) must hand out different controller IDs, or the host refuses the second path.
+/// The range is slot `fnv1a(address) mod 63` of 1,024 IDs: stable across restarts and
+/// builds, different for most pairs of nodes but not all (two addresses share a slot with a
+/// chance of 1 in 63): a migration checks that source and destination differ
+/// (`cntlid_range(a) != cntlid_range(b)`) and picks another destination when they do not.
+pub fn cntlid_range(node_address: &str) -> (u16, u16) {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node_address.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // The remainder is below 63, so it fits in u16.
+    let slot = (h % u64::from(CNTLID_SLOTS)) as u16;
+    let min = slot * CNTLID_SLOT_SIZE + 1;
+    (min, min + CNTLID_SLOT_SIZE - 1)
+}
+
 /// Bdev created by attaching the NVMe controller `controller` (namespace 1).
 pub fn nvme_ns_bdev(controller: &str) -> String {
     format!("{controller}n1")
@@ -142,6 +167,21 @@ pub fn auth_secret_checked(csi_volume_name: &str) -> Result<String, ValidationEr
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cntlid_ranges_are_slots_within_nvme_limits() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..=255u8 {
+            let (min, max) = cntlid_range(&format!("127.0.0.{i}"));
+            assert!(min >= 1 && max <= 0xFFEF && max - min + 1 == CNTLID_SLOT_SIZE);
+            assert_eq!((min - 1) % CNTLID_SLOT_SIZE, 0);
+            seen.insert(min);
+        }
+        // 256 addresses spread over most of the 63 slots.
+        assert!(seen.len() > 50, "{}", seen.len());
+        assert_eq!(cntlid_range("10.0.0.1"), cntlid_range("10.0.0.1"));
+        assert_ne!(cntlid_range("127.0.0.2"), cntlid_range("127.0.0.3"));
+    }
 
     #[test]
     fn nqn_and_serial_follow_liteio() {

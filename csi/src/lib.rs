@@ -21,6 +21,7 @@ pub mod identity;
 pub mod k8s;
 pub mod metrics;
 pub mod mount;
+pub mod multipath;
 pub mod node;
 pub mod nvme;
 pub mod params;

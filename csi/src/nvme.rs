@@ -169,6 +169,18 @@ pub fn connect_options(
             auth::DATA_TLS_PSK
         )));
     }
+    let mut opts = base_options(t, host_nqn, host_id)?;
+    // Validated by VolumeKeys: `DHHC-1:<tt>:<base64>:` holds no comma or space.
+    opts.push(format!("dhchap_secret={}", keys.host.expose()));
+    opts.push(format!("dhchap_ctrl_secret={}", keys.ctrl.expose()));
+    opts.push(format!("reconnect_delay={RECONNECT_DELAY}"));
+    opts.push(format!("ctrl_loss_tmo={CTRL_LOSS_TMO}"));
+    Ok(ConnectOptions(opts.join(",")))
+}
+
+/// The options every connection names, in libnvme's order: NQN, transport, address, port,
+/// host NQN and host id.
+fn base_options(t: &SpdkTarget, host_nqn: &str, host_id: Option<&str>) -> Result<Vec<String>> {
     let mut opts = vec![
         format!(
             "nqn={}",
@@ -188,9 +200,19 @@ pub fn connect_options(
     if let Some(id) = host_id {
         opts.push(format!("hostid={}", option_value("host id", id)?));
     }
-    // Validated by VolumeKeys: `DHHC-1:<tt>:<base64>:` holds no comma or space.
-    opts.push(format!("dhchap_secret={}", keys.host.expose()));
-    opts.push(format!("dhchap_ctrl_secret={}", keys.ctrl.expose()));
+    Ok(opts)
+}
+
+/// The options string of [`connect_options`] without authentication: what `nvme connect -t
+/// tcp -a … -s … -n … --hostnqn … --reconnect-delay 2 --ctrl-loss-tmo 10` writes to the
+/// fabrics device.
+pub fn plain_connect_options(
+    t: &SpdkTarget,
+    host_nqn: &str,
+    host_id: Option<&str>,
+) -> Result<ConnectOptions> {
+    check_target(t)?;
+    let mut opts = base_options(t, host_nqn, host_id)?;
     opts.push(format!("reconnect_delay={RECONNECT_DELAY}"));
     opts.push(format!("ctrl_loss_tmo={CTRL_LOSS_TMO}"));
     Ok(ConnectOptions(opts.join(",")))

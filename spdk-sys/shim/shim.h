@@ -129,4 +129,32 @@ int liteio_bdev_nvme_set_keys(const char *name, const char *dhchap_key,
 /* SPDK's version as major * 10000 + minor * 100 + patch, as compiled. */
 uint32_t liteio_spdk_version_compiled(void);
 
+/* Multipath (the switch-over of a hot migration): the paths of an NVMe bdev controller. */
+
+/* One path (controller) of a multipath NVMe bdev controller, as the initiator sees it. */
+struct liteio_nvme_path {
+	char traddr[SPDK_NVMF_TRADDR_MAX_LEN + 1];
+	char trsvcid[SPDK_NVMF_TRSVCID_MAX_LEN + 1];
+	/* Controller ID the target handed out. */
+	uint16_t cntlid;
+	/* ANA state of namespace 1 on this path as last read (enum spdk_nvme_ana_state);
+	 * 0 when the path has no namespace 1. */
+	uint32_t ana_state;
+	/* The controller is connected: not resetting, failed or being deleted. */
+	bool connected;
+};
+
+/* Fill `out` (room for `max`) with the paths of the NVMe bdev controller `name`. Returns
+ * how many paths it has (may be more than `max`), or -ENODEV when there is no such
+ * controller. Call on the app thread. */
+int liteio_bdev_nvme_paths(const char *name, struct liteio_nvme_path *out, int max);
+
+/* Detach one path of the NVMe bdev controller `name`: the controller connected to `trid`
+ * (its transport type, address family, address and service id are compared). The last path
+ * takes the controller and its bdevs with it. Returns 0 when the operation started (`cb_fn`
+ * will run), or a negative errno (it will not; -ENXIO: no such path, -ENODEV: no such
+ * controller). */
+int liteio_bdev_nvme_detach_path(const char *name, const struct spdk_nvme_transport_id *trid,
+				 void (*cb_fn)(void *, int), void *cb_arg);
+
 #endif

@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_char, c_void};
 
 use super::error::{Result, SpdkError};
-use super::nvmf::{DhGroup, HostKeys, ptr_or_null};
+use super::nvmf::{AnaState, DhGroup, HostKeys, ptr_or_null};
 use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
 struct Attach {
@@ -97,31 +97,154 @@ pub async fn attach_tcp_auth(
     reconnect: Option<Reconnect>,
     keys: &HostKeys,
 ) -> Result<Vec<String>> {
-    let reconnect = match reconnect {
-        None => None,
-        Some(r) => {
-            let delay = u32::try_from(r.delay.as_secs()).unwrap_or(u32::MAX);
-            let loss = i32::try_from(r.give_up_after.as_secs()).unwrap_or(i32::MAX);
-            if delay == 0 || i64::from(loss) < i64::from(delay) {
-                return Err(SpdkError::InvalidArgument {
-                    field: "reconnect",
-                    reason: format!(
-                        "delay {:?} must be at least 1 s and at most give_up_after {:?}",
-                        r.delay, r.give_up_after
-                    ),
-                });
-            }
-            Some((delay, loss))
-        }
+    let reconnect = reconnect_secs(reconnect)?;
+    check_ip(address)?;
+    let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
+    attach(ctrlr, trid, hostnqn, reconnect, keys, false).await
+}
+
+/// Checked reconnect settings: (seconds between attempts, seconds before giving up).
+fn reconnect_secs(reconnect: Option<Reconnect>) -> Result<Option<(u32, i32)>> {
+    let Some(r) = reconnect else {
+        return Ok(None);
     };
+    let delay = u32::try_from(r.delay.as_secs()).unwrap_or(u32::MAX);
+    let loss = i32::try_from(r.give_up_after.as_secs()).unwrap_or(i32::MAX);
+    if delay == 0 || i64::from(loss) < i64::from(delay) {
+        return Err(SpdkError::InvalidArgument {
+            field: "reconnect",
+            reason: format!(
+                "delay {:?} must be at least 1 s and at most give_up_after {:?}",
+                r.delay, r.give_up_after
+            ),
+        });
+    }
+    Ok(Some((delay, loss)))
+}
+
+fn check_ip(address: &str) -> Result<()> {
     if address.parse::<std::net::IpAddr>().is_err() {
         return Err(SpdkError::InvalidArgument {
             field: "address",
             reason: format!("{address:?} is not an IP address"),
         });
     }
+    Ok(())
+}
+
+/// Attach `address:port` as one more path of the multipath NVMe bdev controller `ctrlr`
+/// (created by the first call with that name): every path must lead to the same subsystem
+/// `subnqn` with the same namespace identity (UUID/NGUID), through controllers with
+/// different controller IDs. The namespace stays one bdev, `<ctrlr>n1`; I/O takes one path
+/// at a time (active-passive), an ANA-optimized one when there is one, else a non-optimized
+/// one, and moves to another path when the current one becomes inaccessible or
+/// disconnects. Returns the bdev names. This is the host's half of a hot migration, done
+/// here by SPDK's initiator.
+pub async fn attach_tcp_path(
+    ctrlr: &str,
+    address: &str,
+    port: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    reconnect: Option<Reconnect>,
+    keys: &HostKeys,
+) -> Result<Vec<String>> {
+    let reconnect = reconnect_secs(reconnect)?;
+    check_ip(address)?;
     let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
-    attach(ctrlr, trid, hostnqn, reconnect, keys).await
+    attach(ctrlr, trid, hostnqn, reconnect, keys, true).await
+}
+
+/// One path of a multipath NVMe bdev controller, as the initiator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathInfo {
+    /// Target address.
+    pub address: String,
+    /// Target port.
+    pub port: u16,
+    /// Controller ID the target handed out.
+    pub cntlid: u16,
+    /// ANA state of namespace 1 on this path as last read from the target; `None` when the
+    /// path has no namespace 1 or reports a state LiteIO does not use.
+    pub ana_state: Option<AnaState>,
+    /// Connected (not resetting, failed or being deleted).
+    pub connected: bool,
+}
+
+/// The paths of the NVMe bdev controller `ctrlr`, in the order they were attached.
+pub async fn paths(ctrlr: &str) -> Result<Vec<PathInfo>> {
+    let c = cstr("ctrlr", ctrlr)?;
+    let name = ctrlr.to_string();
+    super::runtime::on_reactor_with(move |_r| {
+        const MAX: usize = 16;
+        // SAFETY: an all-zero path record is a valid value (empty strings, zeros, false).
+        let mut out: Vec<spdk_sys::liteio_nvme_path> = vec![unsafe { std::mem::zeroed() }; MAX];
+        // SAFETY: on the reactor (bdev_nvme's app thread); `out` has room for MAX records.
+        let n =
+            unsafe { spdk_sys::liteio_bdev_nvme_paths(c.as_ptr(), out.as_mut_ptr(), MAX as i32) };
+        if n == -19 {
+            return Err(SpdkError::NotFound {
+                kind: "NVMe controller",
+                name,
+            });
+        }
+        if n < 0 {
+            return Err(SpdkError::errno("list paths", name, n));
+        }
+        Ok(out
+            .iter()
+            .take(usize::try_from(n).unwrap_or(0))
+            .map(|p| PathInfo {
+                address: super::runtime::from_c_array(&p.traddr),
+                port: super::runtime::from_c_array(&p.trsvcid)
+                    .parse()
+                    .unwrap_or(0),
+                cntlid: p.cntlid,
+                ana_state: AnaState::from_raw(p.ana_state),
+                connected: p.connected,
+            })
+            .collect())
+    })
+    .await
+}
+
+/// Detach the path to `address:port` of the NVMe bdev controller `ctrlr`, keeping the others
+/// and the bdev (the last path takes the controller and its bdevs with it, like [`detach`]).
+/// I/O on that path moves to another. A missing path or controller is success.
+pub async fn detach_path(ctrlr: &str, address: &str, port: u16) -> Result<()> {
+    check_ip(address)?;
+    let c = cstr("ctrlr", ctrlr)?;
+    let spec = cstr(
+        "address",
+        &format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port}"),
+    )?;
+    let what = format!("{ctrlr} path {address}:{port}");
+    exec(move |reply: Reply<()>| {
+        // SAFETY: a zeroed transport id is valid input for the parser.
+        let mut trid: spdk_sys::spdk_nvme_transport_id = unsafe { std::mem::zeroed() };
+        // SAFETY: `trid` writable; `spec` valid.
+        let rc = unsafe { spdk_sys::spdk_nvme_transport_id_parse(&mut trid, spec.as_ptr()) };
+        if rc != 0 {
+            return reply.send(Err(SpdkError::errno("parse transport id", what, rc)));
+        }
+        let ctx = errno_ctx(move |_, rc| {
+            // -ENXIO: no such path; -ENODEV: no such controller.
+            reply.send(if rc == 0 || rc == -6 || rc == -19 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("detach path", what, rc))
+            })
+        });
+        // SAFETY: on the reactor; `trid` is copied; `ctx` owned by SPDK when rc == 0.
+        let rc = unsafe {
+            spdk_sys::liteio_bdev_nvme_detach_path(c.as_ptr(), &trid, Some(errno_cb), ctx)
+        };
+        if rc != 0 {
+            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+            unsafe { errno_cb(ctx, rc) };
+        }
+    })
+    .await
 }
 
 /// Take over the local NVMe controller at PCI address `bdf` (`0000:01:00.0`, bound to
@@ -145,17 +268,21 @@ pub async fn attach_pcie(ctrlr: &str, bdf: &str) -> Result<Vec<String>> {
         "",
         None,
         &HostKeys::default(),
+        false,
     )
     .await
 }
 
 /// `reconnect`: (seconds between attempts, seconds before giving up), checked by the caller.
+/// `multipath`: add a path to the controller `ctrlr` (active-passive) instead of failing
+/// when the name is taken.
 async fn attach(
     ctrlr: &str,
     trid: String,
     hostnqn: &str,
     reconnect: Option<(u32, i32)>,
     keys: &HostKeys,
+    multipath: bool,
 ) -> Result<Vec<String>> {
     let key_names = keys.c_names()?;
     let (ctrlr, hostnqn) = (ctrlr.to_string(), hostnqn.to_string());
@@ -207,6 +334,10 @@ async fn attach(
             bopts.reconnect_delay_sec = delay;
             bopts.ctrlr_loss_timeout_sec = loss;
             bopts.fast_io_fail_timeout_sec = 0;
+        }
+        if multipath {
+            bopts.multipath = true;
+            bopts.multipath_policy = spdk_sys::SPDK_BDEV_NVME_MULTIPATH_POLICY_ACTIVE_PASSIVE as u8;
         }
         bopts.dhchap_key = ptr_or_null(&key_names[0]);
         bopts.dhchap_ctrlr_key = ptr_or_null(&key_names[1]);

@@ -175,6 +175,56 @@ impl KeyNames {
     }
 }
 
+/// Asymmetric Namespace Access (ANA) state of one path (listener) of a subsystem: what a
+/// multipath host is told about the namespace behind that listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnaState {
+    /// The preferred path: a host sends I/O here.
+    Optimized,
+    /// Usable, but a host prefers an optimized path.
+    NonOptimized,
+    /// No I/O: commands fail with a path error and the host retries them on another path.
+    Inaccessible,
+}
+
+impl AnaState {
+    fn raw(self) -> spdk_sys::spdk_nvme_ana_state {
+        match self {
+            Self::Optimized => spdk_sys::SPDK_NVME_ANA_OPTIMIZED_STATE,
+            Self::NonOptimized => spdk_sys::SPDK_NVME_ANA_NON_OPTIMIZED_STATE,
+            Self::Inaccessible => spdk_sys::SPDK_NVME_ANA_INACCESSIBLE_STATE,
+        }
+    }
+
+    /// The state SPDK reports as a raw `spdk_nvme_ana_state`; `None` for the states SPDK's
+    /// target never sets (persistent loss, change) and unknown values.
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            spdk_sys::SPDK_NVME_ANA_OPTIMIZED_STATE => Some(Self::Optimized),
+            spdk_sys::SPDK_NVME_ANA_NON_OPTIMIZED_STATE => Some(Self::NonOptimized),
+            spdk_sys::SPDK_NVME_ANA_INACCESSIBLE_STATE => Some(Self::Inaccessible),
+            _ => None,
+        }
+    }
+}
+
+/// Largest controller ID SPDK hands out (NVMe reserves 0xFFF0 and above).
+pub const MAX_CNTLID: u16 = 0xFFEF;
+
+/// An export that can be one path of several to the same NQN (two targets serving one volume
+/// during a hot migration): ANA reporting on, a controller-ID range of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Multipath {
+    /// ANA state the listener starts in (for the namespace's ANA group).
+    pub ana_state: AnaState,
+    /// Lowest controller ID this subsystem hands out (at least 1).
+    pub min_cntlid: u16,
+    /// Highest controller ID (at most [`MAX_CNTLID`]). Targets serving the same NQN must use
+    /// disjoint ranges: a host refuses a second controller with a controller ID it already
+    /// has for that subsystem.
+    pub max_cntlid: u16,
+}
+
 /// One volume's export.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubsystemSpec {
@@ -198,6 +248,11 @@ pub struct SubsystemSpec {
     pub keys: HostKeys,
     /// TLS: the listener takes secure channels only (the hosts need `keys.psk`).
     pub secure_channel: bool,
+    /// ANA reporting and a controller-ID range, for exports that may become one of several
+    /// paths to the volume; `None`: SPDK's defaults (no ANA reporting, controller IDs from
+    /// the whole range). Only applied when the subsystem is created (SPDK allows both only
+    /// before it starts).
+    pub multipath: Option<Multipath>,
 }
 
 /// An existing subsystem.
@@ -213,6 +268,10 @@ pub struct SubsystemInfo {
     pub listeners: Vec<(String, u16)>,
     /// Allowed hosts.
     pub hosts: Vec<String>,
+    /// ANA reporting is on.
+    pub ana_reporting: bool,
+    /// Controller IDs it hands out, `(min, max)`.
+    pub cntlid_range: (u16, u16),
 }
 
 fn tgt(_r: &Reactor) -> Result<*mut spdk_sys::spdk_nvmf_tgt> {
@@ -327,6 +386,11 @@ unsafe fn info(ss: *mut spdk_nvmf_subsystem) -> SubsystemInfo {
             bdevs,
             listeners,
             hosts,
+            ana_reporting: (*opts(ss)).ana_reporting,
+            cntlid_range: (
+                spdk_sys::spdk_nvmf_subsystem_get_min_cntlid(ss),
+                spdk_sys::spdk_nvmf_subsystem_get_max_cntlid(ss),
+            ),
         }
     }
 }
@@ -436,6 +500,16 @@ pub async fn listener_ports() -> Result<std::collections::HashSet<u16>> {
     .await
 }
 
+fn validate_cntlid(min: u16, max: u16) -> Result<()> {
+    if min == 0 || min > max || max > MAX_CNTLID {
+        return Err(SpdkError::InvalidArgument {
+            field: "cntlid",
+            reason: format!("{min}-{max} is not a range within 1-{MAX_CNTLID}"),
+        });
+    }
+    Ok(())
+}
+
 fn validate(spec: &SubsystemSpec) -> Result<()> {
     if !spec.nqn.starts_with("nqn.") || spec.nqn.len() > 223 {
         return Err(SpdkError::InvalidArgument {
@@ -472,6 +546,9 @@ fn validate(spec: &SubsystemSpec) -> Result<()> {
             field: "psk",
             reason: "a secure-channel (TLS) listener needs a PSK for its hosts".into(),
         });
+    }
+    if let Some(m) = &spec.multipath {
+        validate_cntlid(m.min_cntlid, m.max_cntlid)?;
     }
     for h in &spec.hosts {
         if !h.starts_with("nqn.") {
@@ -591,6 +668,7 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
             if !spec.model.is_empty() {
                 fill(&mut sopts.mn, &spec.model);
             }
+            sopts.ana_reporting = spec.multipath.is_some();
             // SAFETY: on the reactor; the NQN and `sopts` are copied by SPDK.
             let ss = unsafe { spdk_sys::spdk_nvmf_subsystem_create_ext(t, nqn.as_ptr(), spdk_sys::SPDK_NVMF_SUBTYPE_NVME, &sopts) };
             if ss.is_null() {
@@ -616,6 +694,13 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
                 unsafe { spdk_sys::spdk_nvmf_subsystem_destroy(ss, None, std::ptr::null_mut()) };
                 e
             };
+            if let Some(m) = &spec.multipath {
+                // SAFETY: `ss` is a new inactive subsystem on the reactor.
+                let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_set_cntlid_range(ss, m.min_cntlid, m.max_cntlid) };
+                if rc != 0 {
+                    return Err(fail(SpdkError::errno("set controller ID range", format!("{}-{}", m.min_cntlid, m.max_cntlid), rc)));
+                }
+            }
             // SAFETY: `ss` is a new inactive subsystem on the reactor.
             unsafe {
                 spdk_sys::spdk_nvmf_subsystem_set_allow_any_host(ss, false);
@@ -645,12 +730,16 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
             Err(e) => reply.send(Err(e)),
             Ok((ss, trid)) => {
                 let secure_channel = spec.secure_channel;
+                let ana_state = spec.multipath.map(|m| m.ana_state);
                 let arg = Box::into_raw(Box::new(Create { spec, ss, reply })).cast::<c_void>();
                 // SAFETY: a zeroed struct is valid input for the defaults init, which fills it.
                 let mut lopts: spdk_sys::spdk_nvmf_listener_opts = unsafe { std::mem::zeroed() };
                 // SAFETY: `lopts` is writable and of the size passed.
                 unsafe { spdk_sys::spdk_nvmf_subsystem_listener_opts_init(&mut lopts, std::mem::size_of::<spdk_sys::spdk_nvmf_listener_opts>()) };
                 lopts.secure_channel = secure_channel;
+                if let Some(a) = ana_state {
+                    lopts.ana_state = a.raw();
+                }
                 // SAFETY: on the reactor; `trid` and `lopts` are copied; `arg` owned by SPDK
                 // until `create_listened` runs once.
                 unsafe { spdk_sys::spdk_nvmf_subsystem_add_listener_ext(ss, &trid, Some(create_listened), arg, &mut lopts) };
@@ -808,4 +897,273 @@ pub async fn delete_subsystem(nqn: &str) -> Result<()> {
         }
     })
     .await
+}
+
+/// Trampoline for a subsystem state change (pause, resume) whose context is an
+/// [`errno_ctx`].
+extern "C" fn state_changed(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
+    no_unwind("state_changed", || {
+        // SAFETY: `arg` is the `errno_ctx` given to the state change, which calls this once.
+        unsafe { errno_cb(arg, status) };
+    });
+}
+
+/// Start a state change of `ss` (`spdk_nvmf_subsystem_pause` with `Some(nsid)`,
+/// `spdk_nvmf_subsystem_resume` with `None`) that calls `then` once with its status.
+fn change_state(
+    ss: *mut spdk_nvmf_subsystem,
+    pause_nsid: Option<u32>,
+    then: impl FnOnce(&Reactor, i32) + 'static,
+) {
+    let ctx = errno_ctx(then);
+    // SAFETY: on the reactor (the callers run there), `ss` a live subsystem they just looked
+    // up; `ctx` owned by SPDK when rc == 0.
+    let rc = unsafe {
+        match pause_nsid {
+            Some(nsid) => spdk_sys::spdk_nvmf_subsystem_pause(ss, nsid, Some(state_changed), ctx),
+            None => spdk_sys::spdk_nvmf_subsystem_resume(ss, Some(state_changed), ctx),
+        }
+    };
+    if rc != 0 {
+        // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
+        unsafe { errno_cb(ctx, rc) };
+    }
+}
+
+/// Pause `nqn` (admin queues only: no namespace's I/O is held), run `op` on the paused
+/// subsystem, resume it, and answer with `op`'s result, else the resume's. `op` gets the
+/// subsystem and a continuation it must call once with 0 or a negative errno; `what` and
+/// `detail` name the operation in its error. Resuming also lifts a [`fence_io`].
+fn paused_op(
+    r: &Reactor,
+    nqn: String,
+    what: &'static str,
+    detail: String,
+    reply: Reply<()>,
+    op: impl FnOnce(&Reactor, *mut spdk_nvmf_subsystem, Box<dyn FnOnce(&Reactor, i32)>) + 'static,
+) {
+    let ss = match subsystem(r, &nqn) {
+        Ok(s) => s,
+        Err(e) => return reply.send(Err(e)),
+    };
+    change_state(ss, Some(0), move |r, rc| {
+        if rc != 0 {
+            return reply.send(Err(SpdkError::errno("pause subsystem", nqn, rc)));
+        }
+        // Look the subsystem up again: it may have gone while the pause ran.
+        let ss = match subsystem(r, &nqn) {
+            Ok(s) => s,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let done = Box::new(move |r: &Reactor, op_rc: i32| {
+            let ss = match subsystem(r, &nqn) {
+                Ok(s) => s,
+                Err(e) => return reply.send(Err(e)),
+            };
+            change_state(ss, None, move |_r, rc| {
+                reply.send(if op_rc != 0 {
+                    Err(SpdkError::errno(what, detail, op_rc))
+                } else if rc != 0 {
+                    Err(SpdkError::errno("resume subsystem", nqn, rc))
+                } else {
+                    Ok(())
+                })
+            });
+        });
+        op(r, ss, done);
+    });
+}
+
+/// Set the ANA state of `nqn`'s namespaces behind the listener `address:port`, for ANA group
+/// `anagrpid` (the namespace's group: its nsid, 1 for LiteIO's exports; 0: every group).
+/// Connected hosts get an asynchronous event and re-read the ANA log page. The subsystem
+/// must have been created with [`SubsystemSpec::multipath`]. Setting the state it already
+/// has is success.
+///
+/// SPDK changes the state of a paused subsystem only: this pauses the admin queues (no I/O
+/// is held), sets the state and resumes. A resume also ends a [`fence_io`]: the hot-migration
+/// switch-over fences the old path's I/O, promotes the new path (on the other target) and
+/// then demotes the old path with this call, which releases the held I/O; the held commands
+/// then fail with an ANA path error and the host retries them on the new path.
+pub async fn set_ana_state(
+    nqn: &str,
+    address: &str,
+    port: u16,
+    state: AnaState,
+    anagrpid: u32,
+) -> Result<()> {
+    let t = trid(address, port)?;
+    let nqn = nqn.to_string();
+    let detail = format!("{nqn} on {address}:{port} to {state:?}");
+    exec_on(move |r, reply| {
+        paused_op(
+            r,
+            nqn,
+            "set ANA state",
+            detail,
+            reply,
+            move |_r, ss, done| {
+                let ctx = errno_ctx(done);
+                // SAFETY: on the reactor; `ss` paused and live; `t` is copied; SPDK calls
+                // `errno_cb` once with `ctx` on every path (this function has no return code).
+                unsafe {
+                    spdk_sys::spdk_nvmf_subsystem_set_ana_state(
+                        ss,
+                        &t,
+                        state.raw(),
+                        anagrpid,
+                        Some(errno_cb),
+                        ctx,
+                    )
+                };
+            },
+        )
+    })
+    .await
+}
+
+/// The ANA state of ANA group `anagrpid` (at least 1) behind the listener `address:port` of
+/// `nqn`.
+pub async fn ana_state(nqn: &str, address: &str, port: u16, anagrpid: u32) -> Result<AnaState> {
+    let t = trid(address, port)?;
+    let nqn = nqn.to_string();
+    on_reactor_with(move |r| {
+        let ss = subsystem(r, &nqn)?;
+        let mut raw: spdk_sys::spdk_nvme_ana_state = 0;
+        // SAFETY: on the reactor; `ss` live; `t` and `raw` valid for the call.
+        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_get_ana_state(ss, &t, anagrpid, &mut raw) };
+        if rc != 0 {
+            return Err(SpdkError::errno(
+                "get ANA state",
+                format!("{nqn} on {}", trid_str(&t)),
+                rc,
+            ));
+        }
+        AnaState::from_raw(raw).ok_or_else(|| SpdkError::InvalidArgument {
+            field: "ana_state",
+            reason: format!("SPDK reports state {raw}, which LiteIO does not use"),
+        })
+    })
+    .await
+}
+
+fn trid_str(t: &spdk_sys::spdk_nvme_transport_id) -> String {
+    format!(
+        "{}:{}",
+        super::runtime::from_c_array(&t.traddr),
+        super::runtime::from_c_array(&t.trsvcid)
+    )
+}
+
+/// Add a listener `address:port` to the existing subsystem `nqn` (a second path to the same
+/// export), starting in `ana_state` when the subsystem reports ANA. Idempotent: a listener
+/// that exists is success.
+pub async fn add_listener(
+    nqn: &str,
+    address: &str,
+    port: u16,
+    secure_channel: bool,
+    ana_state: Option<AnaState>,
+) -> Result<()> {
+    if port == 0 {
+        return Err(SpdkError::InvalidArgument {
+            field: "port",
+            reason: "must be 1-65535".into(),
+        });
+    }
+    let t = trid(address, port)?;
+    let nqn = nqn.to_string();
+    let detail = format!("{nqn} on {address}:{port}");
+    let present = {
+        let (nqn, address) = (nqn.clone(), address.to_string());
+        on_reactor_with(move |r| {
+            let ss = subsystem(r, &nqn)?;
+            // SAFETY: `ss` was just returned by the lookup on this thread.
+            Ok(unsafe { info(ss) }.listeners.contains(&(address, port)))
+        })
+        .await?
+    };
+    if present {
+        return Ok(());
+    }
+    exec_on(move |r, reply| {
+        let tgt = match tgt(r) {
+            Ok(t) => t,
+            Err(e) => return reply.send(Err(e)),
+        };
+        paused_op(r, nqn, "add listener", detail, reply, move |r, ss, done| {
+            // SAFETY: a zeroed struct is valid input for the defaults init, which fills it.
+            let mut topts: spdk_sys::spdk_nvmf_listen_opts = unsafe { std::mem::zeroed() };
+            // SAFETY: `topts` writable and of the size passed.
+            unsafe {
+                spdk_sys::spdk_nvmf_listen_opts_init(
+                    &mut topts,
+                    std::mem::size_of::<spdk_sys::spdk_nvmf_listen_opts>(),
+                )
+            };
+            topts.secure_channel = secure_channel;
+            // SAFETY: on the reactor; `t` and `topts` are copied.
+            let rc = unsafe { spdk_sys::spdk_nvmf_tgt_listen_ext(tgt, &t, &mut topts) };
+            if rc != 0 && rc != -libc_errno::EEXIST {
+                return done(r, rc);
+            }
+            // SAFETY: as above.
+            let mut lopts: spdk_sys::spdk_nvmf_listener_opts = unsafe { std::mem::zeroed() };
+            // SAFETY: `lopts` writable and of the size passed.
+            unsafe {
+                spdk_sys::spdk_nvmf_subsystem_listener_opts_init(
+                    &mut lopts,
+                    std::mem::size_of::<spdk_sys::spdk_nvmf_listener_opts>(),
+                )
+            };
+            lopts.secure_channel = secure_channel;
+            if let Some(a) = ana_state {
+                lopts.ana_state = a.raw();
+            }
+            let ctx = errno_ctx(done);
+            // SAFETY: on the reactor; `ss` paused and live; `t` and `lopts` are copied; SPDK
+            // calls `errno_cb` once with `ctx`.
+            unsafe {
+                spdk_sys::spdk_nvmf_subsystem_add_listener_ext(
+                    ss,
+                    &t,
+                    Some(errno_cb),
+                    ctx,
+                    &mut lopts,
+                )
+            };
+        })
+    })
+    .await
+}
+
+/// Hold the I/O of `nqn`'s namespace 1 on this target: commands already running finish,
+/// new ones wait in the target (the host sees them as slow, not failed). The first step of a
+/// hot-migration switch-over, on the old path's target, so that no write lands on the old
+/// copy once the new path serves. [`set_ana_state`] (or [`unfence_io`]) ends the fence, and
+/// so does anything else that resumes the subsystem ([`settle`], hence the exporter's
+/// resize and delete). The admin queues wait too, keep-alives included: a fence must end
+/// well within the hosts' keep-alive timeout (the kernel's default: 5 s).
+pub async fn fence_io(nqn: &str) -> Result<()> {
+    let nqn = nqn.to_string();
+    exec_on(move |r, reply| {
+        let ss = match subsystem(r, &nqn) {
+            Ok(s) => s,
+            Err(e) => return reply.send(Err(e)),
+        };
+        change_state(ss, Some(1), move |_r, rc| {
+            reply.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("fence subsystem I/O", nqn, rc))
+            })
+        });
+    })
+    .await
+}
+
+/// End a [`fence_io`] without changing ANA states (a cancelled switch-over): the held I/O
+/// runs. Missing subsystem = success.
+pub async fn unfence_io(nqn: &str) -> Result<()> {
+    settle(nqn).await
 }

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use liteio_api::{SpdkTarget, naming};
 
 use super::error::SpdkError;
-use super::nvmf::{self, HostKeys, SubsystemSpec, TcpTransportOptions};
+use super::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec, TcpTransportOptions};
 use super::{Spdk, bdev, keyring};
 use crate::exporter::{
     ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
@@ -207,10 +207,18 @@ impl Exporter for SpdkExporter {
                 .filter(|u| !u.is_empty())
                 .unwrap_or_else(|| req.uuid.clone());
             let (keys, secure_channel) = self.load_keys(req).await?;
+            // The namespace's identity comes from the volume, never the node: the preset's
+            // serial (a migration destination serves the source volume's identity, so the
+            // host sees one subsystem with two paths), else the volume's.
+            let serial = preset
+                .map(|t| t.sn.clone())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| naming::serial_number(&req.uuid));
+            let (min_cntlid, max_cntlid) = naming::cntlid_range(&self.address);
             let spec = |port| SubsystemSpec {
                 nqn: nqn.clone(),
-                serial: naming::serial_number(&req.uuid),
-                model: req.uuid.chars().take(40).collect(),
+                serial: serial.clone(),
+                model: ns_uuid.chars().take(40).collect(),
                 bdev: bdev_name.clone(),
                 ns_uuid: ns_uuid.clone(),
                 address: self.address.clone(),
@@ -218,6 +226,13 @@ impl Exporter for SpdkExporter {
                 hosts: req.allowed_hosts.clone(),
                 keys: keys.clone(),
                 secure_channel,
+                // Every export can become one of two paths of a hot migration: ANA reporting
+                // must be on, and the controller IDs this node's range, before it starts.
+                multipath: Some(Multipath {
+                    ana_state: AnaState::Optimized,
+                    min_cntlid,
+                    max_cntlid,
+                }),
             };
             // Already exported (every reconcile of a ready volume comes here): check it and
             // bring its host list up to date, without the creation lock.
