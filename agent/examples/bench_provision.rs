@@ -638,6 +638,11 @@ fn main() -> anyhow::Result<()> {
             .parse()
             .map_err(|_| anyhow::anyhow!("--prefill: expected MiB as a number, got {v:?}"))?,
     };
+    #[cfg(not(feature = "spdk"))]
+    anyhow::ensure!(
+        prefill_mib == 0,
+        "--prefill: only the SPDK engine has an lvstore file (build with --features spdk)"
+    );
     if let Some(runs) = value("--runs") {
         let runs: usize =
             runs.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
