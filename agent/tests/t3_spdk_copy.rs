@@ -372,7 +372,10 @@ async fn thin() {
         in_region(b).then(|| block_data(b, 1))
     })
     .await;
-    gate::delete_gate(&g).await.unwrap();
+    // The source lvol goes away (hot-remove): its gate goes with it.
+    lvol::delete_lvol("tsrc", "thin").await.unwrap();
+    assert!(bdev::get(&g).await.unwrap().is_none());
+    assert_eq!(gate::gate_of("tsrc/thin").await.unwrap(), None);
 }
 
 /// Cancel and mirror failure leave the source serving, without a mirror.
