@@ -88,6 +88,13 @@ mod link {
         )
     }
 
+    /// This package's directory, read when the script runs: `env!` would bake in the
+    /// directory the script was compiled for, and cargo reuses one compiled script for every
+    /// checkout (git worktree) of the workspace that shares a target directory.
+    fn manifest_dir() -> PathBuf {
+        env_path("CARGO_MANIFEST_DIR").unwrap_or_else(|| fail("CARGO_MANIFEST_DIR not set"))
+    }
+
     fn env_path(var: &str) -> Option<PathBuf> {
         std::env::var_os(var)
             .filter(|v| !v.is_empty())
@@ -142,7 +149,7 @@ mod link {
                 ))
             });
         }
-        let vendor = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vendor/spdk");
+        let vendor = manifest_dir().join("../vendor/spdk");
         if vendor.exists() {
             return tree(&vendor).unwrap_or_else(|| {
                 fail("vendor/spdk is neither an SPDK build tree nor an install prefix")
@@ -297,12 +304,12 @@ mod link {
         ] {
             println!("cargo:rerun-if-env-changed={var}");
         }
-        for f in ["wrapper.h", "shim/shim.c", "shim/shim.h"] {
+        for f in ["wrapper.h", "shim/shim.c", "shim/gate.c", "shim/shim.h"] {
             println!("cargo:rerun-if-changed={f}");
         }
         let spdk = locate();
         check_version(&spdk);
-        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let manifest = manifest_dir();
         let dpdk_includes = pkg_config::Config::new()
             .cargo_metadata(false)
             .probe("libdpdk")
@@ -318,6 +325,7 @@ mod link {
 
         let mut cc = cc::Build::new();
         cc.file("shim/shim.c")
+            .file("shim/gate.c")
             .warnings(true)
             .extra_warnings(false)
             .flag_if_supported("-Wno-unused-parameter");

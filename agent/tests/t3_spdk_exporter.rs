@@ -11,7 +11,7 @@ use std::time::Duration;
 use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, UnexportRequest};
 use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, lvol};
+use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, gate, io, lvol};
 use liteio_api::{SpdkLvol, naming};
 
 const MIB: u64 = 1 << 20;
@@ -37,7 +37,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
 
             bdev::create_malloc("xm", 64 * MIB, 512).await.unwrap();
             lvol::create_lvstore("xm", "xlvs", 1 << 20).await.unwrap();
-            lvol::create_lvol("xlvs", "pvc-1", 8 * MIB, false).await.unwrap();
+            let lv = lvol::create_lvol("xlvs", "pvc-1", 8 * MIB, false).await.unwrap();
             let uuid = "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a11";
             let mut req = ExportRequest {
                 volume: "pvc-1".into(),
@@ -54,7 +54,19 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             assert_eq!(t.sn, naming::serial_number(uuid));
             assert_eq!(t.ns_uuid, uuid);
             assert_eq!((t.trans_type.as_str(), t.addr_fam.as_str(), t.address.as_str()), ("TCP", "IPv4", "127.0.0.1"));
-            assert_eq!(t.bdev_name, "xlvs/pvc-1");
+            // Exported through the lvol's gate.
+            assert_eq!(t.bdev_name, gate::gate_name(&lv.bdev_name));
+            assert_eq!(bdev::get(&t.bdev_name).await.unwrap().unwrap().product, gate::GATE_PRODUCT);
+            assert_eq!(gate::gate_of("xlvs/pvc-1").await.unwrap(), Some(t.bdev_name.clone()));
+            // The gated lvol still grows (the gate follows, and the export with it) and
+            // takes snapshots.
+            lvol::resize_lvol("xlvs", "pvc-1", 12 * MIB).await.unwrap();
+            exp.resize_export(&ExportRequest { size_bytes: 12 * MIB, ..req.clone() }).await.unwrap();
+            assert_eq!(bdev::get(&t.bdev_name).await.unwrap().unwrap().size_bytes(), 12 * MIB);
+            let snap = lvol::snapshot("xlvs", "pvc-1", "pvc-1_snap").await.unwrap();
+            assert!(snap.snapshot);
+            // (The target holds the gate's write claim; reads go through.)
+            assert_eq!(io::read_at(&t.bdev_name, 8 * MIB, 4096).await.unwrap(), vec![0; 4096], "the gate serves after the snapshot");
             let port: u16 = t.svc_id.parse().unwrap();
             assert!(range.contains(&port));
 
@@ -106,6 +118,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             exp.remove_export(&UnexportRequest { volume: "pvc-1".into(), uuid: uuid.into(), target: None }).await.unwrap();
             assert!(nvmf::subsystems().await.unwrap().is_empty());
             assert!(lvol::lvol("xlvs", "pvc-1").await.unwrap().is_some(), "unexport keeps the data");
+            assert!(bdev::get(&t.bdev_name).await.unwrap().is_none(), "unexport removes the gate");
             let _ = std::fs::remove_dir_all(dir);
         })
         .await

@@ -126,6 +126,81 @@ int liteio_nvmf_set_keys(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
 int liteio_bdev_nvme_set_keys(const char *name, const char *dhchap_key,
 			      const char *dhchap_ctrlr_key, void (*cb_fn)(void *, int), void *cb_arg);
 
+/*
+ * The gate (gate.c): a pass-through bdev of LiteIO's own module, "liteio_gate", in front of
+ * an exported volume, and the copy engine of hot migration. All functions run on the SPDK
+ * thread that created the gate.
+ */
+typedef void (*liteio_gate_cb)(void *cb_arg, int status);
+
+/* Where a gate's mirror and copy pass stand. */
+enum liteio_copy_state {
+	/* No copy was ever started. */
+	LITEIO_COPY_NONE = 0,
+	/* Mirror being attached; the barrier has not passed yet. */
+	LITEIO_COPY_STARTING = 1,
+	/* The copy pass runs; writes are mirrored. */
+	LITEIO_COPY_COPYING = 2,
+	/* The copy pass is over and writes are still mirrored: the mirror equals the base. */
+	LITEIO_COPY_IN_STEP = 3,
+	/* Cancelled; the mirror is being detached. */
+	LITEIO_COPY_STOPPING = 4,
+	/* Cancelled; the mirror is detached. */
+	LITEIO_COPY_CANCELLED = 5,
+	/* The copy or a mirrored write failed; the mirror is (being) detached. */
+	LITEIO_COPY_FAILED = 6,
+	/* In step, then the mirror was detached on request. */
+	LITEIO_COPY_FINISHED = 7,
+};
+
+/* Options of a copy pass; zero keeps the default. */
+struct liteio_copy_opts {
+	/* Bytes per chunk (default 1 MiB); a multiple of the block size. */
+	uint64_t chunk_bytes;
+	/* Chunks in flight (default 4, at most 32). */
+	uint32_t queue_depth;
+	/* Copy only what SEEK_DATA/SEEK_HOLE report allocated. Only for a base whose holes
+	 * read zeroes (a thin lvol that is not a clone: a clone's holes read its snapshot). */
+	bool skip_holes;
+};
+
+/* Counters of a gate's last copy pass. */
+struct liteio_copy_progress {
+	char base[LITEIO_NAME_MAX];
+	uint32_t state; /* enum liteio_copy_state */
+	int32_t status; /* 0, or the negative errno the pass ended with */
+	bool mirror_attached;
+	uint64_t size_bytes;
+	uint64_t scanned_bytes;
+	uint64_t copied_bytes;
+	uint64_t mirrored_writes;
+	uint64_t mirror_errors;
+	uint64_t elapsed_us;
+};
+
+/* Create a gate over `base_name` and write its name ("<base bdev name>-gate") to
+ * `out_name`. Returns 0 or a negative errno (-ENODEV: no such base; -EPERM: the base is
+ * claimed by another module). */
+int liteio_gate_create(const char *base_name, char *out_name, size_t out_len);
+/* Unregister the gate `name` (a copy in flight is cancelled first); `cb_fn` runs when it
+ * is gone. Returns 0 when started, -ENODEV when there is no such gate. */
+int liteio_gate_delete(const char *name, liteio_gate_cb cb_fn, void *cb_arg);
+/* Attach `mirror_name` to the gate and start the copy pass; `cb_fn(cb_arg, status)` runs once
+ * when the pass ends: 0 = in step (the mirror stays attached), else the error (the mirror is
+ * detached by then). Returns 0 when started (`cb_fn` will run), or a negative errno (it will
+ * not): -ENODEV no gate or mirror, -EBUSY a mirror is attached, -EINVAL a mirror of another
+ * block size, smaller than the gate, or the gate's own base. */
+int liteio_gate_start_copy(const char *name, const char *mirror_name,
+			   const struct liteio_copy_opts *opts, liteio_gate_cb cb_fn, void *cb_arg);
+/* Detach the mirror: a copy pass in flight is cancelled (its callback gets -ECANCELED),
+ * mirrored writes in flight finish, and `cb_fn(cb_arg, 0)` runs once the mirror is closed.
+ * With `require_in_step`, refuse (-EAGAIN) unless the copy pass ended in step. Returns 0
+ * when `cb_fn` will run (it may have run already), or a negative errno. */
+int liteio_gate_stop_mirror(const char *name, bool require_in_step, liteio_gate_cb cb_fn,
+			    void *cb_arg);
+/* Fill `out` with the gate's counters. Returns 0 or -ENODEV. */
+int liteio_gate_progress(const char *name, struct liteio_copy_progress *out);
+
 /* SPDK's version as major * 10000 + minor * 100 + patch, as compiled. */
 uint32_t liteio_spdk_version_compiled(void);
 

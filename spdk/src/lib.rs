@@ -14,6 +14,7 @@
 pub mod bdev;
 pub mod deprecation;
 pub mod error;
+pub mod gate;
 pub mod initiator;
 pub mod io;
 pub mod keyring;

@@ -1,15 +1,22 @@
 //! The NVMe-oF exporter of the embedded SPDK target: one subsystem per volume with LiteIO's
 //! NQN and serial scheme, a listener on the node address with a port from a configured range,
-//! and an explicit host allow-list. SPDK volumes are exported straight from their lvol; LVM
-//! and file volumes through an aio bdev named after the volume's serial number.
+//! and an explicit host allow-list. SPDK volumes are exported through their gate (a
+//! pass-through bdev over the lvol, `<lvol bdev>-gate`, where hot migration mirrors and
+//! copies; see `liteio_spdk::gate`); LVM and file volumes through an aio bdev named after the
+//! volume's serial number.
 
 use std::sync::Mutex;
 
 use liteio_api::{SpdkTarget, naming};
 
 use super::error::SpdkError;
+<<<<<<< HEAD
 use super::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec, TcpTransportOptions};
 use super::{Spdk, bdev, keyring};
+=======
+use super::nvmf::{self, HostKeys, SubsystemSpec, TcpTransportOptions};
+use super::{Spdk, bdev, gate, keyring};
+>>>>>>> mig-copy
 use crate::exporter::{
     ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
 };
@@ -184,7 +191,10 @@ impl Exporter for SpdkExporter {
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             let bdev_name = match (&req.lvol, &req.device) {
-                (Some(l), _) => l.full_name(),
+                // Idempotent: an existing gate over the lvol is reused.
+                (Some(l), _) => gate::create_gate(&l.full_name())
+                    .await
+                    .map_err(target_err)?,
                 (None, Some(dev)) => {
                     let name = naming::aio_bdev_name(&req.uuid);
                     bdev::create_aio(&name, dev, 512)
@@ -289,7 +299,26 @@ impl Exporter for SpdkExporter {
                 .map(|t| t.subsys_nqn.clone())
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
+            // The gates the subsystem exported (and the one recorded on the volume, when an
+            // earlier unexport stopped after the subsystem) go after it: a gate goes once
+            // nobody has it open.
+            let mut gates: Vec<String> = nvmf::find_subsystem(&nqn)
+                .await
+                .map_err(target_err)?
+                .map(|s| s.bdevs)
+                .unwrap_or_default();
+            gates.extend(req.target.as_ref().map(|t| t.bdev_name.clone()));
+            gates.retain(|b| b.ends_with(gate::GATE_SUFFIX));
             nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
+            for g in gates {
+                if bdev::get(&g)
+                    .await
+                    .map_err(target_err)?
+                    .is_some_and(|b| b.product == gate::GATE_PRODUCT)
+                {
+                    gate::delete_gate(&g).await.map_err(target_err)?;
+                }
+            }
             let aio = naming::aio_bdev_name(&req.uuid);
             if bdev::get(&aio)
                 .await

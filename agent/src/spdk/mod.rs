@@ -3,7 +3,9 @@
 //! from the agent's config and the metrics source in [`stats`]). No `unsafe` here.
 
 pub use liteio_spdk::{ErrorKind, Result, Spdk, SpdkError, SpdkOptions};
-pub use liteio_spdk::{bdev, deprecation, error, initiator, io, keyring, lvol, nvmf, runtime};
+pub use liteio_spdk::{
+    bdev, deprecation, error, gate, initiator, io, keyring, lvol, nvmf, runtime,
+};
 
 pub mod exporter;
 pub mod setup;
