@@ -10,13 +10,8 @@ use std::sync::Mutex;
 use liteio_api::{SpdkTarget, naming};
 
 use super::error::SpdkError;
-<<<<<<< HEAD
 use super::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec, TcpTransportOptions};
-use super::{Spdk, bdev, keyring};
-=======
-use super::nvmf::{self, HostKeys, SubsystemSpec, TcpTransportOptions};
 use super::{Spdk, bdev, gate, keyring};
->>>>>>> mig-copy
 use crate::exporter::{
     ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
 };
