@@ -131,6 +131,62 @@ fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
             }
             assert!(nvmf::subsystems().await.unwrap().is_empty());
             assert!(engine.list_volumes().unwrap().is_empty());
+
+            // A range of 4 ports and 5 exports at once: 4 get distinct ports, the fifth is
+            // refused with a message that says what to do, and leaves no subsystem.
+            let small = common::free_range(4);
+            let exp = Arc::new(SpdkExporter::new(
+                "127.0.0.1",
+                small.clone(),
+                TcpTransportOptions::default(),
+            ));
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..5 {
+                let (engine, exp) = (Arc::clone(&engine), Arc::clone(&exp));
+                tasks.spawn(async move {
+                    let name = format!("few-{i}");
+                    let n = name.clone();
+                    tokio::task::spawn_blocking(move || {
+                        engine.create_volume(&n, 4 * MIB, &VolumeOptions::default())
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                    let req = ExportRequest {
+                        volume: name.clone(),
+                        uuid: uuid(100 + i),
+                        device: None,
+                        lvol: Some(SpdkLvol {
+                            name,
+                            lvs_name: "clvs".into(),
+                            thin: false,
+                        }),
+                        size_bytes: 4 * MIB,
+                        allowed_hosts: vec![HOST.into()],
+                        preset: None,
+                        keys: None,
+                    };
+                    (i, exp.ensure_export(&req).await)
+                });
+            }
+            let (mut ports, mut refused) = (HashSet::new(), Vec::new());
+            while let Some(r) = tasks.join_next().await {
+                match r.unwrap() {
+                    (_, Ok(t)) => {
+                        let port: u16 = t.svc_id.parse().unwrap();
+                        assert!(small.contains(&port), "port {port} outside {small:?}");
+                        assert!(ports.insert(port), "port {port} handed out twice");
+                    }
+                    (i, Err(e)) => refused.push((i, e.to_string())),
+                }
+            }
+            assert_eq!(ports.len(), 4, "every port of the range used once");
+            assert_eq!(refused.len(), 1, "exactly one export refused: {refused:?}");
+            assert!(
+                refused[0].1.contains("widen the listen port range"),
+                "{refused:?}"
+            );
+            assert_eq!(nvmf::subsystems().await.unwrap().len(), 4);
         })
         .await
         .expect("timed out");

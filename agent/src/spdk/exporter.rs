@@ -22,10 +22,13 @@ pub struct SpdkExporter {
     address: String,
     ports: std::ops::RangeInclusive<u16>,
     transport: TcpTransportOptions,
-    /// Serialises port allocation and the creation of new subsystems.
+    /// Serialises port choice (not the creation of subsystems, which run concurrently).
     lock: tokio::sync::Mutex<()>,
     /// Last port handed out, so allocation walks the range round-robin.
     cursor: Mutex<u16>,
+    /// Ports chosen for subsystems still being created: SPDK lists a listener only once its
+    /// subsystem exists, so these are held here meanwhile.
+    reserved: Mutex<std::collections::HashSet<u16>>,
     /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
     auth: bool,
 }
@@ -56,6 +59,7 @@ impl SpdkExporter {
             transport,
             lock: tokio::sync::Mutex::new(()),
             cursor: Mutex::new(start),
+            reserved: Mutex::new(std::collections::HashSet::new()),
             auth: false,
         }
     }
@@ -133,6 +137,41 @@ impl SpdkExporter {
             });
         }
         Ok(order)
+    }
+
+    /// Choose a free port (not listened on, not reserved, not in `tried`) and reserve it;
+    /// `None` when the range has none left.
+    async fn reserve_port(
+        &self,
+        preferred: Option<u16>,
+        tried: &std::collections::HashSet<u16>,
+    ) -> Result<Option<u16>, ExportError> {
+        let _g = self.lock.lock().await;
+        let free = self.free_ports(preferred).await?;
+        let mut reserved = self
+            .reserved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(port) = free
+            .into_iter()
+            .find(|p| !reserved.contains(p) && !tried.contains(p))
+        else {
+            return Ok(None);
+        };
+        reserved.insert(port);
+        *self
+            .cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = port.saturating_add(1);
+        Ok(Some(port))
+    }
+
+    /// The subsystem on `port` exists now (SPDK lists its listener) or was not created.
+    fn release_port(&self, port: u16) {
+        self.reserved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&port);
     }
 
     fn target(
@@ -248,36 +287,41 @@ impl Exporter for SpdkExporter {
                     .map_err(target_err)?;
                 return Ok(self.target(bdev_name, info, port, ns_uuid));
             }
-            // A new subsystem: port choice and creation are serialised so that two volumes
-            // never pick the same port.
-            let _g = self.lock.lock().await;
+            // A new subsystem: the port is chosen under the lock and reserved until the
+            // subsystem exists, so two volumes never pick the same port; the creations
+            // themselves run concurrently (one slow subsystem start must not hold every
+            // other export of the node).
             nvmf::ensure_tcp_transport(&self.transport)
                 .await
                 .map_err(target_err)?;
             let preferred = preset.and_then(|t| t.svc_id.parse().ok());
+            let mut tried = std::collections::HashSet::new();
             let mut last = None;
-            for port in self.free_ports(preferred).await? {
-                match nvmf::create_subsystem(spec(port)).await {
-                    Ok(info) => {
-                        *self
-                            .cursor
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                            port.saturating_add(1);
-                        return Ok(self.target(bdev_name, info, port, ns_uuid));
-                    }
+            loop {
+                let Some(port) = self.reserve_port(preferred, &tried).await? else {
+                    let (lo, hi) = (*self.ports.start(), *self.ports.end());
+                    return Err(last.map_or_else(
+                        || ExportError::Target {
+                            message: format!(
+                                "every port of {lo}-{hi} is taken or being given to another volume; widen the listen port range"
+                            ),
+                            source: None,
+                        },
+                        target_err,
+                    ));
+                };
+                let created = nvmf::create_subsystem(spec(port)).await;
+                self.release_port(port);
+                match created {
+                    Ok(info) => return Ok(self.target(bdev_name, info, port, ns_uuid)),
                     // Another program holds the port: try the next one.
-                    Err(e @ SpdkError::Errno { op: "listen", .. }) => last = Some(e),
+                    Err(e @ SpdkError::Errno { op: "listen", .. }) => {
+                        tried.insert(port);
+                        last = Some(e);
+                    }
                     Err(e) => return Err(target_err(e)),
                 }
             }
-            Err(last.map_or_else(
-                || ExportError::Target {
-                    message: "no port left".into(),
-                    source: None,
-                },
-                target_err,
-            ))
         })
     }
 
@@ -287,7 +331,6 @@ impl Exporter for SpdkExporter {
 
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
         Box::pin(async move {
-            let _g = self.lock.lock().await;
             let nqn = req
                 .target
                 .as_ref()
