@@ -134,7 +134,7 @@ fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
 
             // A range of 4 ports and 5 exports at once: 4 get distinct ports, the fifth is
             // refused with a message that says what to do, and leaves no subsystem.
-            let small = common::free_range(4);
+            let small = common::free_range(3);
             let exp = Arc::new(SpdkExporter::new(
                 "127.0.0.1",
                 small.clone(),

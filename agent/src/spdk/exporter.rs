@@ -147,6 +147,10 @@ impl SpdkExporter {
         tried: &std::collections::HashSet<u16>,
     ) -> Result<Option<u16>, ExportError> {
         let _g = self.lock.lock().await;
+        // Under the lock too: adding the transport is not idempotent while another add runs.
+        nvmf::ensure_tcp_transport(&self.transport)
+            .await
+            .map_err(target_err)?;
         let free = self.free_ports(preferred).await?;
         let mut reserved = self
             .reserved
@@ -291,9 +295,6 @@ impl Exporter for SpdkExporter {
             // subsystem exists, so two volumes never pick the same port; the creations
             // themselves run concurrently (one slow subsystem start must not hold every
             // other export of the node).
-            nvmf::ensure_tcp_transport(&self.transport)
-                .await
-                .map_err(target_err)?;
             let preferred = preset.and_then(|t| t.svc_id.parse().ok());
             let mut tried = std::collections::HashSet::new();
             let mut last = None;
