@@ -26,6 +26,24 @@ fn uuid(i: usize) -> String {
     format!("5a0c3e1d-0000-4000-8000-{i:012}")
 }
 
+/// The export of the 4 MiB lvol `name` of lvstore `clvs`, volume `uuid(i)`, for [`HOST`].
+fn request(name: &str, i: usize) -> ExportRequest {
+    ExportRequest {
+        volume: name.into(),
+        uuid: uuid(i),
+        device: None,
+        lvol: Some(SpdkLvol {
+            name: name.into(),
+            lvs_name: "clvs".into(),
+            thin: false,
+        }),
+        size_bytes: 4 * MIB,
+        allowed_hosts: vec![HOST.into()],
+        preset: None,
+        keys: None,
+    }
+}
+
 #[test]
 fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
     let spdk = Spdk::start(&SpdkOptions {
@@ -69,20 +87,7 @@ fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
                     .unwrap()
                     .unwrap();
                     assert_eq!(info.size_bytes, 4 * MIB);
-                    let req = ExportRequest {
-                        volume: name.clone(),
-                        uuid: uuid(i),
-                        device: None,
-                        lvol: Some(SpdkLvol {
-                            name: name.clone(),
-                            lvs_name: "clvs".into(),
-                            thin: false,
-                        }),
-                        size_bytes: 4 * MIB,
-                        allowed_hosts: vec![HOST.into()],
-                        preset: None,
-                        keys: None,
-                    };
+                    let req = request(&name, i);
                     let first = exp.ensure_export(&req).await.unwrap();
                     // Reconciles repeat the export: same target, no new port.
                     let again = exp.ensure_export(&req).await.unwrap();
@@ -152,21 +157,7 @@ fn a_burst_of_volumes_is_created_and_exported_side_by_side() {
                     .await
                     .unwrap()
                     .unwrap();
-                    let req = ExportRequest {
-                        volume: name.clone(),
-                        uuid: uuid(100 + i),
-                        device: None,
-                        lvol: Some(SpdkLvol {
-                            name,
-                            lvs_name: "clvs".into(),
-                            thin: false,
-                        }),
-                        size_bytes: 4 * MIB,
-                        allowed_hosts: vec![HOST.into()],
-                        preset: None,
-                        keys: None,
-                    };
-                    (i, exp.ensure_export(&req).await)
+                    (i, exp.ensure_export(&request(&name, 100 + i)).await)
                 });
             }
             let (mut ports, mut refused) = (HashSet::new(), Vec::new());

@@ -98,9 +98,15 @@ pub async fn attach_tcp_auth(
     keys: &HostKeys,
 ) -> Result<Vec<String>> {
     let reconnect = reconnect_secs(reconnect)?;
-    check_ip(address)?;
-    let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
-    attach(ctrlr, trid, hostnqn, reconnect, keys, false).await
+    attach(
+        ctrlr,
+        tcp_trid(address, port, subnqn)?,
+        hostnqn,
+        reconnect,
+        keys,
+        false,
+    )
+    .await
 }
 
 /// Checked reconnect settings: (seconds between attempts, seconds before giving up).
@@ -132,6 +138,14 @@ fn check_ip(address: &str) -> Result<()> {
     Ok(())
 }
 
+/// The transport ID of `subnqn` at `address:port` over TCP (`address` checked).
+fn tcp_trid(address: &str, port: u16, subnqn: &str) -> Result<String> {
+    check_ip(address)?;
+    Ok(format!(
+        "trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}"
+    ))
+}
+
 /// Attach `address:port` as one more path of the multipath NVMe bdev controller `ctrlr`
 /// (created by the first call with that name): every path must lead to the same subsystem
 /// `subnqn` with the same namespace identity (UUID/NGUID), through controllers with
@@ -150,9 +164,15 @@ pub async fn attach_tcp_path(
     keys: &HostKeys,
 ) -> Result<Vec<String>> {
     let reconnect = reconnect_secs(reconnect)?;
-    check_ip(address)?;
-    let trid = format!("trtype:TCP adrfam:IPv4 traddr:{address} trsvcid:{port} subnqn:{subnqn}");
-    attach(ctrlr, trid, hostnqn, reconnect, keys, true).await
+    attach(
+        ctrlr,
+        tcp_trid(address, port, subnqn)?,
+        hostnqn,
+        reconnect,
+        keys,
+        true,
+    )
+    .await
 }
 
 /// One path of a multipath NVMe bdev controller, as the initiator sees it.
