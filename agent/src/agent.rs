@@ -28,6 +28,7 @@ use crate::metrics::{self, Metrics, MetricsError};
 use crate::pool::{self, PoolOptions, PoolReporter};
 use crate::recovery::Recovery;
 use crate::sync;
+use liteio_api::keys::labels;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -316,15 +317,27 @@ async fn supervise(
     set.spawn(sync::run_controller(
         Arc::clone(&ctx),
         sync::volume::RESOURCE,
+        labels::TARGET_NODE_ID,
         sync::volume::reconcile,
         shutdown.subscribe(),
     ));
     set.spawn(sync::run_controller(
         Arc::clone(&ctx),
         "antstorsnapshot",
+        labels::TARGET_NODE_ID,
         sync::snapshot::reconcile,
         shutdown.subscribe(),
     ));
+    // Only a target that can copy and switch over takes part in migrations as a source.
+    if ctx.exporter.migrator().is_some() {
+        set.spawn(sync::run_controller(
+            Arc::clone(&ctx),
+            sync::migration::RESOURCE,
+            labels::MIGRATE_SOURCE_NODE_ID,
+            sync::migration::reconcile,
+            shutdown.subscribe(),
+        ));
+    }
     set.spawn(Arc::clone(&recovery).run(shutdown.subscribe()));
     while set.join_next().await.is_some() {}
 }

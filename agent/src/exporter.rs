@@ -52,6 +52,39 @@ pub struct ExportRequest {
     /// The keys the allowed hosts authenticate with (DH-HMAC-CHAP, bidirectional; TLS when
     /// they include a PSK); `None` when [`Exporter::authenticates`] is false.
     pub keys: Option<liteio_api::auth::VolumeKeys>,
+    /// The ANA state hosts see on the export's listener: `Optimized` for every volume,
+    /// except during a hot migration (the destination until the switch-over, the source
+    /// after it). Set at creation and re-asserted on every call.
+    pub path_state: PathState,
+}
+
+/// The ANA state of an export's listener, as hosts with NVMe multipath see it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PathState {
+    /// Hosts send I/O here.
+    #[default]
+    Optimized,
+    /// No I/O: hosts use another path of the same subsystem.
+    Inaccessible,
+}
+
+impl PathState {
+    /// The name used in annotations (`optimized`, `inaccessible`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Optimized => "optimized",
+            Self::Inaccessible => "inaccessible",
+        }
+    }
+
+    /// Parses [`PathState::as_str`]'s names.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "optimized" => Some(Self::Optimized),
+            "inaccessible" => Some(Self::Inaccessible),
+            _ => None,
+        }
+    }
 }
 
 /// What to stop exporting.
@@ -125,6 +158,32 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     /// Removes the export of a volume; missing is success.
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()>;
 
+    /// The port of the export's migration pipe listener when `want` (a second listener of
+    /// the same subsystem, always ANA optimized, through which the source node's agent
+    /// writes the copy while hosts see the destination inaccessible), created when missing;
+    /// removed when not `want` (`None`). The export must exist.
+    fn ensure_pipe<'a>(
+        &'a self,
+        req: &'a ExportRequest,
+        want: bool,
+    ) -> ExportFuture<'a, Option<u16>> {
+        Box::pin(async move {
+            if want {
+                Err(ExportError::Unavailable {
+                    volume: req.volume.clone(),
+                })
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    /// The hot-migration operations of this target (`None`: it cannot be a migration's
+    /// source).
+    fn migrator(&self) -> Option<&dyn Migrator> {
+        None
+    }
+
     /// Tells the export that the volume grew to `req.size_bytes`. No export (a restarted
     /// target) is success: the next `ensure_export` exports the grown volume.
     fn resize_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, ()> {
@@ -154,4 +213,121 @@ impl Exporter for NoExporter {
         // An embedded target's exports die with the process: nothing can be left.
         Box::pin(async { Ok(()) })
     }
+}
+
+/// The destination as the source node's agent connects to it (the migration pipe).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipeRequest {
+    /// NVMe controller name on this node (its namespace bdev is `<name>n1`).
+    pub controller: String,
+    /// Destination address.
+    pub address: String,
+    /// The destination's pipe listener port.
+    pub port: u16,
+    /// Subsystem NQN (the volume's, same on both ends).
+    pub subnqn: String,
+    /// This node's host NQN.
+    pub hostnqn: String,
+    /// Volume UUID: the keys the source's export loaded for it authenticate the pipe too
+    /// (both ends use the volume's one Secret).
+    pub uuid: String,
+    /// Connect over TLS (the volume's PSK).
+    pub tls: bool,
+}
+
+/// Where a copy to the destination stands (the gate's counters).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyStatus {
+    /// `Idle`, `Starting`, `Copying`, `InStep`, `Stopping`, `Cancelled`, `Failed`, `Finished`.
+    pub state: CopyPhase,
+    /// Negative errno of a failure, 0 otherwise.
+    pub status: i32,
+    /// Size of the volume when the pass started.
+    pub size_bytes: u64,
+    /// Bytes the pass has looked at (holes of a thin volume are skipped).
+    pub scanned_bytes: u64,
+    /// Bytes the pass copied.
+    pub copied_bytes: u64,
+    /// Writes mirrored to the destination.
+    pub mirrored_writes: u64,
+    /// Mirrored writes that failed.
+    pub mirror_errors: u64,
+    /// Time of the pass.
+    pub elapsed: std::time::Duration,
+}
+
+/// The state of a copy (see [`CopyStatus`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CopyPhase {
+    /// No copy on this gate (none yet, or the agent restarted).
+    #[default]
+    Idle,
+    /// Being attached.
+    Starting,
+    /// The pass runs; writes are mirrored.
+    Copying,
+    /// The destination equals the source and writes are mirrored.
+    InStep,
+    /// Being cancelled.
+    Stopping,
+    /// Cancelled.
+    Cancelled,
+    /// Failed; the mirror is detached.
+    Failed,
+    /// Was in step; the mirror was detached after the switch-over.
+    Finished,
+}
+
+impl CopyPhase {
+    /// The name reported in `jobProgress.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "Idle",
+            Self::Starting => "Starting",
+            Self::Copying => "Copying",
+            Self::InStep => "InStep",
+            Self::Stopping => "Stopping",
+            Self::Cancelled => "Cancelled",
+            Self::Failed => "Failed",
+            Self::Finished => "Finished",
+        }
+    }
+}
+
+/// The source node's part of a hot migration: the pipe, the copy and the switch-over calls
+/// on the local target. Every call is idempotent.
+pub trait Migrator: Send + Sync + fmt::Debug {
+    /// Connect to the destination (missing: attach); returns the bdev to copy to.
+    fn connect_pipe<'a>(&'a self, req: &'a PipeRequest) -> ExportFuture<'a, String>;
+
+    /// Drop the connection to the destination; none is success.
+    fn disconnect_pipe<'a>(&'a self, controller: &'a str) -> ExportFuture<'a, ()>;
+
+    /// Start copying the volume's lvol `lvol` (its bdev name) to `mirror`, mirroring writes;
+    /// a copy already running or in step is left alone. Returns the status after the start.
+    fn start_copy<'a>(&'a self, lvol: &'a str, mirror: &'a str) -> ExportFuture<'a, CopyStatus>;
+
+    /// Where the copy of the volume's lvol stands.
+    fn copy_status<'a>(&'a self, lvol: &'a str) -> ExportFuture<'a, CopyStatus>;
+
+    /// Stop the copy and mirroring (cancel, or after a failure); none is success.
+    fn cancel_copy<'a>(&'a self, lvol: &'a str) -> ExportFuture<'a, ()>;
+
+    /// Detach a mirror that is in step, after the switch-over; none is success.
+    fn finish_copy<'a>(&'a self, lvol: &'a str) -> ExportFuture<'a, ()>;
+
+    /// Hold the export's I/O in the target (switch-over step 1).
+    fn fence<'a>(&'a self, nqn: &'a str) -> ExportFuture<'a, ()>;
+
+    /// Release a fence without changing ANA states.
+    fn unfence<'a>(&'a self, nqn: &'a str) -> ExportFuture<'a, ()>;
+
+    /// Set the ANA state of the export's listener `address:port` (ends a fence).
+    fn set_path_state<'a>(
+        &'a self,
+        nqn: &'a str,
+        address: &'a str,
+        port: u16,
+        state: PathState,
+    ) -> ExportFuture<'a, ()>;
 }

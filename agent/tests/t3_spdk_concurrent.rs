@@ -41,6 +41,7 @@ fn request(name: &str, i: usize) -> ExportRequest {
         allowed_hosts: vec![HOST.into()],
         preset: None,
         keys: None,
+        path_state: Default::default(),
     }
 }
 

@@ -98,6 +98,7 @@ async fn scenario() {
         allowed_hosts: vec![H1.into()],
         preset: None,
         keys: None,
+        path_state: Default::default(),
     };
     let t = exp.ensure_export(&req).await.unwrap();
     // The re-create path (lookup by NQN, host reconciliation) and a live host change.

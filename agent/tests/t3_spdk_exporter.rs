@@ -48,6 +48,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 allowed_hosts: vec![H1.into()],
                 preset: None,
                 keys: None,
+                path_state: Default::default(),
             };
             let t = exp.ensure_export(&req).await.unwrap();
             assert_eq!(t.subsys_nqn, naming::subsys_nqn(uuid));
@@ -97,6 +98,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 allowed_hosts: vec![H1.into()],
                 preset: None,
                 keys: None,
+                path_state: Default::default(),
             };
             let t2 = exp.ensure_export(&req2).await.unwrap();
             assert_eq!(t2.bdev_name, naming::aio_bdev_name(uuid2));

@@ -181,6 +181,17 @@ pub mod annotations {
     pub const MIGRATE_SWITCHED_AT: &str = "migrate.obnvmf/switched-at";
     /// Migration: when it reached `Finished`, RFC 3339.
     pub const MIGRATE_FINISHED_AT: &str = "migrate.obnvmf/finished-at";
+    /// Volume: the ANA state its export's listener must have (`optimized`, `inaccessible`).
+    /// Without it an export is optimized, except a migration destination's, which is
+    /// inaccessible until the switch-over. Written by the source node's agent during the
+    /// switch-over, on the source (`inaccessible`) and on the destination (`optimized`).
+    pub const MIGRATE_ANA_STATE: &str = "migrate.obnvmf/ana-state";
+    /// Volume: the ANA state of [`MIGRATE_ANA_STATE`] its agent last applied to the export
+    /// (the source node's agent waits for the destination's promotion with it).
+    pub const MIGRATE_ANA_APPLIED: &str = "migrate.obnvmf/ana-applied";
+    /// Volume (a migration destination): the port of the export's pipe listener, through
+    /// which the source node's agent writes the copy (always ANA optimized).
+    pub const MIGRATE_PIPE_SVC_ID: &str = "migrate.obnvmf/pipe-svc-id";
     /// PVC: the node kube-scheduler selected.
     pub const K8S_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
     /// Volume: `guest-direct` when a Kata guest connects SPDK directly.

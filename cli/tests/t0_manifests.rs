@@ -750,6 +750,13 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     Ns,
                 ),
                 (LITEIO, "antstorsnapshots/status", &["patch"][..], Ns),
+                // Hot migration, as the source node.
+                (
+                    LITEIO,
+                    "volumemigrations",
+                    &["get", "list", "watch", "patch"][..],
+                    Ns,
+                ),
                 (COORD, "leases", &["get", "create", "update"][..], Ns),
                 (CORE, "events", &["create"][..], Ns),
                 (EVENTS, "events", &["create"][..], Ns),

@@ -1137,6 +1137,55 @@ pub async fn add_listener(
     .await
 }
 
+/// Remove the listener `address:port` from the subsystem `nqn` and stop the target
+/// listening there: no new connection comes in through it (the other listeners stay).
+/// Idempotent: a missing listener or subsystem is success. Pauses and resumes the
+/// subsystem, so it also ends a [`fence_io`].
+pub async fn remove_listener(nqn: &str, address: &str, port: u16) -> Result<()> {
+    let t = trid(address, port)?;
+    let nqn = nqn.to_string();
+    let detail = format!("{nqn} on {address}:{port}");
+    let present = {
+        let (nqn, address) = (nqn.clone(), address.to_string());
+        on_reactor_with(move |r| match subsystem(r, &nqn) {
+            // SAFETY: `ss` was just returned by the lookup on this thread.
+            Ok(ss) => Ok(unsafe { info(ss) }.listeners.contains(&(address, port))),
+            Err(SpdkError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await?
+    };
+    if !present {
+        return Ok(());
+    }
+    exec_on(move |r, reply| {
+        let tgt = match tgt(r) {
+            Ok(t) => t,
+            Err(e) => return reply.send(Err(e)),
+        };
+        paused_op(
+            r,
+            nqn,
+            "remove listener",
+            detail,
+            reply,
+            move |r, ss, done| {
+                // SAFETY: on the reactor; `ss` paused and live; `t` is read only.
+                let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_remove_listener(ss, &t) };
+                if rc != 0 && rc != -libc_errno::ENOENT {
+                    return done(r, rc);
+                }
+                // SAFETY: on the reactor; `t` is read only. The target may still listen for
+                // another subsystem on the same address only when one was added there, which
+                // LiteIO never does (one port per subsystem): stop listening.
+                let rc = unsafe { spdk_sys::spdk_nvmf_tgt_stop_listen(tgt, &t) };
+                done(r, if rc == -libc_errno::ENOENT { 0 } else { rc });
+            },
+        )
+    })
+    .await
+}
+
 /// Hold the I/O of `nqn`'s namespace 1 on this target: commands already running finish,
 /// new ones wait in the target (the host sees them as slow, not failed). The first step of a
 /// hot-migration switch-over, on the old path's target, so that no write lands on the old

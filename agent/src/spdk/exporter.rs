@@ -10,10 +10,12 @@ use std::sync::Mutex;
 use liteio_api::{SpdkTarget, naming};
 
 use super::error::SpdkError;
+use super::initiator;
 use super::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec, TcpTransportOptions};
 use super::{Spdk, bdev, gate, keyring};
 use crate::exporter::{
-    ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
+    CopyPhase, CopyStatus, ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth,
+    Migrator, PathState, PipeRequest, UnexportRequest,
 };
 
 /// Exports volumes through the embedded SPDK NVMe-oF/TCP target.
@@ -36,6 +38,77 @@ pub struct SpdkExporter {
 /// Names of a volume's keys in SPDK's keyring: host key, controller key, TLS PSK.
 fn key_names(uuid: &str) -> [String; 3] {
     ["host", "ctrl", "psk"].map(|k| format!("liteio-{uuid}-{k}"))
+}
+
+fn ana(state: PathState) -> AnaState {
+    match state {
+        PathState::Optimized => AnaState::Optimized,
+        PathState::Inaccessible => AnaState::Inaccessible,
+    }
+}
+
+/// The NQN of a request: the preset's (a migration destination, an earlier export), else
+/// the volume's.
+fn request_nqn(req: &ExportRequest) -> String {
+    req.preset
+        .as_ref()
+        .map(|t| t.subsys_nqn.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| naming::subsys_nqn(&req.uuid))
+}
+
+/// The host listener's port among a subsystem's listeners on `address`: the recorded one
+/// when it is there, else the first (a pipe listener is always added after it).
+fn host_port(
+    listeners: &[(String, u16)],
+    address: &str,
+    preset: Option<&SpdkTarget>,
+) -> Option<u16> {
+    let ours: Vec<u16> = listeners
+        .iter()
+        .filter(|(a, _)| a == address)
+        .map(|(_, p)| *p)
+        .collect();
+    preset
+        .and_then(|t| t.svc_id.parse::<u16>().ok())
+        .filter(|p| ours.contains(p))
+        .or_else(|| ours.first().copied())
+}
+
+fn copy_status(p: &gate::CopyProgress) -> CopyStatus {
+    CopyStatus {
+        state: match p.state {
+            gate::CopyState::Idle => CopyPhase::Idle,
+            gate::CopyState::Starting => CopyPhase::Starting,
+            gate::CopyState::Copying => CopyPhase::Copying,
+            gate::CopyState::InStep => CopyPhase::InStep,
+            gate::CopyState::Stopping => CopyPhase::Stopping,
+            gate::CopyState::Cancelled => CopyPhase::Cancelled,
+            gate::CopyState::Failed => CopyPhase::Failed,
+            gate::CopyState::Finished => CopyPhase::Finished,
+            _ => CopyPhase::Failed,
+        },
+        status: p.status,
+        size_bytes: p.size_bytes,
+        scanned_bytes: p.scanned_bytes,
+        copied_bytes: p.copied_bytes,
+        mirrored_writes: p.mirrored_writes,
+        mirror_errors: p.mirror_errors,
+        elapsed: p.elapsed,
+    }
+}
+
+/// The gate over the lvol `lvol` (alias or name); an error when the volume has none (it
+/// is not exported by this target).
+async fn gate_over(lvol: &str) -> Result<String, ExportError> {
+    gate::gate_of(lvol)
+        .await
+        .map_err(target_err)?
+        .ok_or_else(|| {
+            ExportError::InvalidRequest(format!(
+                "lvol {lvol} has no gate: it is not exported by this node's target"
+            ))
+        })
 }
 
 fn target_err(e: SpdkError) -> ExportError {
@@ -277,7 +350,7 @@ impl Exporter for SpdkExporter {
                 // Every export can become one of two paths of a hot migration: ANA reporting
                 // must be on, and the controller IDs this node's range, before it starts.
                 multipath: Some(Multipath {
-                    ana_state: AnaState::Optimized,
+                    ana_state: ana(req.path_state),
                     min_cntlid,
                     max_cntlid,
                 }),
@@ -285,10 +358,24 @@ impl Exporter for SpdkExporter {
             // Already exported (every reconcile of a ready volume comes here): check it and
             // bring its host list up to date, without the creation lock.
             let existing = nvmf::find_subsystem(&nqn).await.map_err(target_err)?;
-            if let Some(port) = existing.and_then(|s| s.listeners.first().map(|l| l.1)) {
+            if let Some(port) =
+                existing.and_then(|s| host_port(&s.listeners, &self.address, preset))
+            {
                 let info = nvmf::create_subsystem(spec(port))
                     .await
                     .map_err(target_err)?;
+                // Changed only when it differs: a change pauses and resumes the subsystem,
+                // which would end a switch-over's fence.
+                let want = ana(req.path_state);
+                if nvmf::ana_state(&nqn, &self.address, port, 1)
+                    .await
+                    .map_err(target_err)?
+                    != want
+                {
+                    nvmf::set_ana_state(&nqn, &self.address, port, want, 1)
+                        .await
+                        .map_err(target_err)?;
+                }
                 return Ok(self.target(bdev_name, info, port, ns_uuid));
             }
             // A new subsystem: the port is chosen under the lock and reserved until the
@@ -328,6 +415,77 @@ impl Exporter for SpdkExporter {
 
     fn authenticates(&self) -> bool {
         self.auth
+    }
+
+    fn ensure_pipe<'a>(
+        &'a self,
+        req: &'a ExportRequest,
+        want: bool,
+    ) -> ExportFuture<'a, Option<u16>> {
+        Box::pin(async move {
+            let nqn = request_nqn(req);
+            let Some(sub) = nvmf::find_subsystem(&nqn).await.map_err(target_err)? else {
+                return if want {
+                    Err(ExportError::InvalidRequest(format!(
+                        "volume {} is not exported: no pipe listener without its export",
+                        req.volume
+                    )))
+                } else {
+                    Ok(None)
+                };
+            };
+            let host = host_port(&sub.listeners, &self.address, req.preset.as_ref());
+            let pipes: Vec<u16> = sub
+                .listeners
+                .iter()
+                .filter(|(a, p)| a == &self.address && Some(*p) != host)
+                .map(|(_, p)| *p)
+                .collect();
+            if !want {
+                for p in pipes {
+                    nvmf::remove_listener(&nqn, &self.address, p)
+                        .await
+                        .map_err(target_err)?;
+                }
+                return Ok(None);
+            }
+            if let Some(p) = pipes.first() {
+                return Ok(Some(*p));
+            }
+            let secure_channel = req.keys.as_ref().is_some_and(|k| k.tls_psk.is_some());
+            let mut tried = std::collections::HashSet::new();
+            loop {
+                let Some(port) = self.reserve_port(None, &tried).await? else {
+                    return Err(ExportError::Target {
+                        message: format!(
+                            "no free port for the migration pipe of volume {}; widen the listen port range",
+                            req.volume
+                        ),
+                        source: None,
+                    });
+                };
+                let added = nvmf::add_listener(
+                    &nqn,
+                    &self.address,
+                    port,
+                    secure_channel,
+                    Some(AnaState::Optimized),
+                )
+                .await;
+                self.release_port(port);
+                match added {
+                    Ok(()) => return Ok(Some(port)),
+                    Err(SpdkError::Errno { .. }) if tried.len() < 8 => {
+                        tried.insert(port);
+                    }
+                    Err(e) => return Err(target_err(e)),
+                }
+            }
+        })
+    }
+
+    fn migrator(&self) -> Option<&dyn Migrator> {
+        Some(self)
     }
 
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
@@ -392,6 +550,129 @@ impl Exporter for SpdkExporter {
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
             nvmf::settle(&nqn).await.map_err(target_err)
+        })
+    }
+}
+
+impl Migrator for SpdkExporter {
+    fn connect_pipe<'a>(&'a self, req: &'a PipeRequest) -> ExportFuture<'a, String> {
+        Box::pin(async move {
+            let bdev = naming::nvme_ns_bdev(&req.controller);
+            if bdev::get(&bdev).await.map_err(target_err)?.is_some() {
+                return Ok(bdev);
+            }
+            // The keys the source's own export loaded for this volume (one Secret per
+            // volume, shared by both ends).
+            let keys = if self.auth {
+                let [host, ctrl, psk] = key_names(&req.uuid);
+                HostKeys {
+                    dhchap_key: Some(host),
+                    dhchap_ctrlr_key: Some(ctrl),
+                    psk: req.tls.then_some(psk),
+                }
+            } else {
+                HostKeys::default()
+            };
+            // No reconnect: when the destination goes away, mirrored writes must fail at
+            // once (the mirror breaks and the source serves on) rather than hold the
+            // consumer's writes while the initiator reconnects.
+            let names = initiator::attach_tcp_auth(
+                &req.controller,
+                &req.address,
+                req.port,
+                &req.subnqn,
+                &req.hostnqn,
+                None,
+                &keys,
+            )
+            .await
+            .map_err(target_err)?;
+            names.into_iter().next().ok_or_else(|| ExportError::Target {
+                message: format!(
+                    "the destination {} at {}:{} has no namespace",
+                    req.subnqn, req.address, req.port
+                ),
+                source: None,
+            })
+        })
+    }
+
+    fn disconnect_pipe<'a>(&'a self, controller: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            match initiator::detach(controller).await {
+                Ok(()) | Err(SpdkError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(target_err(e)),
+            }
+        })
+    }
+
+    fn start_copy<'a>(&'a self, lvol: &'a str, mirror: &'a str) -> ExportFuture<'a, CopyStatus> {
+        Box::pin(async move {
+            let g = gate_over(lvol).await?;
+            let now = gate::copy_progress(&g).await.map_err(target_err)?;
+            if now.mirror_attached {
+                return Ok(copy_status(&now));
+            }
+            // The handle is not kept: the migration reads the progress instead.
+            drop(
+                gate::start_copy(&g, mirror, gate::CopyOptions::default())
+                    .await
+                    .map_err(target_err)?,
+            );
+            let p = gate::copy_progress(&g).await.map_err(target_err)?;
+            Ok(copy_status(&p))
+        })
+    }
+
+    fn copy_status<'a>(&'a self, lvol: &'a str) -> ExportFuture<'a, CopyStatus> {
+        Box::pin(async move {
+            let g = gate_over(lvol).await?;
+            let p = gate::copy_progress(&g).await.map_err(target_err)?;
+            Ok(copy_status(&p))
+        })
+    }
+
+    fn cancel_copy<'a>(&'a self, lvol: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(g) = gate::gate_of(lvol).await.map_err(target_err)? else {
+                return Ok(());
+            };
+            gate::cancel_copy(&g).await.map_err(target_err).map(drop)
+        })
+    }
+
+    fn finish_copy<'a>(&'a self, lvol: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(g) = gate::gate_of(lvol).await.map_err(target_err)? else {
+                return Ok(());
+            };
+            let p = gate::copy_progress(&g).await.map_err(target_err)?;
+            if !p.mirror_attached {
+                return Ok(());
+            }
+            gate::finish(&g).await.map_err(target_err).map(drop)
+        })
+    }
+
+    fn fence<'a>(&'a self, nqn: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move { nvmf::fence_io(nqn).await.map_err(target_err) })
+    }
+
+    fn unfence<'a>(&'a self, nqn: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move { nvmf::unfence_io(nqn).await.map_err(target_err) })
+    }
+
+    fn set_path_state<'a>(
+        &'a self,
+        nqn: &'a str,
+        address: &'a str,
+        port: u16,
+        state: PathState,
+    ) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            nvmf::set_ana_state(nqn, address, port, ana(state), 1)
+                .await
+                .map_err(target_err)
         })
     }
 }

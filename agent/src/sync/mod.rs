@@ -1,5 +1,6 @@
-//! Volume and snapshot sync: kube-runtime controllers over the AntstorVolumes and
-//! AntstorSnapshots labelled `obnvmf/target-node-id=<node>` in namespace `obnvmf`.
+//! Volume, snapshot and migration sync: kube-runtime controllers over the AntstorVolumes and
+//! AntstorSnapshots labelled `obnvmf/target-node-id=<node>` and the VolumeMigrations
+//! labelled `migrate.obnvmf/source-node-id=<node>`, in namespace `obnvmf`.
 //!
 //! A failed object is retried with per-object exponential back-off and jitter
 //! ([`backoff`]); a change of the object, or of the pool while some object waits for a
@@ -7,6 +8,7 @@
 
 pub mod auth;
 pub mod backoff;
+pub mod migration;
 pub mod provision;
 pub mod snapshot;
 pub mod volume;
@@ -22,7 +24,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use liteio_api::keys::{self, labels, managers};
+use liteio_api::keys::{self, managers};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -201,10 +203,12 @@ fn object_ref<K: Resource<DynamicType = ()>>(key: &str) -> ObjectRef<K> {
     ObjectRef::new(name).within(ns)
 }
 
-/// Runs a controller for `K` with the agent's label selector until `shutdown`.
+/// Runs a controller for `K` over the objects whose label `node_label` names this node,
+/// until `shutdown`.
 pub(crate) async fn run_controller<K, F, Fut>(
     ctx: Arc<Ctx>,
     resource: &'static str,
+    node_label: &'static str,
     reconcile: F,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -220,7 +224,7 @@ pub(crate) async fn run_controller<K, F, Fut>(
     Fut: std::future::Future<Output = Result<Action>> + Send + 'static,
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
-    let wc = watcher::Config::default().labels(&format!("{}={}", labels::TARGET_NODE_ID, ctx.node));
+    let wc = watcher::Config::default().labels(&format!("{node_label}={}", ctx.node));
     if *shutdown.borrow() {
         return;
     }

@@ -24,6 +24,12 @@
 //! 8. Export when the volume is an SPDK lvol or its consumer runs on another node: the
 //!    exporter re-asserts it on every pass (so exports come back after a restart and follow a
 //!    change of host); `spec.spdkTarget` and `spdk-tgt` are written when they differ.
+//!    A hot migration's destination (labels `migrate.obnvmf/migration-name` and
+//!    `…/source-volume-name`) also admits the source node's host NQN, starts with its
+//!    listener ANA-inaccessible and gets a second, optimized listener for the source
+//!    node's copy (the pipe, port in `migrate.obnvmf/pipe-svc-id`). The ANA state follows
+//!    `migrate.obnvmf/ana-state` when set (the switch-over writes it), and the state applied
+//!    is acknowledged in `migrate.obnvmf/ana-applied`.
 //! 9. `status.status = ready`, `status.msg` cleared.
 //!
 //! **Guarantees.** Idempotent: a second pass writes nothing. Every engine change notifies
@@ -51,7 +57,7 @@ use crate::context::Ctx;
 use crate::crash::{self, CrashPoint};
 use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
 use crate::error::{AgentError, ErrorKind, Result, error_chain};
-use crate::exporter::{ExportError, ExportRequest, UnexportRequest};
+use crate::exporter::{ExportError, ExportRequest, PathState, UnexportRequest};
 
 /// The `resource` label of this reconciler's errors (as `run_controller` is given).
 pub(crate) const RESOURCE: &str = "antstorvolume";
@@ -455,10 +461,68 @@ async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<Vec<String>> {
             pools.get_opt(&host.id),
         )
         .await?;
-    Ok(vec![pool.as_ref().and_then(|p| p.host_nqn()).map_or_else(
-        || naming::host_nqn(&host.id),
-        str::to_string,
-    )])
+    let mut hosts = vec![
+        pool.as_ref()
+            .and_then(|p| p.host_nqn())
+            .map_or_else(|| naming::host_nqn(&host.id), str::to_string),
+    ];
+    if let Some(source) = migration_source_node(ctx, vol).await? {
+        hosts.push(node_host_nqn(ctx, &source).await?);
+    }
+    hosts.dedup();
+    Ok(hosts)
+}
+
+/// The host NQN of `node` (its StoragePool's, else the one derived from its name).
+pub(crate) async fn node_host_nqn(ctx: &Ctx, node: &str) -> Result<String> {
+    let pools: Api<StoragePool> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+    let pool = ctx
+        .timed("get", format!("StoragePool {node}"), pools.get_opt(node))
+        .await?;
+    Ok(pool
+        .as_ref()
+        .and_then(|p| p.host_nqn())
+        .map_or_else(|| naming::host_nqn(node), str::to_string))
+}
+
+/// Whether `vol` is the destination of a hot migration that is not finished.
+pub fn is_migration_destination(vol: &AntstorVolume) -> bool {
+    label(&vol.metadata, labels::MIGRATE_MIGRATION_NAME).is_some()
+        && label(&vol.metadata, labels::MIGRATE_SOURCE_VOLUME_NAME).is_some()
+}
+
+/// The ANA state the volume's export must show: `migrate.obnvmf/ana-state` when set, else
+/// inaccessible for a migration destination (until the switch-over), optimized otherwise.
+pub fn desired_path_state(vol: &AntstorVolume) -> PathState {
+    annotation(&vol.metadata, annotations::MIGRATE_ANA_STATE)
+        .and_then(PathState::parse)
+        .unwrap_or(if is_migration_destination(vol) {
+            PathState::Inaccessible
+        } else {
+            PathState::Optimized
+        })
+}
+
+/// The node of the source volume of the migration `vol` is the destination of (the source
+/// agent connects to the destination's export as a host); `None` when `vol` is none or the
+/// source is gone.
+async fn migration_source_node(ctx: &Ctx, vol: &AntstorVolume) -> Result<Option<String>> {
+    if !is_migration_destination(vol) {
+        return Ok(None);
+    }
+    let Some(source) = label(&vol.metadata, labels::MIGRATE_SOURCE_VOLUME_NAME) else {
+        return Ok(None);
+    };
+    let found = ctx
+        .timed(
+            "get",
+            format!("AntstorVolume {source}"),
+            api(ctx, vol).get_opt(source),
+        )
+        .await?;
+    Ok(found
+        .map(|s| s.spec.target_node_id)
+        .filter(|n| !n.is_empty() && n != &ctx.node))
 }
 
 async fn export_request(
@@ -482,6 +546,7 @@ async fn export_request(
         allowed_hosts: hosts,
         preset: vol.spec.spdk_target.clone(),
         keys,
+        path_state: desired_path_state(vol),
     }
 }
 
@@ -532,14 +597,45 @@ async fn ensure_export(
             volume: vol.name_any(),
             source,
         })?;
+    // A migration destination's pipe listener (removed once the migration is over), and the
+    // ANA state applied, for the source node's agent to see.
+    let mut notes = serde_json::Map::new();
+    let recorded_pipe = annotation(&vol.metadata, annotations::MIGRATE_PIPE_SVC_ID);
+    let want_pipe = is_migration_destination(vol);
+    if want_pipe || recorded_pipe.is_some() {
+        let pipe = pass
+            .time(Step::Export, ctx.exporter.ensure_pipe(&req, want_pipe))
+            .await
+            .map_err(|source| AgentError::Export {
+                op: "create the migration pipe listener of",
+                volume: vol.name_any(),
+                source,
+            })?;
+        let pipe = pipe.map(|p| p.to_string());
+        if pipe.as_deref() != recorded_pipe {
+            notes.insert(annotations::MIGRATE_PIPE_SVC_ID.into(), json!(pipe));
+        }
+    }
+    if let Some(want) = annotation(&vol.metadata, annotations::MIGRATE_ANA_STATE)
+        && annotation(&vol.metadata, annotations::MIGRATE_ANA_APPLIED) != Some(want)
+    {
+        notes.insert(
+            annotations::MIGRATE_ANA_APPLIED.into(),
+            json!(req.path_state.as_str()),
+        );
+    }
     if vol.spec.spdk_target.as_ref() == Some(&target)
         && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
+        && notes.is_empty()
     {
         return Ok(vol.clone());
     }
     crash::reached(CrashPoint::AfterExport, &vol.name_any());
     let body = json!({
-        "metadata": {"finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET)},
+        "metadata": {
+            "finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET),
+            "annotations": notes,
+        },
         "spec": {"spdkTarget": target},
     });
     let v = pass
@@ -594,6 +690,42 @@ async fn withdraw_export(
     Ok(v)
 }
 
+/// Whether the other end of a hot migration uses `vol`'s Secret (both ends of a migration
+/// export with the volume's one Secret): a cancelled destination leaves it to its source, a
+/// retired source to the destination that took over.
+async fn shares_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<bool> {
+    let api = api(ctx, vol);
+    if is_migration_destination(vol)
+        && let Some(source) = label(&vol.metadata, labels::MIGRATE_SOURCE_VOLUME_NAME)
+        && ctx
+            .timed(
+                "get",
+                format!("AntstorVolume {source}"),
+                api.get_opt(source),
+            )
+            .await?
+            .is_some()
+    {
+        return Ok(true);
+    }
+    let lp = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        labels::MIGRATE_SOURCE_VOLUME_NAME,
+        vol.name_any()
+    ));
+    let dests = ctx
+        .timed(
+            "list",
+            "AntstorVolumes migrated from it",
+            api.list_metadata(&lp),
+        )
+        .await?;
+    Ok(dests
+        .items
+        .iter()
+        .any(|d| d.metadata.deletion_timestamp.is_none()))
+}
+
 async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     ctx.provisioning.forget(&object_key(vol));
     let api = api(ctx, vol);
@@ -603,7 +735,7 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         .any(|f| has_finalizer(&vol.metadata, f));
     // The volume's keys go first (idempotent; also when a crash came between making the
     // Secret and the export).
-    if ours && ctx.exporter.authenticates() {
+    if ours && ctx.exporter.authenticates() && !shares_keys(ctx, &vol).await? {
         super::auth::delete_keys(ctx, &vol).await?;
     }
     if ours && is_exported(&vol) {

@@ -40,11 +40,15 @@ const NOT_INHERITED_LABELS: [&str; 4] = [
 ];
 
 /// Annotations of the source volume that the destination does not inherit: the forced
-/// node, and what the controller and the agent write for the node the data is on.
-const NOT_INHERITED_ANNOTATIONS: [&str; 3] = [
+/// node, what the controller and the agent write for the node the data is on, and the
+/// switch-over state of an earlier migration (a destination starts inaccessible).
+const NOT_INHERITED_ANNOTATIONS: [&str; 6] = [
     annotations::SELECTED_TGT_NODE,
     annotations::ALLOCATED_BYTES,
     annotations::LOCAL_ONLY,
+    annotations::MIGRATE_ANA_STATE,
+    annotations::MIGRATE_ANA_APPLIED,
+    annotations::MIGRATE_PIPE_SVC_ID,
 ];
 
 /// The key of the source volume of `mig`.
@@ -590,11 +594,23 @@ fn choose_node(
     let wanted = mig.spec.dest_volume.target_node_id.as_str();
     let started = std::time::Instant::now();
     let state = ctx.state();
+    let src_addr = src
+        .spec
+        .spdk_target
+        .as_ref()
+        .map_or("", |t| t.address.as_str());
     let res = if wanted.is_empty() {
-        choose_any(ctx, &state, &probe, src_node)
+        choose_any(ctx, &state, &probe, src_node, src_addr)
     } else if wanted == src_node {
         Err(format!(
             "spec.destVolume.targetNodeId: {wanted} is the source volume's node; name another node or leave it empty"
+        ))
+    } else if state
+        .pool(wanted)
+        .is_some_and(|p| cntlid_clash(p.pool, src_addr))
+    {
+        Err(format!(
+            "spec.destVolume.targetNodeId: node {wanted} hands out the same NVMe controller IDs as the source's node (both addresses hash to one slot), so a host could not hold a path to each; name another node"
         ))
     } else {
         match ctx.scheduler.check_pool(&state, wanted, &probe) {
@@ -615,14 +631,36 @@ fn choose_node(
     res
 }
 
+/// Whether a node of `pool` hands out the same NVMe controller IDs as the export at
+/// `src_addr` (`naming::cntlid_range` of their addresses): a host refuses a second
+/// controller with an ID it already has for the subsystem, so such a node cannot be the
+/// other path of a migration.
+pub fn cntlid_clash(pool: &liteio_api::StoragePool, src_addr: &str) -> bool {
+    !src_addr.is_empty()
+        && pool.spec.addresses.iter().any(|a| {
+            a.address != src_addr
+                && liteio_api::naming::cntlid_range(&a.address)
+                    == liteio_api::naming::cntlid_range(src_addr)
+        })
+}
+
 fn choose_any(
     ctx: &Context,
     state: &State,
     probe: &AntstorVolume,
     src_node: &str,
+    src_addr: &str,
 ) -> std::result::Result<String, String> {
     let mut without_source = state.clone();
     without_source.remove_pool(src_node);
+    let clashing: Vec<String> = without_source
+        .pools()
+        .filter(|p| cntlid_clash(p.pool, src_addr))
+        .map(|p| p.name.to_string())
+        .collect();
+    for name in &clashing {
+        without_source.remove_pool(name);
+    }
     match ctx.scheduler.schedule(&without_source, probe) {
         Ok(p) => Ok(p.node),
         Err(e @ ScheduleError::NoStoragePoolAvailable(_)) => Err(format!(
@@ -924,8 +962,13 @@ pub async fn handle_deletion(
     if !has_finalizer(&mig, finalizers::IN_STATE) {
         return Ok(Action::Done);
     }
-    if switched(&mig) && mig.phase() != MigrationPhase::Finished {
-        // Not cancellable any more: finish, then release.
+    let committed = ctx.state().volume(&source_key(&mig)).is_some_and(|v| {
+        liteio_api::meta::annotation(&v.metadata, annotations::MIGRATE_ANA_STATE)
+            == Some("inaccessible")
+    });
+    if (switched(&mig) || committed) && mig.phase() != MigrationPhase::Finished {
+        // Not cancellable any more (the source agent committed the switch-over when it
+        // marked the source inaccessible): finish, then release.
         let action = follow_agents(ctx, Arc::clone(&mig)).await?;
         if ctx
             .migration(key)

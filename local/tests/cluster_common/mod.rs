@@ -133,6 +133,17 @@ pub fn create_volume_with(
     node: Option<String>,
     parameters: HashMap<String, String>,
 ) -> tokio::task::JoinHandle<Result<String, String>> {
+    create_volume_sized(c, name, node, parameters, 64 * MIB)
+}
+
+/// [`create_volume_with`] of `bytes`.
+pub fn create_volume_sized(
+    c: &Cluster,
+    name: &str,
+    node: Option<String>,
+    parameters: HashMap<String, String>,
+    bytes: i64,
+) -> tokio::task::JoinHandle<Result<String, String>> {
     let ep = c.csi_controller_endpoint();
     let name = name.to_string();
     tokio::spawn(async move {
@@ -152,7 +163,7 @@ pub fn create_volume_with(
             .create_volume(CreateVolumeRequest {
                 name,
                 capacity_range: Some(CapacityRange {
-                    required_bytes: 64 * MIB,
+                    required_bytes: bytes,
                     limit_bytes: 0,
                 }),
                 volume_capabilities: vec![mount_capability("xfs")],
