@@ -1,7 +1,9 @@
 //! `nvmf-check`: reach one NVMe-oF/TCP subsystem with SPDK's userspace initiator, in this
 //! process, and check its data path: a pattern written and read back, a few seconds of 4 KiB
 //! random I/O, or a stream of logged writes that rides out a target restart and is verified
-//! block by block afterwards.
+//! block by block afterwards; or, with `--verify-writes`, a host whose volume is migrated:
+//! verified random writes while commands on standard input add and drop multipath paths
+//! (see `verify.rs`).
 //!
 //! It stands in for the kernel's `nvme connect` where the kernel has no `nvme_tcp` (as here):
 //! `liteio-local` uses it to show the SPDK engine's data path, and the multi-node tests run it
@@ -21,6 +23,8 @@ use liteio_agent::spdk::initiator::{self, Reconnect};
 use liteio_agent::spdk::nvmf::HostKeys;
 use liteio_agent::spdk::{Spdk, SpdkError, SpdkOptions, bdev, io, keyring};
 use serde_json::json;
+
+mod verify;
 
 /// Connect to an NVMe-oF/TCP subsystem with SPDK's userspace initiator and check its data path.
 ///
@@ -72,6 +76,22 @@ struct Args {
     /// process's command line; keep it mode 0600.
     #[arg(long)]
     keys_file: Option<std::path::PathBuf>,
+    /// Play a host whose volume is being migrated: attach the path as the first of a
+    /// multipath controller, run 4 KiB random writes at --queue-depth with a verifying
+    /// pattern until `stop` (or end of input) on standard input, then read back every block
+    /// written. Commands on standard input, one a line: `path <address> <port>`,
+    /// `detach <address> <port>`, `paths`, `stop`. Prints a `tick {...}` line every second.
+    /// Skips the --check-bytes phase.
+    #[arg(long, conflicts_with_all = ["random_seconds", "write_seconds", "check_bytes"])]
+    verify_writes: bool,
+    /// With --verify-writes: the writes go to this many bytes at the start of the
+    /// namespace (default: all of it).
+    #[arg(long, requires = "verify_writes")]
+    span_bytes: Option<u64>,
+    /// With --verify-writes: a sample of the blocks never written must read zeroes (a fresh
+    /// volume).
+    #[arg(long, requires = "verify_writes")]
+    expect_zeroes: bool,
     /// Print the result as one JSON object on the last line.
     #[arg(long)]
     json: bool,
@@ -231,17 +251,31 @@ async fn check(
 ) -> Result<(), Failure> {
     let address = args.address.to_string();
     let t = Instant::now();
-    let names = initiator::attach_tcp_auth(
-        "chk",
-        &address,
-        args.port,
-        &args.subnqn,
-        hostnqn,
-        reconnect,
-        auth,
-    )
-    .await
-    .map_err(|e| {
+    let attached_names = if args.verify_writes {
+        // The first path of a multipath controller: `path` commands add others.
+        initiator::attach_tcp_path(
+            verify::CTRLR,
+            &address,
+            args.port,
+            &args.subnqn,
+            hostnqn,
+            reconnect,
+            auth,
+        )
+        .await
+    } else {
+        initiator::attach_tcp_auth(
+            "chk",
+            &address,
+            args.port,
+            &args.subnqn,
+            hostnqn,
+            reconnect,
+            auth,
+        )
+        .await
+    };
+    let names = attached_names.map_err(|e| {
         let keys = if auth.dhchap_key.is_some() {
             "these keys are not the volume's"
         } else {
@@ -271,6 +305,21 @@ async fn check(
     );
     report.insert("size_bytes".into(), json!(size));
     report.insert("connect_ms".into(), json!(t.elapsed().as_millis()));
+
+    if args.verify_writes {
+        let session = verify::Session {
+            subnqn: &args.subnqn,
+            hostnqn,
+            reconnect,
+            keys: auth,
+        };
+        let opts = verify::Options {
+            queue_depth: args.queue_depth as usize,
+            span_bytes: args.span_bytes.unwrap_or(size),
+            expect_zeroes: args.expect_zeroes,
+        };
+        return verify::run(&session, &opts, &name, size, report).await;
+    }
 
     if args.check_bytes > 0 {
         let len = args.check_bytes.min(size) / BLOCK * BLOCK;
