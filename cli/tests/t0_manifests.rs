@@ -910,6 +910,13 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
             vec![
                 (LITEIO, "antstorvolumes", &["get", "list", "watch"][..], Ns),
                 (LITEIO, "antstorvolumes/status", &["patch"][..], Ns),
+                // The host's part of a hot migration: spec.migrationInfo and its finalizer.
+                (
+                    LITEIO,
+                    "volumemigrations",
+                    &["get", "list", "watch", "patch", "update"][..],
+                    Ns,
+                ),
                 (CORE, "nodes", &["get"][..], Cluster),
             ],
         ),

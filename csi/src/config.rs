@@ -31,6 +31,11 @@ pub struct DriverConfig {
     pub mountinfo_path: PathBuf,
     /// Reported by NodeGetInfo.
     pub max_volumes_per_node: i64,
+    /// Delay before the first retry of a VolumeMigration the node failed to act on; doubles
+    /// on each further failure up to [`DriverConfig::migration_retry_max`].
+    pub migration_retry: Duration,
+    /// Longest delay between retries of a failing VolumeMigration.
+    pub migration_retry_max: Duration,
 }
 
 impl DriverConfig {
@@ -49,6 +54,8 @@ impl DriverConfig {
             fabrics_dev: PathBuf::from(crate::nvme::FABRICS_DEV),
             mountinfo_path: PathBuf::from("/proc/self/mountinfo"),
             max_volumes_per_node: 20,
+            migration_retry: Duration::from_secs(2),
+            migration_retry_max: Duration::from_secs(300),
         }
     }
 }

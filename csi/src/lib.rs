@@ -20,6 +20,7 @@ pub mod error;
 pub mod identity;
 pub mod k8s;
 pub mod metrics;
+pub mod migration;
 pub mod mount;
 pub mod multipath;
 pub mod node;

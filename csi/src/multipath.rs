@@ -14,8 +14,8 @@
 //!    `delete_controller`), never the last live path of the subsystem.
 //!
 //! Both steps are idempotent and read the host's state from sysfs ([`sysfs_paths`]) or from
-//! `nvme list-subsys -o json` ([`list_subsys_paths`]); neither is wired into a reconciler
-//! here: the VolumeMigration flow calls them for migrations whose host is this node
+//! `nvme list-subsys -o json` ([`list_subsys_paths`]). The node's VolumeMigration controller
+//! ([`crate::migration`]) calls them for migrations whose host is this node
 //! ([`host_migration`]).
 
 use std::fmt;
@@ -174,18 +174,23 @@ pub struct MigrationPaths {
     pub new: SpdkTarget,
 }
 
-/// The exports of `m` when `node` is its host (the `migrate.obnvmf/host-node-id` label, else
-/// the source volume's `hostNodeId`) and both are known; `None` otherwise. The destination's
-/// NQN must be the source's: the host sees one subsystem with two paths.
-pub fn host_migration(m: &VolumeMigration, node: &str) -> Option<MigrationPaths> {
+/// Whether `node` is the host of `m`: the node its `migrate.obnvmf/host-node-id` label names,
+/// else the source volume's `hostNodeId`; never when both are empty.
+pub fn is_host(m: &VolumeMigration, node: &str) -> bool {
     let host = m
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(keys::labels::MIGRATE_HOST_NODE_ID))
-        .cloned()
-        .unwrap_or_else(|| m.spec.source_volume.host_node_id.clone());
-    if host.is_empty() || host != node {
+        .unwrap_or(&m.spec.source_volume.host_node_id);
+    !host.is_empty() && host == node
+}
+
+/// The exports of `m` when `node` is its host (the `migrate.obnvmf/host-node-id` label, else
+/// the source volume's `hostNodeId`) and both are known; `None` otherwise. The destination's
+/// NQN must be the source's: the host sees one subsystem with two paths.
+pub fn host_migration(m: &VolumeMigration, node: &str) -> Option<MigrationPaths> {
+    if !is_host(m, node) {
         return None;
     }
     let (old, new) = (&m.spec.source_volume.spdk, &m.spec.dest_volume.spdk);

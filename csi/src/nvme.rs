@@ -553,6 +553,51 @@ pub fn refresh_keys(
     Ok(written)
 }
 
+/// The DH-HMAC-CHAP keys the live controller `controller` authenticates with, read from its
+/// sysfs attributes [`ATTR_DHCHAP_SECRET`] and [`ATTR_DHCHAP_CTRL_SECRET`] (see
+/// [`refresh_keys`] for what the kernel shows there): `None` when it was connected without
+/// keys (the attributes read `none`) or the kernel has no in-band authentication (no such
+/// attributes, so no controller of it can have been connected with keys).
+///
+/// A second path of a volume must be connected with the keys of the first
+/// ([`crate::multipath`]): these are them, including keys rotated since NodeStageVolume, and
+/// the node needs no access to the volume's Secret to learn them. Errors name the attribute's
+/// path, never a value; what is read is wiped after use.
+pub fn controller_keys(sysfs: &Path, controller: &str) -> Result<Option<VolumeKeys>> {
+    let dir = sysfs.join("class/nvme").join(controller);
+    let read = |attr: &str| -> Result<Option<auth::DhchapSecret>> {
+        let path = dir.join(attr);
+        let content = match std::fs::read(&path) {
+            Ok(bytes) => AttrContent(bytes),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(CsiError::io(format!("read {}", path.display()), e)),
+        };
+        let text = std::str::from_utf8(&content.0).unwrap_or_default().trim();
+        if text == NO_SECRET || text.is_empty() {
+            return Ok(None);
+        }
+        auth::DhchapSecret::parse(attr, text).map(Some).map_err(|_| {
+            CsiError::FailedPrecondition(format!(
+                "{}: holds no DH-HMAC-CHAP secret this node can reuse (a kernel that masks it?)",
+                path.display()
+            ))
+        })
+    };
+    match (read(ATTR_DHCHAP_SECRET)?, read(ATTR_DHCHAP_CTRL_SECRET)?) {
+        (None, None) => Ok(None),
+        (Some(host), Some(ctrl)) => Ok(Some(VolumeKeys {
+            host,
+            ctrl,
+            tls_psk: None,
+        })),
+        _ => Err(CsiError::FailedPrecondition(format!(
+            "controller {controller} authenticates in one direction only ({} and {} differ in \
+             being set); this node connects with both",
+            ATTR_DHCHAP_SECRET, ATTR_DHCHAP_CTRL_SECRET
+        ))),
+    }
+}
+
 /// One write of `value` (no newline: the kernel keeps every byte it is given) to the sysfs
 /// attribute `path`, which must exist. Errors name the path, not the value.
 fn write_attr(path: &Path, value: &str) -> Result<()> {
@@ -942,6 +987,28 @@ mod tests {
 
     fn mtime(p: &Path) -> std::time::SystemTime {
         fs::metadata(p).unwrap().modified().unwrap()
+    }
+
+    #[test]
+    fn controller_keys_are_those_the_controller_holds() {
+        let d = tempfile::tempdir().unwrap();
+        let k = keys();
+        let dir = auth_ctrl(d.path(), k.host.expose(), k.ctrl.expose());
+        assert_eq!(controller_keys(d.path(), "nvme3").unwrap(), Some(k.clone()));
+        // Connected without keys, or a kernel without in-band authentication: no keys.
+        auth_ctrl(d.path(), NO_SECRET, NO_SECRET);
+        assert_eq!(controller_keys(d.path(), "nvme3").unwrap(), None);
+        fs::remove_file(dir.join(ATTR_DHCHAP_SECRET)).unwrap();
+        fs::remove_file(dir.join(ATTR_DHCHAP_CTRL_SECRET)).unwrap();
+        assert_eq!(controller_keys(d.path(), "nvme3").unwrap(), None);
+        // A masked or one-sided content is an error that names the attribute, not the value.
+        auth_ctrl(d.path(), "DHHC-1:00:********:", k.ctrl.expose());
+        let e = controller_keys(d.path(), "nvme3").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::FailedPrecondition);
+        assert!(e.to_string().contains(ATTR_DHCHAP_SECRET), "{e}");
+        auth_ctrl(d.path(), k.host.expose(), NO_SECRET);
+        let e = controller_keys(d.path(), "nvme3").unwrap_err();
+        assert!(!e.to_string().contains(k.host.expose()), "{e}");
     }
 
     #[test]

@@ -13,7 +13,9 @@ use liteio_csi::cmd::SystemRunner;
 use liteio_csi::controller::ControllerService;
 use liteio_csi::identity::IdentityService;
 use liteio_csi::metrics::{self, VolumeMetrics};
+use liteio_csi::migration;
 use liteio_csi::node::NodeService;
+use liteio_csi::nvme::FabricsDevice;
 use liteio_csi::server::{self, Services};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -155,7 +157,29 @@ async fn main() -> Result<()> {
         }),
     };
     let listener = server::bind(&args.endpoint)?;
+    // One shutdown for the gRPC server and, in node mode, the watch over this node's
+    // VolumeMigrations (the host's part of a hot migration). A server that stops on an error
+    // drops the sender, which stops the watch too.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let migrations = node.then(|| {
+        let fabrics = Arc::new(FabricsDevice::new(cfg.fabrics_dev.clone()));
+        let ctx = migration::Ctx::new(client.clone(), Arc::clone(&cfg), fabrics);
+        let mut stop_rx = stop_rx.clone();
+        tokio::spawn(migration::run(ctx, async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }))
+    });
     tracing::info!(endpoint = %args.endpoint, node = %args.node_id, mode = ?args.mode, "CSI driver serving");
-    server::serve(listener, services, shutdown_signal()).await?;
+    let served = server::serve(listener, services, async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    })
+    .await;
+    if let Some(task) = migrations
+        && let Err(e) = task.await
+    {
+        tracing::error!(error = %e, "the VolumeMigration watch failed");
+    }
+    served?;
     Ok(())
 }
