@@ -205,6 +205,7 @@ impl Agent {
             pool_name,
             provisioning: Default::default(),
             own_writes: Default::default(),
+            copy_failures: Default::default(),
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();

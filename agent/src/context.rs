@@ -43,6 +43,9 @@ pub struct Ctx {
     pub provisioning: crate::sync::provision::Provisioning,
     /// Versions of objects the agent's own passes superseded.
     pub own_writes: crate::sync::OwnWrites,
+    /// When the copy of each migration last failed (a failed copy starts again only after a
+    /// pause, so that the failure is seen).
+    pub copy_failures: crate::sync::migration::Failures,
 }
 
 impl std::fmt::Debug for Ctx {

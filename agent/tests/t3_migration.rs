@@ -37,9 +37,13 @@ use tokio::sync::mpsc;
 
 const GIB: i64 = 1 << 30;
 
-fn spdk_cluster(nodes: usize) -> ClusterOptions {
-    let mut o = ClusterOptions::new(nodes, Engine::Spdk);
+/// Three nodes; node 2 consumes. The storage nodes (1 and 3, where the volume and its
+/// destination go) run SPDK with polling reactors: SPDK's NVMe/TCP initiator, which the
+/// source's copy uses, has no interrupt mode.
+fn spdk_cluster() -> ClusterOptions {
+    let mut o = ClusterOptions::new(3, Engine::Spdk);
     o.pool_bytes = 3 << 30;
+    o.spdk_polling = vec![1, 3];
     o
 }
 
@@ -47,8 +51,10 @@ fn spdk_cluster(nodes: usize) -> ClusterOptions {
 struct Consumer {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
-    lines: mpsc::UnboundedReceiver<String>,
+    lines: mpsc::UnboundedReceiver<(Instant, String)>,
     seen: Vec<String>,
+    /// When each line arrived, in the order of `seen`.
+    at: Vec<Instant>,
 }
 
 impl Consumer {
@@ -65,13 +71,7 @@ impl Consumer {
             t,
             HostNqn::File(&hostnqn),
             Some(keys),
-            &[
-                "--check-bytes",
-                "0",
-                "--verify-writes",
-                "--queue-depth",
-                "8",
-            ],
+            &["--verify-writes", "--queue-depth", "8"],
         );
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -83,7 +83,7 @@ impl Consumer {
         let (tx, lines) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok(Some(l)) = out.next_line().await {
-                if tx.send(l).is_err() {
+                if tx.send((Instant::now(), l)).is_err() {
                     break;
                 }
             }
@@ -93,6 +93,7 @@ impl Consumer {
             stdin,
             lines,
             seen: Vec::new(),
+            at: Vec::new(),
         })
     }
 
@@ -101,7 +102,7 @@ impl Consumer {
         let until = Instant::now() + Duration::from_secs(secs);
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            let line = tokio::time::timeout(left, self.lines.recv())
+            let (at, line) = tokio::time::timeout(left, self.lines.recv())
                 .await
                 .map_err(|_| format!("no line {prefix:?} from nvmf-check within {secs} s"))?
                 .ok_or_else(|| {
@@ -111,6 +112,7 @@ impl Consumer {
                     )
                 })?;
             self.seen.push(line.clone());
+            self.at.push(at);
             if line.starts_with(prefix) {
                 return Ok(line);
             }
@@ -127,14 +129,16 @@ impl Consumer {
             .map_err(err("write to nvmf-check"))
     }
 
-    /// `stop`, then the final JSON result and the exit status.
-    async fn finish(mut self) -> Result<(i32, Value, Vec<String>), String> {
+    /// `stop`, then the final JSON result, the exit status and the ticks with the time
+    /// each arrived.
+    async fn finish(mut self) -> Result<(i32, Value, Vec<(Instant, Value)>), String> {
         self.send("stop").await?;
-        while let Some(l) = tokio::time::timeout(Duration::from_secs(600), self.lines.recv())
+        while let Some((at, l)) = tokio::time::timeout(Duration::from_secs(600), self.lines.recv())
             .await
             .map_err(|_| "nvmf-check did not verify within 600 s".to_string())?
         {
             self.seen.push(l);
+            self.at.push(at);
         }
         let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
@@ -150,17 +154,14 @@ impl Consumer {
                     .filter(Value::is_object)
             })
             .ok_or("no JSON result")?;
-        Ok((status.code().unwrap_or(-1), r, self.seen))
+        let ticks = self
+            .at
+            .iter()
+            .zip(&self.seen)
+            .filter_map(|(at, l)| Some((*at, serde_json::from_str(l.strip_prefix("tick ")?).ok()?)))
+            .collect();
+        Ok((status.code().unwrap_or(-1), r, ticks))
     }
-}
-
-/// The per-second figures the consumer printed (`tick {...}`).
-fn ticks(lines: &[String]) -> Vec<Value> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("tick "))
-        .filter_map(|j| serde_json::from_str(j).ok())
-        .collect()
 }
 
 async fn migration(c: &Cluster, name: &str) -> Option<VolumeMigration> {
@@ -247,7 +248,7 @@ fn a_volume_moves_to_another_node_under_writes_and_nothing_is_lost() {
         "kubectl-liteio is not built; run cargo build --workspace first"
     );
     let dir = scratch("t3-mig");
-    with_cluster(&dir, spdk_cluster(3), Duration::from_secs(900), |c| {
+    with_cluster(&dir, spdk_cluster(), Duration::from_secs(900), |c| {
         Box::pin(async move {
             let consumer = 2;
             let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
@@ -271,7 +272,7 @@ fn a_volume_moves_to_another_node_under_writes_and_nothing_is_lost() {
             // Writes are under way once two seconds of them were counted.
             host.wait_for("tick ", 120).await?;
             host.wait_for("tick ", 30).await?;
-            let before_copy = host.seen.len();
+            let copy_from = Instant::now();
             println!("{}", kubectl_migrate(c, "pvc-mig").await?);
             let name = only_migration(c)
                 .await
@@ -312,7 +313,7 @@ fn a_volume_moves_to_another_node_under_writes_and_nothing_is_lost() {
                 })
             })
             .await?;
-            let switched_at = host.seen.len();
+            let switched_at = Instant::now();
             let m = migration(c, &name).await.ok_or("migration gone")?;
             let job = &m.spec.migration_info.job_progress;
             println!(
@@ -339,8 +340,17 @@ fn a_volume_moves_to_another_node_under_writes_and_nothing_is_lost() {
             // A few more seconds of writes on the destination alone.
             host.wait_for("tick ", 30).await?;
             host.wait_for("tick ", 30).await?;
-            let (code, r, seen) = host.finish().await?;
-            let all = ticks(&seen);
+            let (code, r, ticks) = host.finish().await?;
+            for (at, t) in &ticks {
+                let when = if *at < copy_from {
+                    "before"
+                } else if *at < switched_at {
+                    "migrating"
+                } else {
+                    "after"
+                };
+                println!("tick {when}: {t}");
+            }
             println!("consumer: {r}");
             if code != 0 || r["errors"] != 0 || r["mismatches"] != 0 {
                 return Err(format!(
@@ -375,14 +385,23 @@ fn a_volume_moves_to_another_node_under_writes_and_nothing_is_lost() {
                 return Err("the source volume object is still there".into());
             }
             // Figures: IOPS before the copy, during it, and the longest I/O around the switch.
-            let before: Vec<f64> = ticks(&seen[..before_copy])
-                .iter()
-                .filter_map(|t| t["writes"].as_f64())
-                .collect();
-            let during: Vec<f64> = ticks(&seen[before_copy..switched_at])
-                .iter()
-                .filter_map(|t| t["writes"].as_f64())
-                .collect();
+            let writes = |from: Instant, to: Instant| -> Vec<f64> {
+                ticks
+                    .iter()
+                    .filter(|(at, _)| *at >= from && *at < to)
+                    .filter_map(|(_, t)| t["writes"].as_f64())
+                    .collect()
+            };
+            let start = ticks.first().map_or(copy_from, |t| t.0);
+            let before = writes(start, copy_from);
+            // The copy ran for `ms_elapsed` up to the moment it was in step.
+            let copy_start = switched_at
+                .checked_sub(Duration::from_millis(
+                    u64::try_from(job.ms_elapsed).unwrap_or(0),
+                ))
+                .unwrap_or(copy_from)
+                .max(copy_from);
+            let during = writes(copy_start, switched_at);
             let mean = |v: &[f64]| v.iter().sum::<f64>() / (v.len().max(1) as f64);
             let ms = job.ms_elapsed.max(1) as f64;
             let mib = job.total_write_pages as f64 * 4096.0 / f64::from(1u32 << 20);
@@ -393,7 +412,7 @@ fn a_volume_moves_to_another_node_under_writes_and_nothing_is_lost() {
                 mean(&during),
                 100.0 * mean(&during) / mean(&before).max(1.0),
                 r["longest_io_us"],
-                all.len()
+                ticks.len()
             );
             Ok(())
         })

@@ -111,6 +111,10 @@ pub struct ClusterOptions {
     pub election: Option<Election>,
     /// Agents' heartbeat (interval, leaseDuration); `None` keeps the agent's defaults.
     pub heartbeat: Option<(Duration, Duration)>,
+    /// Nodes (1-based) whose agent runs SPDK with polling reactors, as production nodes do;
+    /// the others run in interrupt mode (a polling reactor takes a whole core). SPDK's
+    /// NVMe/TCP initiator, which a hot migration's source uses, needs polling.
+    pub spdk_polling: Vec<usize>,
 }
 
 impl ClusterOptions {
@@ -124,6 +128,7 @@ impl ClusterOptions {
             liveness: None,
             election: None,
             heartbeat: None,
+            spdk_polling: Vec::new(),
         }
     }
 }
@@ -367,7 +372,7 @@ impl Cluster {
             pool_bytes: self.opts.pool_bytes,
             spdk_memory: Default::default(),
             agent_metrics: None,
-            spdk_polling: false,
+            spdk_polling: self.opts.spdk_polling.contains(&k),
             children: Vec::new(),
         };
         let mut cfg = single.agent_config();

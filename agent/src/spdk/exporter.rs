@@ -33,6 +33,9 @@ pub struct SpdkExporter {
     reserved: Mutex<std::collections::HashSet<u16>>,
     /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
     auth: bool,
+    /// SPDK runs in interrupt mode, where its NVMe/TCP initiator (the migration pipe)
+    /// cannot run.
+    interrupt_mode: bool,
 }
 
 /// Names of a volume's keys in SPDK's keyring: host key, controller key, TLS PSK.
@@ -134,7 +137,16 @@ impl SpdkExporter {
             cursor: Mutex::new(start),
             reserved: Mutex::new(std::collections::HashSet::new()),
             auth: false,
+            interrupt_mode: false,
         }
+    }
+
+    /// Say that SPDK runs in interrupt mode (`spdk.interruptMode`): this node then cannot
+    /// connect a migration pipe, and says so instead of failing inside SPDK.
+    #[must_use]
+    pub fn with_interrupt_mode(mut self, on: bool) -> Self {
+        self.interrupt_mode = on;
+        self
     }
 
     /// Require hosts to authenticate with the keys of each [`ExportRequest`] (`nvmf.auth:
@@ -557,6 +569,12 @@ impl Exporter for SpdkExporter {
 impl Migrator for SpdkExporter {
     fn connect_pipe<'a>(&'a self, req: &'a PipeRequest) -> ExportFuture<'a, String> {
         Box::pin(async move {
+            if self.interrupt_mode {
+                return Err(ExportError::InvalidRequest(format!(
+                    "this node's SPDK runs in interrupt mode (spdk.interruptMode: true), where SPDK's NVMe/TCP initiator cannot run, so it cannot copy volume {} to {}:{}; a migration source needs spdk.interruptMode: false",
+                    req.uuid, req.address, req.port
+                )));
+            }
             let bdev = naming::nvme_ns_bdev(&req.controller);
             if bdev::get(&bdev).await.map_err(target_err)?.is_some() {
                 return Ok(bdev);

@@ -120,7 +120,8 @@ pub fn exporter(cfg: &Config, address: std::net::IpAddr) -> Result<SpdkExporter,
         start..=end,
         TcpTransportOptions::default(),
     )
-    .with_auth(cfg.nvmf.auth == crate::config::NvmfAuth::Dhchap))
+    .with_auth(cfg.nvmf.auth == crate::config::NvmfAuth::Dhchap)
+    .with_interrupt_mode(cfg.spdk.interrupt_mode))
 }
 
 /// Start the runtime from the config (blocking; call from `spawn_blocking`).

@@ -60,6 +60,35 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Pause before a failed copy is started again.
 const RETRY_COPY: Duration = Duration::from_secs(5);
 
+/// When the copy of each migration (by uid) last failed.
+#[derive(Debug, Default)]
+pub struct Failures(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+impl Failures {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::time::Instant>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn failed(&self, key: &str) {
+        self.map()
+            .insert(key.to_string(), std::time::Instant::now());
+    }
+
+    /// How long the copy of `key` must still wait before it starts again.
+    fn wait_left(&self, key: &str) -> Option<Duration> {
+        let at = *self.map().get(key)?;
+        RETRY_COPY.checked_sub(at.elapsed())
+    }
+
+    fn forget(&self, key: &str) {
+        self.map().remove(key);
+    }
+}
+
 fn export_err(op: &'static str, volume: &str, source: ExportError) -> AgentError {
     AgentError::Export {
         op,
@@ -180,14 +209,20 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
         .await
         .map_err(|e| export_err("read the copy of", &source.name_any(), e))?;
     let reported = m.spec.migration_info.job_progress.status.as_str();
+    let key = m.metadata.uid.clone().unwrap_or_default();
     let st = match st.state {
         CopyPhase::Failed if reported != CopyPhase::Failed.as_str() => {
             warn!(status = st.status, "the copy failed; the source serves on");
+            ctx.copy_failures.failed(&key);
             report(&ctx, &api, &m, &lvol, &pipe, &st, None).await?;
             teardown(mig, &m, &lvol).await?;
             return Ok(Action::requeue(RETRY_COPY));
         }
         CopyPhase::Idle | CopyPhase::Cancelled | CopyPhase::Failed | CopyPhase::Finished => {
+            if let Some(left) = ctx.copy_failures.wait_left(&key) {
+                return Ok(Action::requeue(left));
+            }
+            ctx.copy_failures.forget(&key);
             let st = mig
                 .start_copy(&lvol, &pipe)
                 .await
