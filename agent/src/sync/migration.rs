@@ -54,6 +54,9 @@ pub const RESOURCE: &str = "volumemigration";
 /// Longest time the source's export stays fenced during a switch-over.
 pub const FENCE_LIMIT: Duration = Duration::from_secs(3);
 
+/// Between the destination's promotion and the source's demotion (see `switch_over`).
+const PROMOTION_GRACE: Duration = Duration::from_millis(100);
+
 /// How often a running copy's progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -510,7 +513,15 @@ async fn switch_over(
             PathState::Optimized.as_str(),
         )
         .await?;
-        Ok::<bool, AgentError>(promoted(dvols, &dest.name_any(), FENCE_LIMIT).await)
+        let acked = promoted(dvols, &dest.name_any(), FENCE_LIMIT).await;
+        if acked {
+            // The destination has told its hosts (an ANA change event); give them a moment
+            // to read the new state before the source turns them away: a host that finds no
+            // usable path may wait a while before it looks again (SPDK's initiator: 1 s).
+            // Their I/O waits in the fence meanwhile.
+            tokio::time::sleep(PROMOTION_GRACE).await;
+        }
+        Ok::<bool, AgentError>(acked)
     };
     let outcome = tokio::time::timeout(FENCE_LIMIT, fenced).await;
     let committed = already

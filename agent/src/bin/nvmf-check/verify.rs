@@ -215,9 +215,34 @@ struct Done {
     result: Result<(), SpdkError>,
 }
 
+/// How long a write waits for an I/O channel before it counts as failed.
+const CHANNEL_WAIT: Duration = Duration::from_secs(10);
+
+/// Resolves after `d`, without blocking the executor (a thread sleeps instead).
+async fn pause(d: Duration) {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        std::thread::sleep(d);
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
+}
+
 async fn write_block(bdev: String, block: u64, seq: u64) -> Done {
     let start = Instant::now();
-    let result = io::write_at(&bdev, block * BLOCK, pattern(block, seq)).await;
+    let result = loop {
+        let r = io::write_at(&bdev, block * BLOCK, pattern(block, seq)).await;
+        // SPDK's multipath bdev cannot give out a channel while one of its paths is being
+        // torn down (a target that died): the write was never submitted, so this tool,
+        // like a host's block layer, tries again rather than report an I/O error.
+        match r {
+            Err(SpdkError::Errno {
+                op: "get io channel",
+                ..
+            }) if start.elapsed() < CHANNEL_WAIT => pause(Duration::from_millis(20)).await,
+            r => break r,
+        }
+    };
     Done {
         block,
         seq,
