@@ -651,6 +651,8 @@ fn bench_migration() {
                     "run {i}: idle copy {:.0} MiB/s; under writes {:?}",
                     idle[i], loaded[i]
                 );
+                // Room for the next run: the pools hold three volumes each.
+                remove_all_volumes(c).await?;
             }
             let min = |v: &mut dyn Iterator<Item = f64>| v.fold(f64::INFINITY, f64::min);
             println!(
@@ -671,6 +673,23 @@ fn bench_migration() {
             Ok(())
         })
     });
+}
+
+/// Deletes every AntstorVolume and waits until they are gone (their agents removed them).
+async fn remove_all_volumes(c: &Cluster) -> Result<(), String> {
+    let vols: Api<AntstorVolume> = Api::namespaced(
+        c.kube().await.map_err(err("kube"))?,
+        keys::DEFAULT_NAMESPACE,
+    );
+    vols.delete_collection(&Default::default(), &ListParams::default())
+        .await
+        .map_err(err("delete volumes"))?;
+    eventually(c, "every volume gone", 180, Role::Controller(0), || async {
+        vols.list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await
 }
 
 /// Migrates `vol` (1 GiB, thick, freshly made, nobody writing) and returns the copy's MiB/s.

@@ -1216,6 +1216,35 @@ mod tests {
     }
 
     #[test]
+    fn a_node_with_the_sources_controller_id_slot_is_no_destination() {
+        use k8s_openapi::api::core::v1::NodeAddress;
+        let src = "127.10.0.11";
+        let slot = liteio_api::naming::cntlid_range(src);
+        // An address in the same slot (1 in 63 share one) and one in another.
+        let same = (0..=255u8)
+            .flat_map(|a| (0..=255u8).map(move |b| format!("127.20.{a}.{b}")))
+            .find(|a| liteio_api::naming::cntlid_range(a) == slot)
+            .unwrap();
+        let other = (0..=255u8)
+            .map(|b| format!("127.30.0.{b}"))
+            .find(|a| liteio_api::naming::cntlid_range(a) != slot)
+            .unwrap();
+        let pool = |addr: &str| {
+            let mut p = liteio_api::StoragePool::new("n", Default::default());
+            p.spec.addresses = vec![NodeAddress {
+                address: addr.into(),
+                type_: "InternalIP".into(),
+            }];
+            p
+        };
+        assert!(cntlid_clash(&pool(&same), src));
+        assert!(!cntlid_clash(&pool(&other), src));
+        // The source's own address is the source's node, not a clash; no address, no check.
+        assert!(!cntlid_clash(&pool(src), src));
+        assert!(!cntlid_clash(&pool(&same), ""));
+    }
+
+    #[test]
     fn a_volume_without_a_host_needs_only_the_pipe() {
         let mut m = mig(MigrationPhase::SetupPipe);
         m.spec.source_volume.host_node_id = String::new();
