@@ -878,3 +878,51 @@ fn a_source_killed_mid_copy_starts_the_copy_again_and_the_thin_volume_moves() {
         })
     });
 }
+
+/// The destination's agent is SIGKILLed while the copy runs and started again: the migration
+/// goes to `Error`, then the source agent starts the copy again once the destination is back,
+/// and the migration finishes with every write in place.
+#[test]
+fn a_destination_restarted_mid_copy_gets_the_copy_again_and_the_migration_finishes() {
+    if skip("destination restarted mid-copy") {
+        return;
+    }
+    let dir = scratch("t3-mig-drest");
+    with_cluster(&dir, spdk_cluster(), Duration::from_secs(900), |c| {
+        Box::pin(async move {
+            // The consumer's path to the destination reconnects once it is back.
+            let s = begin(c, "pvc-drest", false, &["--reconnect-seconds", "120"]).await?;
+            copying(c, &s.name).await?;
+            let dest_node = migration(c, &s.name)
+                .await
+                .ok_or("migration gone")?
+                .spec
+                .dest_volume
+                .target_node_id;
+            let k = (1..=3)
+                .find(|&k| c.node_name(k) == dest_node)
+                .ok_or("destination node not in the run")?;
+            c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
+            eventually(
+                c,
+                "the migration in Error",
+                120,
+                Role::Controller(0),
+                || async {
+                    migration(c, &s.name)
+                        .await
+                        .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
+                },
+            )
+            .await?;
+            c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
+            eventually(c, "the copy started again", 180, Role::Agent(1), || async {
+                migration(c, &s.name)
+                    .await
+                    .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_WORKING)
+            })
+            .await?;
+            finish(c, s, "pvc-drest").await.map(drop)
+        })
+    });
+}
