@@ -73,7 +73,7 @@ impl PathState {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Optimized => "optimized",
-            Self::Inaccessible => "inaccessible",
+            Self::Inaccessible => liteio_api::keys::ANA_INACCESSIBLE,
         }
     }
 
@@ -81,7 +81,7 @@ impl PathState {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "optimized" => Some(Self::Optimized),
-            "inaccessible" => Some(Self::Inaccessible),
+            liteio_api::keys::ANA_INACCESSIBLE => Some(Self::Inaccessible),
             _ => None,
         }
     }

@@ -280,6 +280,20 @@ async fn pipe_connected(s: &Setup) -> VolumeMigration {
     .await
 }
 
+/// Through `SetupPipe` into `Syncing`, until the agent started the copy.
+async fn copy_started(s: &Setup) {
+    pipe_connected(s).await;
+    phase(&s.migs, MigrationPhase::Syncing).await;
+    eventually("copy started", Duration::from_secs(10), || async {
+        s.rec
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("start_copy"))
+            .then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_source_agent_connects_copies_switches_over_and_cleans_up() {
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -408,16 +422,7 @@ async fn the_source_agent_connects_copies_switches_over_and_cleans_up() {
 async fn a_migration_deleted_before_the_switch_stops_the_copy_and_leaves_the_source_alone() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let s = setup().await;
-        pipe_connected(&s).await;
-        phase(&s.migs, MigrationPhase::Syncing).await;
-        eventually("copy started", Duration::from_secs(10), || async {
-            s.rec
-                .calls()
-                .iter()
-                .any(|c| c.starts_with("start_copy"))
-                .then_some(())
-        })
-        .await;
+        copy_started(&s).await;
         s.migs.delete("m1", &DeleteParams::default()).await.unwrap();
         eventually("pipe finalizer gone", Duration::from_secs(10), || async {
             let m = s.migs.get("m1").await.unwrap();
@@ -456,16 +461,7 @@ async fn a_migration_deleted_before_the_switch_stops_the_copy_and_leaves_the_sou
 async fn a_failed_copy_is_reported_torn_down_and_started_again() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let s = setup().await;
-        pipe_connected(&s).await;
-        phase(&s.migs, MigrationPhase::Syncing).await;
-        eventually("copy started", Duration::from_secs(10), || async {
-            s.rec
-                .calls()
-                .iter()
-                .any(|c| c.starts_with("start_copy"))
-                .then_some(())
-        })
-        .await;
+        copy_started(&s).await;
         s.rec.set_copy(CopyPhase::Failed);
         eventually("failure reported", Duration::from_secs(10), || async {
             let m = s.migs.get("m1").await.unwrap();

@@ -779,6 +779,34 @@ fn a_migration_deleted_mid_copy_is_cancelled_and_the_source_serves_on() {
     });
 }
 
+/// SIGKILLs the agent of migration `name`'s destination node and waits until the
+/// migration is in `Error`; returns the node's index.
+async fn kill_destination(c: &mut Cluster, name: &str) -> Result<usize, String> {
+    let dest_node = migration(c, name)
+        .await
+        .ok_or("migration gone")?
+        .spec
+        .dest_volume
+        .target_node_id;
+    let k = (1..=3)
+        .find(|&k| c.node_name(k) == dest_node)
+        .ok_or("destination node not in the run")?;
+    c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
+    eventually(
+        c,
+        "the migration in Error",
+        120,
+        Role::Controller(0),
+        || async {
+            migration(c, name)
+                .await
+                .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
+        },
+    )
+    .await?;
+    Ok(k)
+}
+
 /// The destination's agent is SIGKILLed while the copy runs: the mirror breaks, the
 /// migration ends in `Error`, the consumer sees no error and the source serves on. Deleting
 /// the migration then removes the destination once its agent is back.
@@ -792,28 +820,7 @@ fn a_destination_killed_mid_copy_ends_in_error_and_the_source_serves_on() {
         Box::pin(async move {
             let mut s = begin(c, "pvc-dkill", false, &[]).await?;
             copying(c, &s.name).await?;
-            let dest_node = migration(c, &s.name)
-                .await
-                .ok_or("migration gone")?
-                .spec
-                .dest_volume
-                .target_node_id;
-            let k = (1..=3)
-                .find(|&k| c.node_name(k) == dest_node)
-                .ok_or("destination node not in the run")?;
-            c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
-            eventually(
-                c,
-                "the migration in Error",
-                120,
-                Role::Controller(0),
-                || async {
-                    migration(c, &s.name)
-                        .await
-                        .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
-                },
-            )
-            .await?;
+            let k = kill_destination(c, &s.name).await?;
             let m = migration(c, &s.name).await.ok_or("migration gone")?;
             println!(
                 "after the kill: {} {:?}",
@@ -893,28 +900,7 @@ fn a_destination_restarted_mid_copy_gets_the_copy_again_and_the_migration_finish
             // The consumer's path to the destination reconnects once it is back.
             let s = begin(c, "pvc-drest", false, &["--reconnect-seconds", "120"]).await?;
             copying(c, &s.name).await?;
-            let dest_node = migration(c, &s.name)
-                .await
-                .ok_or("migration gone")?
-                .spec
-                .dest_volume
-                .target_node_id;
-            let k = (1..=3)
-                .find(|&k| c.node_name(k) == dest_node)
-                .ok_or("destination node not in the run")?;
-            c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
-            eventually(
-                c,
-                "the migration in Error",
-                120,
-                Role::Controller(0),
-                || async {
-                    migration(c, &s.name)
-                        .await
-                        .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
-                },
-            )
-            .await?;
+            let k = kill_destination(c, &s.name).await?;
             c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
             eventually(c, "the copy started again", 180, Role::Agent(1), || async {
                 migration(c, &s.name)

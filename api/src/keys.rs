@@ -134,6 +134,10 @@ pub mod labels {
     pub const KUBE_HOSTNAME: &str = "kubernetes.io/hostname";
 }
 
+/// Value of `annotations::MIGRATE_ANA_STATE` that commits a hot migration's switch-over
+/// on its source volume.
+pub const ANA_INACCESSIBLE: &str = "inaccessible";
+
 /// Annotation keys.
 pub mod annotations {
     /// StoragePool: SPDK version suffix of the target.

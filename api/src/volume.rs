@@ -136,6 +136,14 @@ pub struct AntstorVolumeStatus {
 }
 
 impl AntstorVolume {
+    /// Whether the source agent of a hot migration has committed its switch-over on this
+    /// volume (annotation `migrate.obnvmf/ana-state: inaccessible`): from then on the
+    /// migration only goes forward, never back to this volume.
+    pub fn switch_committed(&self) -> bool {
+        crate::meta::annotation(&self.metadata, crate::keys::annotations::MIGRATE_ANA_STATE)
+            == Some(crate::keys::ANA_INACCESSIBLE)
+    }
+
     /// The name of the Secret that holds the volume's authentication keys:
     /// `liteio-auth-<CSI name>`, the name kubelet derives from the PV name (the StorageClass
     /// names the node-stage secret `liteio-auth-${pv.name}`). A CSI name that makes no valid

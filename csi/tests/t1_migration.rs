@@ -5,6 +5,9 @@
 //! and makes the new controller appear in sysfs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/sysfs.rs"]
+mod recorded;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -39,29 +42,10 @@ const DST: (&str, &str) = ("10.0.0.13", "4430");
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/multipath/sysfs-two-paths")
-}
-
 /// A writable copy of the recorded sysfs tree under `root`, without the controllers in `drop`.
 fn sysfs(root: &Path, drop: &[&str]) -> PathBuf {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap() {
-            let e = e.unwrap();
-            let dst = to.join(e.file_name());
-            if e.file_type().unwrap().is_dir() {
-                copy(&e.path(), &dst);
-            } else {
-                std::fs::copy(e.path(), dst).unwrap();
-            }
-        }
-    }
     let dir = root.join("sys");
-    copy(&fixtures(), &dir);
-    for c in drop {
-        std::fs::remove_dir_all(dir.join("class/nvme").join(c)).unwrap();
-    }
+    recorded::copy_two_paths(&dir, drop);
     dir
 }
 

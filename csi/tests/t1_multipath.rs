@@ -5,6 +5,9 @@
 //! string it was given.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/sysfs.rs"]
+mod recorded;
+
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -28,23 +31,8 @@ fn fixtures() -> PathBuf {
 
 /// A writable copy of the recorded sysfs tree, without the controllers in `drop`.
 fn sysfs(drop: &[&str]) -> tempfile::TempDir {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap() {
-            let e = e.unwrap();
-            let dst = to.join(e.file_name());
-            if e.file_type().unwrap().is_dir() {
-                copy(&e.path(), &dst);
-            } else {
-                std::fs::copy(e.path(), dst).unwrap();
-            }
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
-    copy(&fixtures().join("sysfs-two-paths"), dir.path());
-    for c in drop {
-        std::fs::remove_dir_all(dir.path().join("class/nvme").join(c)).unwrap();
-    }
+    recorded::copy_two_paths(dir.path(), drop);
     dir
 }
 

@@ -333,8 +333,7 @@ impl Exporter for SpdkExporter {
                 }
             };
             let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
-            let nqn =
-                preset.map_or_else(|| naming::subsys_nqn(&req.uuid), |t| t.subsys_nqn.clone());
+            let nqn = request_nqn(req);
             let ns_uuid = preset
                 .map(|t| t.ns_uuid.clone())
                 .filter(|u| !u.is_empty())
@@ -555,13 +554,7 @@ impl Exporter for SpdkExporter {
                 }
             }
             // Let the namespace resize (a pause and resume of the subsystem) finish.
-            let nqn = req
-                .preset
-                .as_ref()
-                .map(|t| t.subsys_nqn.clone())
-                .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
-            nvmf::settle(&nqn).await.map_err(target_err)
+            nvmf::settle(&request_nqn(req)).await.map_err(target_err)
         })
     }
 }

@@ -40,7 +40,7 @@ use liteio_api::migration::{
     ConnectStatus, MigrationPhase, PAGE_BYTES, ResultStatus, VolumeMigration,
 };
 use liteio_api::{AntstorVolume, SpdkTarget};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::{annotation, has_finalizer, patch_guarded, remove_finalizers, with_finalizer};
@@ -143,10 +143,7 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
         .await?
     };
     let switched = m.spec.migration_info.auto_switch.status == Some(ResultStatus::Success);
-    let committed = source.as_ref().is_some_and(|s| {
-        annotation(&s.metadata, annotations::MIGRATE_ANA_STATE)
-            == Some(PathState::Inaccessible.as_str())
-    });
+    let committed = source.as_ref().is_some_and(AntstorVolume::switch_committed);
     let lvol = source
         .as_ref()
         .and_then(|s| s.spec.spdk_lvol.as_ref())
@@ -155,12 +152,12 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
     if deleting && !switched && !committed {
         return cancel(&ctx, mig, &api, m, source.as_ref(), lvol.as_deref()).await;
     }
-    if phase == MigrationPhase::Cleaning || phase == MigrationPhase::Finished || switched {
-        if !switched {
-            // Cleaning without a recorded success cannot come from the controller; wait.
-            return Ok(Action::await_change());
-        }
+    if switched {
         return clean_up(&ctx, mig, &api, m, lvol.as_deref()).await;
+    }
+    if matches!(phase, MigrationPhase::Cleaning | MigrationPhase::Finished) {
+        // Cleaning without a recorded success cannot come from the controller; wait.
+        return Ok(Action::await_change());
     }
     if !matches!(phase, MigrationPhase::SetupPipe | MigrationPhase::Syncing) && !committed {
         return Ok(Action::await_change());
@@ -217,7 +214,7 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
         CopyPhase::Failed if reported != CopyPhase::Failed.as_str() => {
             warn!(status = st.status, "the copy failed; the source serves on");
             ctx.copy_failures.failed(&key);
-            report(&ctx, &api, &m, &lvol, &pipe, &st, None).await?;
+            report(&ctx, &api, &m, &lvol, &pipe, &st, false).await?;
             teardown(mig, &m, &lvol).await?;
             return Ok(Action::requeue(RETRY_COPY));
         }
@@ -236,7 +233,7 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
         _ => st,
     };
     if st.state != CopyPhase::InStep {
-        report(&ctx, &api, &m, &lvol, &pipe, &st, None).await?;
+        report(&ctx, &api, &m, &lvol, &pipe, &st, false).await?;
         return Ok(Action::requeue(PROGRESS_EVERY));
     }
     info!(
@@ -245,7 +242,7 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
         mirrored = st.mirrored_writes,
         "the destination is in step; switching over"
     );
-    let m = report(&ctx, &api, &m, &lvol, &pipe, &st, Some(true)).await?;
+    let m = report(&ctx, &api, &m, &lvol, &pipe, &st, true).await?;
     switch_over(&ctx, mig, &api, &m, &vols, &source, &dvols, &dest).await
 }
 
@@ -315,7 +312,7 @@ async fn report(
     lvol: &str,
     pipe: &str,
     st: &CopyStatus,
-    enable: Option<bool>,
+    enable: bool,
 ) -> Result<VolumeMigration> {
     let pages = i64::try_from(st.copied_bytes / PAGE_BYTES).unwrap_or(i64::MAX);
     let in_step = st.state == CopyPhase::InStep;
@@ -329,16 +326,16 @@ async fn report(
         "ms_elapsed": i64::try_from(st.elapsed.as_millis()).unwrap_or(i64::MAX),
         "is_last_round": if in_step { "true" } else { "" },
     });
-    let old = serde_json::to_value(&m.spec.migration_info.job_progress).unwrap_or(Value::Null);
-    let want_job: liteio_api::migration::JobProgress =
-        serde_json::from_value(job.clone()).unwrap_or_default();
-    let sw = &m.spec.migration_info.auto_switch;
-    let enable = enable.filter(|_| !sw.enabled);
-    if serde_json::to_value(&want_job).unwrap_or(Value::Null) == old && enable.is_none() {
+    // Every field is written (an empty one clears what an earlier pass wrote); the patch is
+    // skipped when the object already says the same.
+    let same = serde_json::from_value::<liteio_api::migration::JobProgress>(job.clone())
+        .is_ok_and(|j| j == m.spec.migration_info.job_progress);
+    let enable = enable && !m.spec.migration_info.auto_switch.enabled;
+    if same && !enable {
         return Ok(m.clone());
     }
     let mut info = json!({"jobProgress": job});
-    if enable.is_some() {
+    if enable {
         info["autoSwitch"] = json!({"enabled": true, "status": ResultStatus::Unknown});
     }
     patch_guarded(ctx, api, m, json!({"spec": {"migrationInfo": info}})).await
@@ -356,6 +353,8 @@ async fn teardown(mig: &dyn Migrator, m: &VolumeMigration, lvol: &str) -> Result
 
 /// Marks the pipe disconnected and drops the finalizer.
 async fn release(ctx: &Ctx, api: &Api<VolumeMigration>, m: &VolumeMigration) -> Result<Action> {
+    ctx.copy_failures
+        .forget(m.metadata.uid.as_deref().unwrap_or_default());
     let p = &m.spec.migration_info.migration_pipe;
     let mut m = m.clone();
     if p.status == Some(ConnectStatus::Connected) {
@@ -486,8 +485,7 @@ async fn switch_over(
         .parse()
         .map_err(|_| invalid(m, format!("source svcID {:?} is not a port", t.svc_id)))?;
     let started = std::time::Instant::now();
-    let already = annotation(&source.metadata, annotations::MIGRATE_ANA_STATE)
-        == Some(PathState::Inaccessible.as_str());
+    let already = source.switch_committed();
     if !already {
         mig.fence(&t.subsys_nqn)
             .await
@@ -537,10 +535,7 @@ async fn switch_over(
                 .await
                 .ok()
                 .flatten()
-                .is_some_and(|s| {
-                    annotation(&s.metadata, annotations::MIGRATE_ANA_STATE)
-                        == Some(PathState::Inaccessible.as_str())
-                }),
+                .is_some_and(|s| s.switch_committed()),
         };
     if !committed {
         // Not switched: the copy stays in step (writes are still mirrored); try again.

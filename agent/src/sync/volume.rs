@@ -453,19 +453,7 @@ async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<Vec<String>> {
     let Some(host) = vol.spec.host_node.as_ref().filter(|h| !h.id.is_empty()) else {
         return Ok(Vec::new());
     };
-    let pools: Api<StoragePool> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
-    let pool = ctx
-        .timed(
-            "get",
-            format!("StoragePool {}", host.id),
-            pools.get_opt(&host.id),
-        )
-        .await?;
-    let mut hosts = vec![
-        pool.as_ref()
-            .and_then(|p| p.host_nqn())
-            .map_or_else(|| naming::host_nqn(&host.id), str::to_string),
-    ];
+    let mut hosts = vec![node_host_nqn(ctx, &host.id).await?];
     if let Some(source) = migration_source_node(ctx, vol).await? {
         hosts.push(node_host_nqn(ctx, &source).await?);
     }

@@ -962,10 +962,10 @@ pub async fn handle_deletion(
     if !has_finalizer(&mig, finalizers::IN_STATE) {
         return Ok(Action::Done);
     }
-    let committed = ctx.state().volume(&source_key(&mig)).is_some_and(|v| {
-        liteio_api::meta::annotation(&v.metadata, annotations::MIGRATE_ANA_STATE)
-            == Some("inaccessible")
-    });
+    let committed = ctx
+        .state()
+        .volume(&source_key(&mig))
+        .is_some_and(|v| v.switch_committed());
     if (switched(&mig) || committed) && mig.phase() != MigrationPhase::Finished {
         // Not cancellable any more (the source agent committed the switch-over when it
         // marked the source inaccessible): finish, then release.
