@@ -174,6 +174,10 @@ pub mod annotations {
     /// Volume: when its authentication keys were last replaced (`kubectl liteio rotate-keys`
     /// sets it, so that the agent applies the new keys of the Secret at once).
     pub const KEYS_ROTATED_AT: &str = "obnvmf/keys-rotated-at";
+    /// Volume: the `keys-rotated-at` value whose keys the agent has applied to the live
+    /// export (written by the agent once the subsystem's hosts hold them; until then new
+    /// connections may still need the old keys).
+    pub const KEYS_APPLIED_AT: &str = "obnvmf/keys-applied-at";
     /// Volume: `"true"` to export it over TLS only (a PSK in the volume's Secret). Set from
     /// the StorageClass parameter `nvmfTls`.
     pub const NVMF_TLS: &str = "obnvmf/nvmf-tls";

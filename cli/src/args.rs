@@ -82,7 +82,8 @@ pub enum Command {
     /// Replace the DH-HMAC-CHAP keys of a volume, or of every volume a node stores or
     /// consumes. The new keys go into the volume's Secret (liteio-auth-<pv name>) and the
     /// disk-agent applies them to the live export: connected hosts stay connected, and any
-    /// new connection needs the new keys. A kernel host gets them at kubelet's next
+    /// new connection needs the new keys. The agent acknowledges with the volume's
+    /// annotation obnvmf/keys-applied-at (the rotation's time). A kernel host gets them at kubelet's next
     /// republish of the volume (about a minute; the CSI node hands them to the live
     /// controller); a reconnect before that is refused. A TLS PSK is kept (SPDK cannot
     /// change it live).

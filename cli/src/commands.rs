@@ -843,8 +843,8 @@ pub async fn rotate_keys(
     let mut out = String::new();
     for r in &done {
         out.push_str(&format!(
-            "volume {}: new keys in Secret {ns}/{}; the disk-agent applies them to the export (connected hosts stay connected, new connections need the new keys)\n",
-            r.volume, r.secret
+            "volume {}: new keys in Secret {ns}/{}; the disk-agent applies them to the export and then sets its annotation {}={} (connected hosts stay connected, new connections need the new keys)\n",
+            r.volume, r.secret, annotations::KEYS_APPLIED_AT, r.rotated_at
         ));
     }
     Ok(out)

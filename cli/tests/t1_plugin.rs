@@ -668,7 +668,10 @@ async fn rotate_keys_replaces_a_volumes_keys_and_tells_the_agent() {
         let text = out(&client, &["rotate-keys", "pvc-a"]).await;
         assert_eq!(
             text,
-            "volume pvc-a: new keys in Secret obnvmf/liteio-auth-pvc-a; the disk-agent applies them to the export (connected hosts stay connected, new connections need the new keys)\n"
+            format!(
+                "volume pvc-a: new keys in Secret obnvmf/liteio-auth-pvc-a; the disk-agent applies them to the export and then sets its annotation obnvmf/keys-applied-at={} (connected hosts stay connected, new connections need the new keys)\n",
+                now()
+            )
         );
         let after = volume_keys(&client, "pvc-a").await;
         let old = &before["pvc-a"];

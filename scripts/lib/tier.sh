@@ -26,6 +26,16 @@ tier_sum() {
     sed -n "$1" "$2" | awk '{ s += $1 } END { print s + 0 }'
 }
 
+# One line per panic in test log $1: the test (from the `---- name stdout ----` header it
+# came under), where it panicked and the first line of its message.
+tier_panics() {
+    awk '
+        /^---- .* stdout ----$/ { test = $2 }
+        want { sub(/^[ \t]+/, ""); print "panic: " test ": " at ": " substr($0, 1, 300); want = 0; next }
+        /panicked at / { at = $0; sub(/.*panicked at /, "", at); sub(/:$/, "", at); want = 1 }
+    ' "$1"
+}
+
 # run_tier NAME LABEL -- cargo test args...
 run_tier() {
     local name=$1 label=$2
@@ -87,6 +97,13 @@ run_tier() {
         line="$line FAILED: $fail test(s) failed (see $log)"
     fi
     summary+=("$line")
+    # Where each failed test panicked, so the summary alone says what broke.
+    if [ "$fail" != 0 ]; then
+        local where
+        while IFS= read -r where; do
+            summary+=("  $where")
+        done < <(tier_panics "$log" | head -n 20)
+    fi
     total_pass=$((total_pass + pass)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + ign))
 }
 

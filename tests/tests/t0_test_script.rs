@@ -16,6 +16,8 @@ struct Tier {
     pass: u32,
     fail: u32,
     skip: u32,
+    /// The summary lines after the tier's own (where failed tests panicked).
+    details: Vec<String>,
     output: String,
 }
 
@@ -74,6 +76,7 @@ fn run_tier(root: &Path, timeout: u32) -> Tier {
         source "$LIB"
         run_tier TX "case" -- --offline -- --show-output
         printf 'LINE=%s\n' "${summary[0]}"
+        for d in "${summary[@]:1}"; do printf 'DETAIL=%s\n' "$d"; done
         printf 'COUNTS=%s %s %s\n' "$total_pass" "$total_fail" "$total_skip"
     "#;
     // The outer bound: the tier's own timeout plus the build of a tiny crate.
@@ -104,8 +107,13 @@ fn run_tier(root: &Path, timeout: u32) -> Tier {
         .split(' ')
         .map(|n| n.parse().unwrap())
         .collect();
+    let details = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("DETAIL=").map(str::to_string))
+        .collect();
     Tier {
         line,
+        details,
         pass: counts[0],
         fail: counts[1],
         skip: counts[2],
@@ -134,6 +142,28 @@ fn passing_tier_passes_and_counts_its_tests() {
     let t = run_tier(&root, 300);
     assert_eq!((t.pass, t.fail, t.skip), (2, 0, 0), "{t:?}");
     assert!(!t.line.contains("FAILED"), "{t:?}");
+}
+
+#[test]
+fn a_failed_test_is_named_in_the_summary_with_where_it_panicked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = make_crate(
+        tmp.path(),
+        "",
+        &[(
+            "tests/bad.rs",
+            "#[test] fn fine() {}\n#[test] fn broken() { assert_eq!(1 + 1, 3, \"sums are off\"); }\n",
+        )],
+    );
+    let t = run_tier(&root, 300);
+    assert_eq!((t.pass, t.fail), (1, 1), "{t:?}");
+    assert!(t.line.contains("FAILED: 1 test(s) failed"), "{t:?}");
+    assert!(
+        t.details
+            .iter()
+            .any(|d| d.contains("panic: broken: tests/bad.rs:2:") && d.contains("sums are off")),
+        "the summary does not say where `broken` panicked: {t:?}"
+    );
 }
 
 #[test]

@@ -612,6 +612,14 @@ async fn ensure_export(
             json!(req.path_state.as_str()),
         );
     }
+    // Rotated keys are in the subsystem now: acknowledge the rotation.
+    if req.keys.is_some()
+        && let Some(at) = annotation(&vol.metadata, annotations::KEYS_ROTATED_AT)
+        && annotation(&vol.metadata, annotations::KEYS_APPLIED_AT) != Some(at)
+    {
+        notes.insert(annotations::KEYS_APPLIED_AT.into(), json!(at));
+        info!(rotated_at = at, "rotated keys applied to the export");
+    }
     if vol.spec.spdk_target.as_ref() == Some(&target)
         && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
         && notes.is_empty()
