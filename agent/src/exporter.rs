@@ -54,7 +54,11 @@ pub struct ExportRequest {
     pub keys: Option<liteio_api::auth::VolumeKeys>,
     /// The ANA state hosts see on the export's listener: `Optimized` for every volume,
     /// except during a hot migration (the destination until the switch-over, the source
-    /// after it). Set at creation and re-asserted on every call.
+    /// after it). A new export starts in it; an existing one is only ever promoted to
+    /// `Optimized` here (the destination's switch-over). Demoting a live export is
+    /// [`Migrator::set_path_state`]'s job alone: it must come after the destination's
+    /// promotion has reached the hosts, or they find no usable path and SPDK's initiator
+    /// waits a whole second before it looks again.
     pub path_state: PathState,
 }
 

@@ -17,7 +17,7 @@ use common::{
     with_spdk,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::nvmf::{self, HostKeys};
 use liteio_agent::spdk::{bdev, initiator, io, keyring};
@@ -267,4 +267,46 @@ async fn scenario() {
         "the keys are left in the keyring"
     );
     assert!(nvmf::find_subsystem(&t.subsys_nqn).await.unwrap().is_none());
+
+    // A migrated volume's source is deleted after the controller finished the migration:
+    // the destination (elsewhere, the same uuid and CSI name, its migration labels gone)
+    // exports with the same Secret, which must stay.
+    let uuid = "2d4f6a8b-1c3e-4f5a-9b7d-0e2c4a6b8d0f";
+    create_exported(
+        &client,
+        &remote_volume("pvc-m", uuid, 16 * MIB),
+        Duration::from_secs(20),
+    )
+    .await;
+    let mut dest = remote_volume("mig-pvc-m", uuid, 16 * MIB);
+    dest.spec.target_node_id = "node-elsewhere".into();
+    dest.metadata.labels = Some(BTreeMap::from([(
+        keys::labels::VOL_UUID.to_string(),
+        uuid.to_string(),
+    )]));
+    dest.metadata.annotations = Some(BTreeMap::from([(
+        annotations::CSI_NAME.to_string(),
+        "pvc-m".to_string(),
+    )]));
+    vols.create(&PostParams::default(), &dest).await.unwrap();
+    vols.delete("pvc-m", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the source's agent finalizers gone",
+        Duration::from_secs(20),
+        || async {
+            let v = vols.get("pvc-m").await.unwrap();
+            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        secrets
+            .get_opt(&naming::auth_secret("pvc-m"))
+            .await
+            .unwrap()
+            .is_some(),
+        "deleting the source took the Secret of the destination that took over"
+    );
 }

@@ -8,9 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, UnexportRequest};
+use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, PathState, UnexportRequest};
 use liteio_agent::spdk::exporter::SpdkExporter;
-use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::nvmf::{self, AnaState, TcpTransportOptions};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, gate, io, lvol};
 use liteio_api::{SpdkLvol, naming};
 
@@ -81,6 +81,45 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             // IDs from the node's slot.
             assert!(ss[0].ana_reporting);
             assert_eq!(ss[0].cntlid_range, naming::cntlid_range("127.0.0.1"));
+            // A live export is promoted by a request, never demoted by one: the source of a
+            // migration is demoted by the migration's switch-over alone (after the
+            // destination's promotion reached the hosts), not by the pass that sees the
+            // commit annotation first.
+            let state = || nvmf::ana_state(&t.subsys_nqn, "127.0.0.1", port, 1);
+            let inaccessible = ExportRequest { path_state: PathState::Inaccessible, ..req.clone() };
+            exp.ensure_export(&inaccessible).await.unwrap();
+            assert_eq!(state().await.unwrap(), AnaState::Optimized, "a request demoted a live export");
+            let mig = exp.migrator().unwrap();
+            mig.set_path_state(&t.subsys_nqn, "127.0.0.1", port, PathState::Inaccessible).await.unwrap();
+            assert_eq!(state().await.unwrap(), AnaState::Inaccessible);
+            exp.ensure_export(&inaccessible).await.unwrap();
+            assert_eq!(state().await.unwrap(), AnaState::Inaccessible);
+            exp.ensure_export(&req).await.unwrap();
+            assert_eq!(state().await.unwrap(), AnaState::Optimized, "a request did not promote");
+
+            // A migration destination: a host listener (inaccessible until the switch-over)
+            // and the pipe's (always optimized). Before its first export is recorded, a pass
+            // must still tell the two apart (SPDK lists the newer listener first).
+            lvol::create_lvol("xlvs", "pvc-3", 4 * MIB, false).await.unwrap();
+            let dest = ExportRequest {
+                volume: "pvc-3".into(),
+                uuid: "4c2a9e1b-7d3f-4a5e-8b6c-1f0e2d3c4b5a".into(),
+                lvol: Some(SpdkLvol { name: "pvc-3".into(), lvs_name: "xlvs".into(), thin: false }),
+                size_bytes: 4 * MIB,
+                path_state: PathState::Inaccessible,
+                preset: None,
+                ..req.clone()
+            };
+            let d = exp.ensure_export(&dest).await.unwrap();
+            let pipe = exp.ensure_pipe(&dest, true).await.unwrap().unwrap();
+            assert_ne!(d.svc_id, pipe.to_string());
+            let again = exp.ensure_export(&dest).await.unwrap();
+            assert_eq!(again.svc_id, d.svc_id, "the pipe's listener taken for the host's");
+            assert_eq!(exp.ensure_pipe(&dest, true).await.unwrap(), Some(pipe));
+            let dport: u16 = d.svc_id.parse().unwrap();
+            assert_eq!(nvmf::ana_state(&d.subsys_nqn, "127.0.0.1", dport, 1).await.unwrap(), AnaState::Inaccessible);
+            assert_eq!(nvmf::ana_state(&d.subsys_nqn, "127.0.0.1", pipe, 1).await.unwrap(), AnaState::Optimized);
+            exp.remove_export(&UnexportRequest { volume: "pvc-3".into(), uuid: dest.uuid.clone(), target: Some(again) }).await.unwrap();
 
             // An LVM / file volume is exported through an aio bdev named after its serial, on
             // another port of the range.

@@ -31,6 +31,10 @@ pub struct SpdkExporter {
     /// Ports chosen for subsystems still being created: SPDK lists a listener only once its
     /// subsystem exists, so these are held here meanwhile.
     reserved: Mutex<std::collections::HashSet<u16>>,
+    /// The host listener's port of each subsystem this exporter created (SPDK runs in this
+    /// process: every subsystem there was made here). A migration destination has a second
+    /// listener, the pipe's, and nothing in SPDK tells the two apart.
+    host_ports: Mutex<std::collections::HashMap<String, u16>>,
     /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
     auth: bool,
     /// SPDK runs in interrupt mode, where its NVMe/TCP initiator (the migration pipe)
@@ -60,11 +64,16 @@ fn request_nqn(req: &ExportRequest) -> String {
         .unwrap_or_else(|| naming::subsys_nqn(&req.uuid))
 }
 
-/// The host listener's port among a subsystem's listeners on `address`: the recorded one
-/// when it is there, else the first (a pipe listener is always added after it).
+/// The host listener's port among a subsystem's listeners on `address`: the one this
+/// exporter created the subsystem with (`known`), else the recorded one, else the oldest
+/// (SPDK lists the newest listener first, and a pipe listener is always added after the
+/// host's). Never the pipe's: a volume whose first export was not recorded yet (a lost
+/// patch) would otherwise be recorded with the pipe's port, and hosts would write to the
+/// destination of a migration through its always-optimized pipe listener.
 fn host_port(
     listeners: &[(String, u16)],
     address: &str,
+    known: Option<u16>,
     preset: Option<&SpdkTarget>,
 ) -> Option<u16> {
     let ours: Vec<u16> = listeners
@@ -72,10 +81,14 @@ fn host_port(
         .filter(|(a, _)| a == address)
         .map(|(_, p)| *p)
         .collect();
-    preset
-        .and_then(|t| t.svc_id.parse::<u16>().ok())
+    known
         .filter(|p| ours.contains(p))
-        .or_else(|| ours.first().copied())
+        .or_else(|| {
+            preset
+                .and_then(|t| t.svc_id.parse::<u16>().ok())
+                .filter(|p| ours.contains(p))
+        })
+        .or_else(|| ours.last().copied())
 }
 
 fn copy_status(p: &gate::CopyProgress) -> CopyStatus {
@@ -136,6 +149,7 @@ impl SpdkExporter {
             lock: tokio::sync::Mutex::new(()),
             cursor: Mutex::new(start),
             reserved: Mutex::new(std::collections::HashSet::new()),
+            host_ports: Mutex::new(std::collections::HashMap::new()),
             auth: false,
             interrupt_mode: false,
         }
@@ -155,6 +169,15 @@ impl SpdkExporter {
     pub fn with_auth(mut self, on: bool) -> Self {
         self.auth = on;
         self
+    }
+
+    /// The host listener's port of subsystem `nqn`, when this exporter created it.
+    fn known_host_port(&self, nqn: &str) -> Option<u16> {
+        self.host_ports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(nqn)
+            .copied()
     }
 
     /// Put the request's keys into SPDK's keyring under the volume's key names (a changed key
@@ -369,21 +392,27 @@ impl Exporter for SpdkExporter {
             // Already exported (every reconcile of a ready volume comes here): check it and
             // bring its host list up to date, without the creation lock.
             let existing = nvmf::find_subsystem(&nqn).await.map_err(target_err)?;
-            if let Some(port) =
-                existing.and_then(|s| host_port(&s.listeners, &self.address, preset))
-            {
+            if let Some(port) = existing.and_then(|s| {
+                host_port(
+                    &s.listeners,
+                    &self.address,
+                    self.known_host_port(&nqn),
+                    preset,
+                )
+            }) {
                 let info = nvmf::create_subsystem(spec(port))
                     .await
                     .map_err(target_err)?;
-                // Changed only when it differs: a change pauses and resumes the subsystem,
-                // which would end a switch-over's fence.
-                let want = ana(req.path_state);
-                if nvmf::ana_state(&nqn, &self.address, port, 1)
-                    .await
-                    .map_err(target_err)?
-                    != want
+                // Promoted only (see `ExportRequest::path_state`), and only when it is not
+                // optimized yet: a change pauses and resumes the subsystem, which would end
+                // a switch-over's fence.
+                if req.path_state == PathState::Optimized
+                    && nvmf::ana_state(&nqn, &self.address, port, 1)
+                        .await
+                        .map_err(target_err)?
+                        != ana(PathState::Optimized)
                 {
-                    nvmf::set_ana_state(&nqn, &self.address, port, want, 1)
+                    nvmf::set_ana_state(&nqn, &self.address, port, ana(PathState::Optimized), 1)
                         .await
                         .map_err(target_err)?;
                 }
@@ -412,7 +441,13 @@ impl Exporter for SpdkExporter {
                 let created = nvmf::create_subsystem(spec(port)).await;
                 self.release_port(port);
                 match created {
-                    Ok(info) => return Ok(self.target(bdev_name, info, port, ns_uuid)),
+                    Ok(info) => {
+                        self.host_ports
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(nqn.clone(), port);
+                        return Ok(self.target(bdev_name, info, port, ns_uuid));
+                    }
                     // Another program holds the port: try the next one.
                     Err(e @ SpdkError::Errno { op: "listen", .. }) => {
                         tried.insert(port);
@@ -445,7 +480,12 @@ impl Exporter for SpdkExporter {
                     Ok(None)
                 };
             };
-            let host = host_port(&sub.listeners, &self.address, req.preset.as_ref());
+            let host = host_port(
+                &sub.listeners,
+                &self.address,
+                self.known_host_port(&nqn),
+                req.preset.as_ref(),
+            );
             let pipes: Vec<u16> = sub
                 .listeners
                 .iter()
@@ -518,6 +558,10 @@ impl Exporter for SpdkExporter {
             gates.extend(req.target.as_ref().map(|t| t.bdev_name.clone()));
             gates.retain(|b| b.ends_with(gate::GATE_SUFFIX));
             nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
+            self.host_ports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&nqn);
             for g in gates {
                 if bdev::get(&g)
                     .await

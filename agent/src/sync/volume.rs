@@ -604,7 +604,9 @@ async fn ensure_export(
             notes.insert(annotations::MIGRATE_PIPE_SVC_ID.into(), json!(pipe));
         }
     }
+    // (A promotion only: a live source is demoted by the migration sync, not here.)
     if let Some(want) = annotation(&vol.metadata, annotations::MIGRATE_ANA_STATE)
+        && req.path_state == PathState::Optimized
         && annotation(&vol.metadata, annotations::MIGRATE_ANA_APPLIED) != Some(want)
     {
         notes.insert(
@@ -688,7 +690,8 @@ async fn withdraw_export(
 
 /// Whether the other end of a hot migration uses `vol`'s Secret (both ends of a migration
 /// export with the volume's one Secret): a cancelled destination leaves it to its source, a
-/// retired source to the destination that took over.
+/// retired source to the destination that took over (labelled as the destination, or, once
+/// the controller finished the migration, with the volume's uuid).
 async fn shares_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<bool> {
     let api = api(ctx, vol);
     if is_migration_destination(vol)
@@ -716,10 +719,28 @@ async fn shares_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<bool> {
             api.list_metadata(&lp),
         )
         .await?;
-    Ok(dests
+    if dests
         .items
         .iter()
-        .any(|d| d.metadata.deletion_timestamp.is_none()))
+        .any(|d| d.metadata.deletion_timestamp.is_none())
+    {
+        return Ok(true);
+    }
+    // A finished migration's destination has lost those labels and carries the volume's
+    // uuid label instead: the controller may get there before this source is gone.
+    let lp =
+        kube::api::ListParams::default().labels(&format!("{}={}", labels::VOL_UUID, vol.spec.uuid));
+    let same = ctx
+        .timed(
+            "list",
+            "AntstorVolumes with its uuid",
+            api.list_metadata(&lp),
+        )
+        .await?;
+    Ok(same.items.iter().any(|o| {
+        o.metadata.name.as_deref() != Some(vol.name_any().as_str())
+            && o.metadata.deletion_timestamp.is_none()
+    }))
 }
 
 async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
