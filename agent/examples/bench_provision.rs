@@ -27,6 +27,24 @@
 //! `waiting` (between the agent's passes), `delivery` (ready patch done → seen in the watch).
 
 use std::collections::{BTreeMap, HashMap};
+
+const USAGE: &str = "\
+bench_provision [COUNT] [--sequential] [--runs N] [--engine file|spdk] [--polling]
+                [--prefill MIB] [--agent-memory]
+
+Creates COUNT volumes (default 200) against an in-process test API server and agent and
+prints creation-to-ready p50/p99, where the slowest volumes spent their time, and the
+resident memory.
+  COUNT            volumes per run
+  --sequential     create the next volume only when the previous one is ready
+  --runs N         N runs, each in a fresh process; prints the worst-run p99 and the
+                   median-run p50 per engine
+  --engine E       measure one engine only: file, or spdk (needs --features spdk)
+  --polling        SPDK's reactor polls (default: interrupt mode)
+  --prefill MIB    write zeroes over the first MIB of the lvstore file before SPDK starts
+  --agent-memory   run the disk-agent binary as its own process (file engine) and print
+                   its resident memory with COUNT ready volumes
+";
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -608,6 +626,10 @@ fn main() -> anyhow::Result<()> {
             .init();
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return Ok(());
+    }
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)

@@ -623,8 +623,10 @@ async fn finish(c: &Cluster, s: Started, vol: &str) -> Result<Figures, String> {
     Ok(f)
 }
 
-/// Benchmark (not run by the test script; `cargo test -p liteio-agent --features spdk --test
-/// t3_migration bench -- --ignored --nocapture`, `LITEIO_BENCH_RUNS` runs, 3 by default):
+/// Benchmark (not run by the test script; `cargo build --release --workspace`, then `cargo
+/// test --release -p liteio-agent --features spdk --test t3_migration bench -- --ignored
+/// --nocapture`, `LITEIO_BENCH_RUNS` runs, 3 by default; the cluster runs the binaries of
+/// the profile the test is built with):
 /// per run, a 1 GiB thick volume migrated with no writes (the idle copy) and one migrated
 /// under the consumer's 4 KiB random writes at queue depth 8. Prints each run and the worst
 /// of each figure. The storage nodes poll (production mode) and share this machine's cores
