@@ -65,17 +65,12 @@ fn request_nqn(req: &ExportRequest) -> String {
 }
 
 /// The host listener's port among a subsystem's listeners on `address`: the one this
-/// exporter created the subsystem with (`known`), else the recorded one, else the oldest
-/// (SPDK lists the newest listener first, and a pipe listener is always added after the
-/// host's). Never the pipe's: a volume whose first export was not recorded yet (a lost
-/// patch) would otherwise be recorded with the pipe's port, and hosts would write to the
-/// destination of a migration through its always-optimized pipe listener.
-fn host_port(
-    listeners: &[(String, u16)],
-    address: &str,
-    known: Option<u16>,
-    preset: Option<&SpdkTarget>,
-) -> Option<u16> {
+/// exporter created the subsystem with (`known`), else the oldest (SPDK lists the newest
+/// listener first, and a pipe listener is always added after the host's). Never the pipe's:
+/// a volume whose first export was not recorded yet (a lost patch) would otherwise be
+/// recorded with the pipe's port, and hosts would write to the destination of a migration
+/// through its always-optimized pipe listener.
+fn host_port(listeners: &[(String, u16)], address: &str, known: Option<u16>) -> Option<u16> {
     let ours: Vec<u16> = listeners
         .iter()
         .filter(|(a, _)| a == address)
@@ -83,11 +78,6 @@ fn host_port(
         .collect();
     known
         .filter(|p| ours.contains(p))
-        .or_else(|| {
-            preset
-                .and_then(|t| t.svc_id.parse::<u16>().ok())
-                .filter(|p| ours.contains(p))
-        })
         .or_else(|| ours.last().copied())
 }
 
@@ -392,14 +382,9 @@ impl Exporter for SpdkExporter {
             // Already exported (every reconcile of a ready volume comes here): check it and
             // bring its host list up to date, without the creation lock.
             let existing = nvmf::find_subsystem(&nqn).await.map_err(target_err)?;
-            if let Some(port) = existing.and_then(|s| {
-                host_port(
-                    &s.listeners,
-                    &self.address,
-                    self.known_host_port(&nqn),
-                    preset,
-                )
-            }) {
+            if let Some(port) = existing
+                .and_then(|s| host_port(&s.listeners, &self.address, self.known_host_port(&nqn)))
+            {
                 let info = nvmf::create_subsystem(spec(port))
                     .await
                     .map_err(target_err)?;
@@ -480,12 +465,7 @@ impl Exporter for SpdkExporter {
                     Ok(None)
                 };
             };
-            let host = host_port(
-                &sub.listeners,
-                &self.address,
-                self.known_host_port(&nqn),
-                req.preset.as_ref(),
-            );
+            let host = host_port(&sub.listeners, &self.address, self.known_host_port(&nqn));
             let pipes: Vec<u16> = sub
                 .listeners
                 .iter()
