@@ -10,9 +10,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use kube::api::{DeleteParams, PostParams};
-use kube::{Api, ResourceExt};
-use liteio_api::keys::{self, finalizers};
+use kube::Api;
+use kube::api::PostParams;
+use liteio_api::keys;
 use liteio_api::{AntstorVolume, VolumeStatus, VolumeType};
 
 const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
@@ -220,14 +220,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
 
         // Detached and deleted: its series are gone.
         drop(lo);
-        api.delete("pvc-io", &DeleteParams::default())
-            .await
-            .unwrap();
-        eventually("agent finalizers gone", Duration::from_secs(5), || async {
-            let v = api.get("pvc-io").await.unwrap();
-            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-        })
-        .await;
+        delete_and_release(&api, "pvc-io", Duration::from_secs(5)).await;
         let text = scrape(&agent).await;
         assert!(!text.contains("pvc-io"), "{text}");
         agent.shutdown(Duration::from_secs(5)).await;

@@ -243,12 +243,7 @@ async fn remote_volume_is_exported_to_the_host_only() {
         assert_eq!(req.allowed_hosts, vec!["nqn.host-b".to_string()]);
         assert!(req.device.as_ref().unwrap().ends_with("volumes/pvc-r.img"));
 
-        api.delete("pvc-r", &DeleteParams::default()).await.unwrap();
-        eventually("agent finalizers gone", Duration::from_secs(5), || async {
-            let v = api.get("pvc-r").await.unwrap();
-            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-        })
-        .await;
+        delete_and_release(&api, "pvc-r", Duration::from_secs(5)).await;
         // Idempotent removal may run more than once; it is only ever for this volume.
         let removed = fake.removed.lock().unwrap().clone();
         assert!(!removed.is_empty());

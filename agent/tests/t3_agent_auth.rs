@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, consumer_pool, create_exported, eventually, remote_volume, start_spdk_agent_with,
-    with_spdk,
+    HOST_B, MIB, consumer_pool, create_exported, delete_and_release, eventually, remote_volume,
+    start_spdk_agent_with, with_spdk,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -22,7 +22,7 @@ use kube::{Api, ResourceExt};
 use liteio_agent::spdk::nvmf::{self, HostKeys};
 use liteio_agent::spdk::{bdev, initiator, io, keyring};
 use liteio_api::auth::VolumeKeys;
-use liteio_api::keys::{annotations, finalizers};
+use liteio_api::keys::annotations;
 use liteio_api::{AntstorVolume, keys, naming};
 
 const UUID: &str = "9e8d7c6b-5a49-4382-9170-6f5e4d3c2b1a";
@@ -245,19 +245,7 @@ async fn scenario() {
         .unwrap();
 
     // Deleting the volume removes its export, its keys in the keyring and its Secret.
-    vols.delete("pvc-k", &DeleteParams::default())
-        .await
-        .unwrap();
-    // (The controller's in-state finalizer stays: no controller runs here.)
-    eventually(
-        "the agent's finalizers gone",
-        Duration::from_secs(20),
-        || async {
-            let v = vols.get("pvc-k").await.unwrap();
-            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-        },
-    )
-    .await;
+    delete_and_release(&vols, "pvc-k", Duration::from_secs(20)).await;
     assert!(
         secrets.get_opt(&secret_name).await.unwrap().is_none(),
         "the Secret is left"
@@ -289,18 +277,7 @@ async fn scenario() {
         "pvc-m".to_string(),
     )]));
     vols.create(&PostParams::default(), &dest).await.unwrap();
-    vols.delete("pvc-m", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually(
-        "the source's agent finalizers gone",
-        Duration::from_secs(20),
-        || async {
-            let v = vols.get("pvc-m").await.unwrap();
-            (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-        },
-    )
-    .await;
+    delete_and_release(&vols, "pvc-m", Duration::from_secs(20)).await;
     assert!(
         secrets
             .get_opt(&naming::auth_secret("pvc-m"))

@@ -9,10 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, remote_volume, start_spdk_agent,
-    with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, delete_and_release, eventually,
+    remote_volume, start_spdk_agent, with_spdk,
 };
-use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::lvol;
 use liteio_agent::spdk::nvmf;
@@ -82,14 +81,7 @@ async fn scenario() {
             .is_some_and(|l| l.size_bytes >= 10 * MIB)
     );
 
-    vols.delete("pvc-s", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("agent finalizers gone", Duration::from_secs(10), || async {
-        let v = vols.get("pvc-s").await.unwrap();
-        (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-    })
-    .await;
+    delete_and_release(&vols, "pvc-s", Duration::from_secs(10)).await;
     assert!(
         nvmf::subsystems()
             .await

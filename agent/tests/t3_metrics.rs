@@ -13,14 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, create_exported, eventually, metric_value, remote_volume,
-    scrape, start_spdk_agent, with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, delete_and_release, eventually,
+    metric_value, remote_volume, scrape, start_spdk_agent, with_spdk,
 };
-use kube::api::DeleteParams;
-use kube::{Api, ResourceExt};
+use kube::Api;
 use liteio_agent::spdk::stats::RuntimeSource;
 use liteio_agent::spdk::{bdev, initiator, io};
-use liteio_api::keys::finalizers;
 use liteio_api::{AntstorVolume, keys};
 
 const UUID: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -131,14 +129,7 @@ async fn scenario() {
         || async { bdev::get("m0n1").await.unwrap().is_none().then_some(()) },
     )
     .await;
-    vols.delete("pvc-m", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("agent finalizers gone", Duration::from_secs(10), || async {
-        let v = vols.get("pvc-m").await.unwrap();
-        (v.finalizers() == [finalizers::IN_STATE.to_string()]).then_some(())
-    })
-    .await;
+    delete_and_release(&vols, "pvc-m", Duration::from_secs(10)).await;
     let text = scrape(&agent).await;
     assert!(!text.contains("pvc-m"), "{text}");
     assert!(text.contains("liteio_spdk_reactor_cpu_seconds_total"));

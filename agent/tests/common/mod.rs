@@ -187,6 +187,28 @@ where
     }
 }
 
+/// Deletes volume `name` and waits until the agent has released it: only the controller's
+/// `in-state` finalizer left (no controller runs in these tests).
+pub async fn delete_and_release(
+    vols: &Api<liteio_api::AntstorVolume>,
+    name: &str,
+    within: Duration,
+) {
+    use kube::ResourceExt;
+    vols.delete(name, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        &format!("the agent's finalizers on {name} gone"),
+        within,
+        || async {
+            let v = vols.get(name).await.unwrap();
+            (v.finalizers() == [keys::finalizers::IN_STATE.to_string()]).then_some(())
+        },
+    )
+    .await;
+}
+
 pub async fn prepare_cluster(client: &Client) {
     let ns: Api<Namespace> = Api::all(client.clone());
     let _ = ns
