@@ -134,6 +134,20 @@ pub struct AgentOptions {
     pub request_timeout: Duration,
     /// Metrics address (`None` = no server); port 0 picks one.
     pub metrics_addr: Option<SocketAddr>,
+    /// The client with which the volumes' key Secrets are read, patched and deleted: the
+    /// node's own identity (`system:node:<node>`), which the controller grants exactly the
+    /// Secrets of the volumes stored on this node. `None`: the agent's own client.
+    pub keys_client: Option<NodeIdentity>,
+}
+
+/// A client that acts as the node itself (see [`AgentOptions::keys_client`]).
+#[derive(Clone)]
+pub struct NodeIdentity(pub Client);
+
+impl std::fmt::Debug for NodeIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeIdentity")
+    }
 }
 
 impl AgentOptions {
@@ -149,6 +163,7 @@ impl AgentOptions {
             retry: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
             request_timeout: config.timeouts.api_request,
+            keys_client: None,
             config,
         }
     }
@@ -191,6 +206,10 @@ impl Agent {
         let metrics = Arc::new(Metrics::new(&opts.node).map_err(StartError::Metrics)?);
         metrics.add_source(Arc::new(metrics::EngineSource(Arc::clone(&engine))));
         let ctx = Arc::new(Ctx {
+            keys_client: opts
+                .keys_client
+                .clone()
+                .map_or_else(|| client.clone(), |n| n.0),
             client,
             node: opts.node.clone(),
             engine,

@@ -17,6 +17,9 @@ use crate::metrics::Metrics;
 pub struct Ctx {
     /// Kubernetes client.
     pub client: Client,
+    /// The client for the volumes' key Secrets (get, patch, delete): the node's own
+    /// identity where the deployment gives it (`--keys-kubeconfig`), else `client`.
+    pub keys_client: Client,
     /// This node's name (= StoragePool name = Lease name).
     pub node: String,
     /// The pool engine.

@@ -39,6 +39,14 @@ struct Args {
     /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG / ~/.kube/config.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Kubeconfig of this node's own identity (the kubelet's, `system:node:<node>`; with
+    /// kubeadm /etc/kubernetes/kubelet.conf), used only to get, patch and delete the
+    /// volumes' key Secrets. The controller grants that identity exactly the Secrets of the
+    /// volumes stored on this node, so one node cannot read another's keys, which the
+    /// DaemonSet's shared ServiceAccount could not ensure. Absent: the agent's own client
+    /// (whose ServiceAccount then needs get, patch and delete on Secrets).
+    #[arg(long, value_name = "PATH")]
+    keys_kubeconfig: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -67,18 +75,24 @@ fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+    match kubeconfig {
+        Some(p) => client_from(p).await,
+        None => {
+            let config = kube::Config::infer()
                 .await
-                .with_context(|| format!("cannot use kubeconfig {}", p.display()))?
+                .context("cannot find a Kubernetes configuration")?;
+            kube::Client::try_from(config).context("cannot build the Kubernetes client")
         }
-        None => kube::Config::infer()
+    }
+}
+
+async fn client_from(p: &PathBuf) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(p)
+        .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
-            .context("cannot find a Kubernetes configuration")?,
-    };
+            .with_context(|| format!("cannot use kubeconfig {}", p.display()))?;
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
@@ -195,6 +209,14 @@ async fn serve(
     let client = client(args.kubeconfig.as_ref()).await?;
     let mut opts = AgentOptions::from_config(args.node_id.clone(), config);
     opts.host_nqn_path = args.host_nqn_file.clone();
+    if let Some(p) = &args.keys_kubeconfig {
+        // Given but unusable is fatal: falling back to the agent's own identity would hide a
+        // broken deployment until the first export.
+        let keys = client_from(p)
+            .await
+            .with_context(|| format!("--keys-kubeconfig {}", p.display()))?;
+        opts.keys_client = Some(liteio_agent::agent::NodeIdentity(keys));
+    }
     let agent = Agent::start(client, engine, exporter, opts)
         .await
         .context("cannot start the agent")?;

@@ -78,6 +78,9 @@ pub mod labels {
     pub const POOL_LOCAL_STORAGE_BYTES: &str = "obnvmf/local-storage-bytes";
     /// Volume / snapshot / data control: the node that holds the data.
     pub const TARGET_NODE_ID: &str = "obnvmf/target-node-id";
+    /// Role / RoleBinding: `true` on the controller's per-node key access objects
+    /// (`liteio-keys-<node>`).
+    pub const NODE_KEYS: &str = "obnvmf/node-keys";
     /// Volume: its uuid (the CSI volume id).
     pub const VOL_UUID: &str = "obnvmf/vol-uuid";
     /// PersistentVolume: the target node.

@@ -118,6 +118,24 @@ pub fn auth_secret(csi_volume_name: &str) -> String {
     format!("{AUTH_SECRET_PREFIX}{csi_volume_name}")
 }
 
+/// Prefix of the Role (and RoleBinding) that lets one storage node read the keys of the
+/// volumes it stores.
+pub const NODE_KEYS_ROLE_PREFIX: &str = "liteio-keys-";
+
+/// Name of the Role and RoleBinding that let `node` get, patch and delete the authentication
+/// Secrets of the volumes stored on it: `liteio-keys-<node>`. The controller keeps the
+/// Role's `resourceNames` to exactly those Secrets.
+pub fn node_keys_role(node: &str) -> String {
+    format!("{NODE_KEYS_ROLE_PREFIX}{node}")
+}
+
+/// The Kubernetes user a node's kubelet authenticates as, `system:node:<node>`: the one
+/// identity RBAC can tell apart per node (a DaemonSet's pods share one ServiceAccount). The
+/// disk-agent reads its volumes' keys with it.
+pub fn node_user(node: &str) -> String {
+    format!("system:node:{node}")
+}
+
 /// True for a DNS-1123 label: lower-case letters, digits and `-`, starting and ending with a
 /// letter or digit.
 fn is_dns_label(label: &str) -> bool {
@@ -220,6 +238,12 @@ mod tests {
         assert!(snapshot_name(&"é".repeat(40)).len() <= ENGINE_NAME_MAX);
         assert_eq!(nvme_ns_bdev("mig-1"), "mig-1n1");
         assert_eq!(data_control_vg("obnvmf", "dc"), "obnvmf-dc");
+    }
+
+    #[test]
+    fn node_key_access_names() {
+        assert_eq!(node_keys_role("n1"), "liteio-keys-n1");
+        assert_eq!(node_user("n1"), "system:node:n1");
     }
 
     #[test]

@@ -516,6 +516,18 @@ fn workloads_have_the_shape_liteio_needs() {
         let v = host_path(&agent, p).unwrap_or_else(|| panic!("agent host path {p}"));
         mount(c, v);
     }
+    // The node's own identity, for its volumes' keys: the kubeconfig the flag names is the
+    // host's, mounted read-only at the same path, and so are the credentials it refers to.
+    let keys = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--keys-kubeconfig="))
+        .expect("--keys-kubeconfig");
+    for p in [keys, "/var/lib/kubelet/pki"] {
+        let v = host_path(&agent, p).unwrap_or_else(|| panic!("agent host path {p}"));
+        let m = mount(c, v);
+        assert_eq!(m.mount_path, p);
+        assert_eq!(m.read_only, Some(true), "{p} mounted writable");
+    }
     let cfg = agent
         .volumes
         .iter()
@@ -723,6 +735,7 @@ const COORD: &str = "coordination.k8s.io";
 const STORAGE: &str = "storage.k8s.io";
 const SNAP: &str = "snapshot.storage.k8s.io";
 const EVENTS: &str = "events.k8s.io";
+const RBAC: &str = "rbac.authorization.k8s.io";
 
 type Need = (&'static str, &'static str, &'static [&'static str], Scope);
 
@@ -760,8 +773,8 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                 (COORD, "leases", &["get", "create", "update"][..], Ns),
                 (CORE, "events", &["create"][..], Ns),
                 (EVENTS, "events", &["create"][..], Ns),
-                // The keys of the volumes it exports (one named Secret at a time).
-                (CORE, "secrets", &["get", "create", "delete"][..], Ns),
+                // Makes a volume's key Secret; reads and deletes it as its node.
+                (CORE, "secrets", &["create"][..], Ns),
             ],
         ),
         (
@@ -805,6 +818,20 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                 ),
                 (EVENTS, "events", &["create", "patch"][..], Ns),
                 (CORE, "events", &["create"][..], Ns),
+                // Each node's key access: it can grant only what it holds.
+                (
+                    RBAC,
+                    "roles",
+                    &["get", "list", "create", "patch", "delete"][..],
+                    Ns,
+                ),
+                (
+                    RBAC,
+                    "rolebindings",
+                    &["get", "list", "create", "patch", "delete"][..],
+                    Ns,
+                ),
+                (CORE, "secrets", &["get", "patch", "delete"][..], Ns),
             ],
         ),
         (
@@ -992,7 +1019,7 @@ fn rbac_covers_each_component_and_no_more() {
                 assert!(*scope == Ns, "{sa}: secrets in every namespace");
                 for v in &rule.verbs {
                     assert!(
-                        ["get", "create", "delete"].contains(&v.as_str()),
+                        ["get", "create", "patch", "delete"].contains(&v.as_str()),
                         "{sa}: verb {v} on secrets"
                     );
                 }

@@ -2,7 +2,11 @@
 //! kube-apiserver with RBAC on (a SubjectAccessReview, which is what `kubectl auth can-i
 //! --as=system:serviceaccount:NS:SA` sends). The RBAC objects of deploy/base are created for
 //! real in a fresh namespace (cluster-scoped names get a suffix), so the answers are the
-//! server's, not a reading of the YAML. Needs `LITEIO_TEST_KUBECONFIG`.
+//! server's, not a reading of the YAML. Then the controller's per-node key Roles are applied
+//! by the controller's own code acting as the controller's ServiceAccount, and each node's
+//! identity (`system:node:<node>`, `kubectl auth can-i --as=system:node:n1
+//! --as-group=system:nodes`) is asked about its own and another node's volume. Needs
+//! `LITEIO_TEST_KUBECONFIG`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -16,7 +20,7 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
 
 /// `doc` moved from `obnvmf` to `ns`, cluster-scoped names suffixed with `-<ns>`.
@@ -42,15 +46,44 @@ fn moved(doc: &Doc, ns: &str) -> Value {
     v
 }
 
+/// The groups a ServiceAccount of `ns` authenticates with.
+fn sa_groups(ns: &str) -> Vec<String> {
+    vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{ns}"),
+        "system:authenticated".into(),
+    ]
+}
+
+/// The groups a kubelet authenticates with.
+fn node_groups() -> Vec<String> {
+    vec!["system:nodes".into(), "system:authenticated".into()]
+}
+
 async fn can(client: &Client, ns: &str, sa: &str, verb: &str, in_ns: &str, name: &str) -> bool {
+    can_user(
+        client,
+        &format!("system:serviceaccount:{ns}:{sa}"),
+        sa_groups(ns),
+        verb,
+        in_ns,
+        name,
+    )
+    .await
+}
+
+async fn can_user(
+    client: &Client,
+    user: &str,
+    groups: Vec<String>,
+    verb: &str,
+    in_ns: &str,
+    name: &str,
+) -> bool {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
-            user: Some(format!("system:serviceaccount:{ns}:{sa}")),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{ns}"),
-                "system:authenticated".into(),
-            ]),
+            user: Some(user.to_string()),
+            groups: Some(groups),
             resource_attributes: Some(ResourceAttributes {
                 namespace: Some(in_ns.into()),
                 verb: Some(verb.into()),
@@ -65,6 +98,18 @@ async fn can(client: &Client, ns: &str, sa: &str, verb: &str, in_ns: &str, name:
     let api: Api<SubjectAccessReview> = Api::all(client.clone());
     let answer = api.create(&PostParams::default(), &review).await.unwrap();
     answer.status.is_some_and(|s| s.allowed)
+}
+
+/// A client of the kubeconfig at `path` that acts as the ServiceAccount `ns:sa`.
+async fn impersonating(path: &str, ns: &str, sa: &str) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{ns}:{sa}"));
+    config.auth_info.impersonate_groups = Some(sa_groups(ns));
+    Client::try_from(config).unwrap()
 }
 
 async fn run(path: &str) {
@@ -140,23 +185,27 @@ async fn run(path: &str) {
         // The CSI node never reads a Secret: kubelet hands it the node-stage secret.
         ("liteio-csi-node", "get", ns.as_str(), key, false),
         ("liteio-csi-node", "list", ns.as_str(), "", false),
-        // The agent reads, makes and deletes one named Secret at a time, in its namespace.
-        ("liteio-disk-agent", "get", ns.as_str(), key, true),
+        // The agent's ServiceAccount (shared by every node's agent) only makes Secrets; it
+        // reads and deletes them as its node (below).
         ("liteio-disk-agent", "create", ns.as_str(), "", true),
-        ("liteio-disk-agent", "delete", ns.as_str(), key, true),
+        ("liteio-disk-agent", "get", ns.as_str(), key, false),
+        ("liteio-disk-agent", "delete", ns.as_str(), key, false),
         ("liteio-disk-agent", "list", ns.as_str(), "", false),
         ("liteio-disk-agent", "watch", ns.as_str(), "", false),
         ("liteio-disk-agent", "update", ns.as_str(), key, false),
         ("liteio-disk-agent", "get", "default", key, false),
-        ("liteio-disk-agent", "get", "kube-system", key, false),
+        ("liteio-disk-agent", "create", "kube-system", "", false),
         // The CSI controller makes them at CreateVolume and deletes them at DeleteVolume.
         ("liteio-csi-controller", "create", ns.as_str(), "", true),
         ("liteio-csi-controller", "get", ns.as_str(), key, true),
         ("liteio-csi-controller", "delete", ns.as_str(), key, true),
         ("liteio-csi-controller", "list", ns.as_str(), "", false),
         ("liteio-csi-controller", "get", "default", key, false),
-        // The scheduler has no business with keys.
-        ("liteio-controller", "get", ns.as_str(), key, false),
+        // The controller holds what it grants the nodes (RBAC's escalation rule), one named
+        // Secret at a time, never a list.
+        ("liteio-controller", "get", ns.as_str(), key, true),
+        ("liteio-controller", "list", ns.as_str(), "", false),
+        ("liteio-controller", "get", "default", key, false),
     ] {
         let got = can(&client, &ns, sa, verb, in_ns, name).await;
         println!(
@@ -167,6 +216,68 @@ async fn run(path: &str) {
             wrong.push(format!(
                 "{sa} {verb} secrets in {in_ns}: {got}, want {want}"
             ));
+        }
+    }
+    // Each node's keys, granted by the controller's own code acting as the controller's
+    // ServiceAccount with the RBAC of deploy/base (so RBAC's escalation check is the real
+    // one): n1 stores pvc-1, n2 stores pvc-2.
+    let as_controller = impersonating(path, &ns, "liteio-controller").await;
+    let pp_apply = PatchParams::apply("liteio-controller").force();
+    for (node, secret) in [("n1", "liteio-auth-pvc-1"), ("n2", "liteio-auth-pvc-2")] {
+        let role = liteio_controller::reconcile::keys::role(&ns, node, vec![secret.to_string()]);
+        let binding = liteio_controller::reconcile::keys::role_binding(&ns, node);
+        let name = liteio_api::naming::node_keys_role(node);
+        Api::<Role>::namespaced(as_controller.clone(), &ns)
+            .patch(&name, &pp_apply, &Patch::Apply(&role))
+            .await
+            .unwrap_or_else(|e| panic!("the controller cannot grant {node} its keys: {e}"));
+        Api::<RoleBinding>::namespaced(as_controller.clone(), &ns)
+            .patch(&name, &pp_apply, &Patch::Apply(&binding))
+            .await
+            .unwrap_or_else(|e| panic!("the controller cannot bind {node}'s keys: {e}"));
+    }
+    // The agent's ServiceAccount cannot grant itself anything.
+    let as_agent = impersonating(path, &ns, "liteio-disk-agent").await;
+    let forged = liteio_controller::reconcile::keys::role(&ns, "n3", vec![key.to_string()]);
+    let refused = Api::<Role>::namespaced(as_agent, &ns)
+        .patch("liteio-keys-n3", &pp_apply, &Patch::Apply(&forged))
+        .await;
+    println!(
+        "the agent's ServiceAccount applies a key Role: {}",
+        match &refused {
+            Ok(_) => "allowed".to_string(),
+            Err(e) => format!("refused ({e})"),
+        }
+    );
+    if refused.is_ok() {
+        wrong.push("the agent's ServiceAccount could write a key Role".into());
+    }
+    let other = "liteio-auth-pvc-2";
+    for (node, verb, name, want) in [
+        // Its own volume's Secret: read, add a TLS PSK, delete with the volume.
+        ("n1", "get", key, true),
+        ("n1", "patch", key, true),
+        ("n1", "delete", key, true),
+        ("n1", "update", key, false),
+        ("n1", "list", "", false),
+        ("n1", "watch", "", false),
+        // Another node's volume: nothing.
+        ("n1", "get", other, false),
+        ("n1", "delete", other, false),
+        ("n2", "get", other, true),
+        ("n2", "get", key, false),
+        // A node that stores nothing: nothing.
+        ("n3", "get", key, false),
+        ("n3", "get", other, false),
+    ] {
+        let user = liteio_api::naming::node_user(node);
+        let got = can_user(&client, &user, node_groups(), verb, &ns, name).await;
+        println!(
+            "can-i {verb} secrets/{name} -n {ns} --as={user} --as-group=system:nodes: {}",
+            if got { "yes" } else { "no" }
+        );
+        if got != want {
+            wrong.push(format!("{user} {verb} secrets/{name}: {got}, want {want}"));
         }
     }
     let dp = DeleteParams::default();
@@ -185,7 +296,7 @@ async fn run(path: &str) {
 }
 
 #[tokio::test]
-async fn only_the_agent_and_the_csi_controller_touch_secrets_one_at_a_time() {
+async fn each_node_reaches_only_its_own_volumes_keys_and_no_service_account_lists_them() {
     let Ok(path) = std::env::var("LITEIO_TEST_KUBECONFIG") else {
         println!("T2 skipped: LITEIO_TEST_KUBECONFIG not set");
         return;

@@ -27,6 +27,9 @@
 //! #   cluster: prod
 //! pluginConfigs: {}
 //! reconcileTimeout: 60s
+//! # Keep a Role per storage node that lets the node's own identity (system:node:<node>)
+//! # read the key Secrets of the volumes stored on it, and no others (docs/auth.md).
+//! nodeKeyAccess: true
 //! ```
 //!
 //! Every section and field is optional; an absent `pluginConfigs` is never fatal (LiteIO's
@@ -65,6 +68,11 @@ pub struct Config {
     /// stop the other objects of its kind.
     #[serde(deserialize_with = "de_duration")]
     pub reconcile_timeout: Duration,
+    /// Keep, for each storage node, the Role `liteio-keys-<node>` and its RoleBinding to
+    /// `system:node:<node>`, which let that node get, patch and delete the authentication
+    /// Secrets of the volumes stored on it and no others (default true). Off: the disk-agents
+    /// read keys with their own ServiceAccount.
+    pub node_key_access: bool,
 }
 
 /// Default of [`Config::reconcile_timeout`].
@@ -79,6 +87,7 @@ impl Default for Config {
             meta_sync: None,
             plugin_configs: None,
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+            node_key_access: true,
         }
     }
 }

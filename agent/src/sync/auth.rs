@@ -9,6 +9,12 @@
 //! restarted agent gets the same keys back, and keys replaced in the Secret (`kubectl liteio
 //! rotate-keys`) reach the target on the next pass. The keys are never logged: the types
 //! print `<redacted>`, and errors name the Secret and the data key only.
+//!
+//! The Secret is read, patched and deleted with `ctx.keys_client`: in a deployment, the
+//! node's own identity (`system:node:<node>`, `--keys-kubeconfig`), to which the controller
+//! grants exactly the Secrets of the volumes stored on this node (Role `liteio-keys-<node>`).
+//! Creating one needs no such grant (a create cannot read anything) and uses the agent's
+//! ServiceAccount.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +23,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::AntstorVolume;
 use liteio_api::auth::{self, TlsPsk, VolumeKeys};
-use liteio_api::keys;
+use liteio_api::{keys, naming};
 use tracing::info;
 
 use crate::context::Ctx;
@@ -30,8 +36,31 @@ fn namespace(vol: &AntstorVolume) -> String {
         .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_string())
 }
 
+/// The volume's Secrets as this node's identity sees them (get, patch, delete).
 fn secrets(ctx: &Ctx, vol: &AntstorVolume) -> Api<Secret> {
-    Api::namespaced(ctx.client.clone(), &namespace(vol))
+    Api::namespaced(ctx.keys_client.clone(), &namespace(vol))
+}
+
+/// A refusal of the node's identity says where the grant comes from.
+fn explain_forbidden(ctx: &Ctx, e: AgentError) -> AgentError {
+    match e {
+        AgentError::Kube {
+            op,
+            what,
+            source: kube::Error::Api(s),
+        } if s.code == 403 => AgentError::Kube {
+            op,
+            what: format!(
+                "{what} as this node's identity (the controller grants {} the Secrets of \
+                 the volumes on this node through Role {}; a new volume is added there \
+                 within moments)",
+                naming::node_user(&ctx.node),
+                naming::node_keys_role(&ctx.node)
+            ),
+            source: kube::Error::Api(s),
+        },
+        other => other,
+    }
 }
 
 fn parse(what: &str, s: &Secret) -> Result<VolumeKeys> {
@@ -50,7 +79,11 @@ pub async fn volume_keys(ctx: &Ctx, vol: &AntstorVolume, tls: bool) -> Result<Vo
     let name = vol.auth_secret_name();
     let api = secrets(ctx, vol);
     let what = format!("Secret {}/{name}", namespace(vol));
-    if let Some(s) = ctx.timed("get", what.clone(), api.get_opt(&name)).await? {
+    let stored = ctx
+        .timed("get", what.clone(), api.get_opt(&name))
+        .await
+        .map_err(|e| explain_forbidden(ctx, e))?;
+    if let Some(s) = stored {
         let mut keys = parse(&what, &s)?;
         if tls && keys.tls_psk.is_none() {
             // The volume asks for TLS and its Secret has no PSK yet: add one, guarded by
@@ -68,7 +101,8 @@ pub async fn volume_keys(ctx: &Ctx, vol: &AntstorVolume, tls: bool) -> Result<Vo
                 what.clone(),
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&body)),
             )
-            .await?;
+            .await
+            .map_err(|e| explain_forbidden(ctx, e))?;
             info!(secret = %name, "TLS PSK generated");
             keys.tls_psk = Some(psk);
         }
@@ -82,14 +116,18 @@ pub async fn volume_keys(ctx: &Ctx, vol: &AntstorVolume, tls: bool) -> Result<Vo
         what: format!("AntstorVolume {}", vol.name_any()),
         reason: e.to_string(),
     })?;
-    match api.create(&PostParams::default(), &secret).await {
+    let own: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace(vol));
+    match own.create(&PostParams::default(), &secret).await {
         Ok(_) => {
             info!(secret = %name, "authentication keys generated");
             Ok(generated)
         }
         // Created meanwhile (an earlier pass whose answer was lost): use what is stored.
         Err(kube::Error::Api(s)) if s.code == 409 => {
-            let s = ctx.timed("get", what.clone(), api.get(&name)).await?;
+            let s = ctx
+                .timed("get", what.clone(), api.get(&name))
+                .await
+                .map_err(|e| explain_forbidden(ctx, e))?;
             parse(&what, &s)
         }
         Err(e) => Err(AgentError::kube("create", what, e)),
@@ -106,6 +144,6 @@ pub async fn delete_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<()> {
     {
         Ok(_) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(AgentError::kube("delete", what, e)),
+        Err(e) => Err(explain_forbidden(ctx, AgentError::kube("delete", what, e))),
     }
 }

@@ -10,12 +10,13 @@
 //! and Leases, so the scheduler never decides on a partial view (a restarted controller
 //! places nothing twice). Failed reconciles are retried with per-key exponential back-off.
 
+pub mod keys;
 pub mod migration;
 pub mod pool;
 pub mod snapshot;
 pub mod volume;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -187,6 +188,10 @@ pub struct Context {
     pools: Arc<WorkQueue>,
     snapshots: Arc<WorkQueue>,
     migration_queue: Arc<WorkQueue>,
+    /// Storage nodes whose key access ([`keys`]) may be out of date.
+    key_access: Arc<WorkQueue>,
+    /// The node each volume's object names (`spec.targetNodeId`), as key access last saw it.
+    key_nodes: Mutex<HashMap<ObjectKey, String>>,
     /// The VolumeMigrations, as last seen (watch events and this controller's writes).
     migration_cache: Mutex<HashMap<ObjectKey, Arc<VolumeMigration>>>,
     synced: Synced,
@@ -237,6 +242,8 @@ impl Context {
             pools: Arc::default(),
             snapshots: Arc::default(),
             migration_queue: Arc::default(),
+            key_access: Arc::default(),
+            key_nodes: Mutex::default(),
             migration_cache: Mutex::default(),
             synced: Synced::default(),
             synced_tx: watch::channel(false).0,
@@ -379,6 +386,51 @@ impl Context {
 
     fn enqueue_pool(&self, name: &str) {
         self.pools.add(ObjectKey::new(self.namespace.clone(), name));
+    }
+
+    /// Notes that the volume `key` is now bound to `node` (`None`: unbound or gone) as its
+    /// object says, and queues the key access of the node it left and the node it reached.
+    /// A settled volume's updates queue nothing.
+    fn key_access_moved(&self, key: &ObjectKey, node: Option<String>) {
+        let old = {
+            let mut m = self
+                .key_nodes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &node {
+                Some(n) => m.insert(key.clone(), n.clone()),
+                None => m.remove(key),
+            }
+        };
+        if old != node {
+            for n in old.iter().chain(node.iter()) {
+                self.enqueue_key_access(n);
+            }
+        }
+    }
+
+    /// After a full list of volumes: queues every node whose set of volumes may have changed
+    /// while the watch was down (all of them, once).
+    fn key_access_relist(&self, nodes: HashMap<ObjectKey, String>) {
+        let old = std::mem::replace(
+            &mut *self
+                .key_nodes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            nodes.clone(),
+        );
+        let all: BTreeSet<&String> = old.values().chain(nodes.values()).collect();
+        for n in all {
+            self.enqueue_key_access(n);
+        }
+    }
+
+    /// Queues the key access of `node` (when the controller keeps it).
+    fn enqueue_key_access(&self, node: &str) {
+        if self.config.node_key_access {
+            self.key_access
+                .add(ObjectKey::new(self.namespace.clone(), node));
+        }
     }
 
     fn enqueue_snapshots(&self, keys: impl IntoIterator<Item = ObjectKey>) {
@@ -574,7 +626,12 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
         Event::InitDone => {
             let vols = std::mem::take(buf);
             let keys: Vec<ObjectKey> = vols.iter().map(|v| ObjectKey::of(v.as_ref())).collect();
+            let nodes: HashMap<ObjectKey, String> = vols
+                .iter()
+                .filter_map(|v| Some((ObjectKey::of(v.as_ref()), v.target_node()?.to_string())))
+                .collect();
             ctx.state().replace_volumes(vols);
+            ctx.key_access_relist(nodes);
             ctx.enqueue_volumes(keys.clone());
             ctx.sweep(Kind::Volume, keys);
             ctx.mark_synced(&ctx.synced.volumes);
@@ -582,6 +639,7 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
         Event::Apply(v) => {
             let key = ObjectKey::of(&v);
             let deleting = v.metadata.deletion_timestamp.is_some();
+            let new_node = v.target_node().map(str::to_string);
             let (snaps, unscheduled) = {
                 let mut s = ctx.state();
                 s.upsert_volume(Arc::new(v));
@@ -592,6 +650,7 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
                 };
                 (s.snapshots_of(&key), unscheduled)
             };
+            ctx.key_access_moved(&key, new_node);
             ctx.enqueue_migrations_of(&key);
             ctx.volumes.add(key);
             ctx.enqueue_snapshots(snaps);
@@ -607,6 +666,7 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
             if let Some(n) = v.target_node() {
                 ctx.enqueue_pool(n);
             }
+            ctx.key_access_moved(&key, None);
             ctx.enqueue_migrations_of(&key);
             ctx.volumes.add(key);
             ctx.enqueue_snapshots(snaps);
@@ -818,6 +878,7 @@ enum WorkKind {
     Pool,
     Snapshot,
     Migration,
+    KeyAccess,
 }
 
 impl WorkKind {
@@ -827,6 +888,7 @@ impl WorkKind {
             Self::Pool => Kind::Pool.as_str(),
             Self::Snapshot => Kind::Snapshot.as_str(),
             Self::Migration => "migration",
+            Self::KeyAccess => "key_access",
         }
     }
 }
@@ -847,6 +909,7 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
         WorkKind::Pool => Arc::clone(&ctx.pools),
         WorkKind::Snapshot => Arc::clone(&ctx.snapshots),
         WorkKind::Migration => Arc::clone(&ctx.migration_queue),
+        WorkKind::KeyAccess => Arc::clone(&ctx.key_access),
     };
     loop {
         let key = tokio::select! {
@@ -859,6 +922,7 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
                 WorkKind::Pool => pool::reconcile(&ctx, &key).await,
                 WorkKind::Snapshot => snapshot::reconcile(&ctx, &key).await,
                 WorkKind::Migration => migration::reconcile(&ctx, &key).await,
+                WorkKind::KeyAccess => keys::reconcile(&ctx, &key).await,
             }
         };
         // Each kind has one worker, so a request that hangs would stop every object of the
@@ -943,6 +1007,39 @@ async fn liveness_clock(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) 
     }
 }
 
+/// Once the caches are synced, queues every node that holds key access now, so that a node
+/// whose last volume went while no controller ran loses it (the volume watch queues the
+/// nodes that have volumes). Retried with back-off until the list succeeds.
+async fn stale_key_access(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    let mut synced = ctx.synced_tx.subscribe();
+    while !*synced.borrow() {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            r = synced.changed() => if r.is_err() { return },
+        }
+    }
+    let mut failures = 0;
+    loop {
+        match keys::nodes_with_access(&ctx).await {
+            Ok(nodes) => {
+                for n in nodes {
+                    ctx.enqueue_key_access(&n);
+                }
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = backoff(failures, e.kind());
+                warn!(error = %e.chain(), ?delay, "cannot list the nodes' key access; retrying");
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
 /// Runs the watches, the workers and the liveness clock until `shutdown` turns true.
 pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
     let ns = ctx.namespace.clone();
@@ -1007,8 +1104,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
         WorkKind::Pool,
         WorkKind::Snapshot,
         WorkKind::Migration,
+        WorkKind::KeyAccess,
     ] {
         tasks.spawn(worker(Arc::clone(&ctx), kind, shutdown.clone()));
+    }
+    if ctx.config.node_key_access {
+        tasks.spawn(stale_key_access(Arc::clone(&ctx), shutdown.clone()));
     }
     tasks.spawn(liveness_clock(Arc::clone(&ctx), shutdown.clone()));
     while tasks.join_next().await.is_some() {}

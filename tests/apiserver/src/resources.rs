@@ -167,6 +167,24 @@ const BUILTINS: &[Builtin] = &[
         ],
     },
     Builtin {
+        group: "rbac.authorization.k8s.io",
+        plural: "roles",
+        kind: "Role",
+        namespaced: true,
+        has_status: false,
+        short: &[],
+        fields: &[],
+    },
+    Builtin {
+        group: "rbac.authorization.k8s.io",
+        plural: "rolebindings",
+        kind: "RoleBinding",
+        namespaced: true,
+        has_status: false,
+        short: &[],
+        fields: &[],
+    },
+    Builtin {
         group: "coordination.k8s.io",
         plural: "leases",
         kind: "Lease",
@@ -286,7 +304,8 @@ pub fn builtins() -> Vec<ResourceInfo> {
                     | "csinodes"
                     | "volumeattachments"
             ),
-            create_on_update: matches!(b.plural, "events" | "leases"),
+            // The RBAC strategies of 1.26 allow create on update too.
+            create_on_update: matches!(b.plural, "events" | "leases" | "roles" | "rolebindings"),
             keep_status_on_create: b.plural == "nodes",
             delete_returns_object: matches!(
                 b.plural,
