@@ -278,6 +278,16 @@ fn main() -> ExitCode {
         eprintln!("disk-agent: --node-id (or NODE_ID) must not be empty");
         return ExitCode::from(EXIT_CONFIG);
     }
+    // Before any engine starts: a node identity that cannot be read is a deployment error.
+    if let Some(p) = &args.keys_kubeconfig
+        && let Err(e) = kube::config::Kubeconfig::read_from(p)
+    {
+        eprintln!(
+            "disk-agent: --keys-kubeconfig {}: cannot read this node's kubeconfig: {e}",
+            p.display()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let spdk_pool = config.storage.pooling.mode == liteio_agent::config::PoolingMode::SpdkLvStore;
     if let Err(e) = engine_from_config(&config).map(|_| ()).or_else(|e| {
         if cfg!(feature = "spdk") && spdk_pool {

@@ -54,3 +54,43 @@ fn spdk_mode_without_the_engine_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SpdkLVStore"));
 }
+
+#[test]
+fn an_unreadable_node_identity_exits_2_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent-config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "storage:\n  pooling: {{name: p, mode: File}}\n  file: {{path: {}}}\n",
+            dir.path().join("pool").display()
+        ),
+    )
+    .unwrap();
+    let missing = dir.path().join("kubelet.conf");
+    let out = agent(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--node-id",
+        "n1",
+        "--keys-kubeconfig",
+        missing.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--keys-kubeconfig"), "{err}");
+    assert!(err.contains(missing.to_str().unwrap()), "{err}");
+    // Not a kubeconfig at all.
+    std::fs::write(&missing, "[not yaml").unwrap();
+    let out = agent(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--node-id",
+        "n1",
+        "--keys-kubeconfig",
+        missing.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--keys-kubeconfig"), "{err}");
+}
