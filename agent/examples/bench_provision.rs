@@ -327,6 +327,55 @@ struct RunResult {
     mean: Breakdown,
     memory_mib: f64,
     memory: MemorySplit,
+    /// CPU time the hypervisor gave to others while this machine wanted it, in % of all CPU
+    /// time during the run (from /proc/stat).
+    #[serde(default)]
+    steal_pct: f64,
+    /// Where the SPDK requests of the run spent their time (SPDK engine only).
+    #[serde(default)]
+    reactor: String,
+}
+
+/// The `cpu` line of /proc/stat: (steal, total) in clock ticks.
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    (v.get(7).copied().unwrap_or(0), v.iter().take(8).sum())
+}
+
+/// The SPDK request times since the last call, as one line (empty without SPDK).
+fn reactor_line() -> String {
+    #[cfg(feature = "spdk")]
+    {
+        let t = liteio_agent::spdk::runtime::take_request_times();
+        if t.count == 0 {
+            return String::new();
+        }
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let n = t.count as f64;
+        format!(
+            "{} requests: queue wait mean {:.2} ms max {:.1} ms; run mean {:.2} ms max {:.1} ms ({}); answer mean {:.1} ms max {:.1} ms ({})",
+            t.count,
+            ms(t.wait_total) / n,
+            ms(t.wait_max),
+            ms(t.run_total) / n,
+            ms(t.run_max),
+            t.run_max_request,
+            ms(t.answer_total) / n,
+            ms(t.answer_max),
+            t.answer_max_request,
+        )
+    }
+    #[cfg(not(feature = "spdk"))]
+    String::new()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -364,6 +413,8 @@ async fn run(
             }
         }
     });
+    let _ = reactor_line();
+    let ticks0 = cpu_ticks();
     let mut created = BTreeMap::new();
     let mut lat = Vec::new();
     let mut breakdowns = Vec::new();
@@ -408,6 +459,10 @@ async fn run(
             breakdowns.push(breakdown(&name, t0, at));
         }
     }
+    let reactor = reactor_line();
+    let ticks1 = cpu_ticks();
+    let steal_pct = 100.0 * ticks1.0.saturating_sub(ticks0.0) as f64
+        / ticks1.1.saturating_sub(ticks0.1).max(1) as f64;
     lat.sort_by(f64::total_cmp);
     breakdowns.sort_by(|a, b| b.total.total_cmp(&a.total));
     let slowest = Breakdown::mean(&breakdowns[..breakdowns.len().div_ceil(100)]);
@@ -441,6 +496,10 @@ async fn run(
     }
     println!("  slowest 1 %: {}", slowest.line());
     println!("  mean:        {}", mean.line());
+    println!("  CPU steal:   {steal_pct:.1} %");
+    if !reactor.is_empty() {
+        println!("  SPDK:        {reactor}");
+    }
     watch.abort();
     agent.shutdown(Duration::from_secs(10)).await;
     Ok(RunResult {
@@ -453,6 +512,8 @@ async fn run(
         mean,
         memory_mib,
         memory,
+        steal_pct,
+        reactor,
     })
 }
 
@@ -484,14 +545,18 @@ fn repeat(runs: usize, args: &[String]) -> anyhow::Result<()> {
         {
             let r: RunResult = serde_json::from_str(json)?;
             println!(
-                "run {i:>2} {}: {} of {} ready, p50 {:.1} ms, p99 {:.1} ms; slowest 1 %: {}",
+                "run {i:>2} {}: {} of {} ready, p50 {:.1} ms, p99 {:.1} ms, CPU steal {:.1} %; slowest 1 %: {}",
                 r.engine,
                 r.ready,
                 r.count,
                 r.p50,
                 r.p99,
+                r.steal_pct,
                 r.slowest.line()
             );
+            if !r.reactor.is_empty() {
+                println!("       SPDK: {}", r.reactor);
+            }
             by_engine.entry(r.engine.clone()).or_default().push(r);
         }
     }

@@ -206,6 +206,102 @@ pub fn caught_panics() -> u64 {
     PANICKED.load(Ordering::Relaxed)
 }
 
+/// Where requests spent their time, summed since the last [`take_request_times`]: waiting
+/// in the application thread's message queue, running there, and from sending to the answer
+/// (which adds the SPDK operations the request started and their completions). Tells a busy
+/// reactor (long waits) from a slow request (long runs) from slow I/O below SPDK (long
+/// answers after short runs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestTimes {
+    /// Requests that ran.
+    pub count: u64,
+    /// Total wait in the queue.
+    pub wait_total: Duration,
+    /// Longest wait in the queue.
+    pub wait_max: Duration,
+    /// Total time running on the application thread.
+    pub run_total: Duration,
+    /// Longest run.
+    pub run_max: Duration,
+    /// The code (`file:line:column`) of the longest run.
+    pub run_max_request: String,
+    /// Total time from sending to the answer (answered requests).
+    pub answer_total: Duration,
+    /// Longest time from sending to the answer.
+    pub answer_max: Duration,
+    /// The code of the slowest answer.
+    pub answer_max_request: String,
+}
+
+/// Nanosecond sums and maxima behind [`RequestTimes`].
+struct TimeSums {
+    count: AtomicU64,
+    wait_total: AtomicU64,
+    wait_max: AtomicU64,
+    run_total: AtomicU64,
+    run_max: AtomicU64,
+    answer_total: AtomicU64,
+    answer_max: AtomicU64,
+}
+
+static TIMES: TimeSums = TimeSums {
+    count: AtomicU64::new(0),
+    wait_total: AtomicU64::new(0),
+    wait_max: AtomicU64::new(0),
+    run_total: AtomicU64::new(0),
+    run_max: AtomicU64::new(0),
+    answer_total: AtomicU64::new(0),
+    answer_max: AtomicU64::new(0),
+};
+/// The code of the longest run and of the slowest answer so far (updated only on a new
+/// maximum, which is rare).
+static SLOWEST: Mutex<(
+    Option<&'static Location<'static>>,
+    Option<&'static Location<'static>>,
+)> = Mutex::new((None, None));
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn note_wait_and_run(wait: Duration, run: Duration, caller: &'static Location<'static>) {
+    TIMES.count.fetch_add(1, Ordering::Relaxed);
+    TIMES.wait_total.fetch_add(nanos(wait), Ordering::Relaxed);
+    TIMES.wait_max.fetch_max(nanos(wait), Ordering::Relaxed);
+    TIMES.run_total.fetch_add(nanos(run), Ordering::Relaxed);
+    if TIMES.run_max.fetch_max(nanos(run), Ordering::Relaxed) < nanos(run) {
+        SLOWEST.lock().unwrap_or_else(PoisonError::into_inner).0 = Some(caller);
+    }
+}
+
+fn note_answer(answer: Duration, caller: &'static Location<'static>) {
+    TIMES
+        .answer_total
+        .fetch_add(nanos(answer), Ordering::Relaxed);
+    if TIMES.answer_max.fetch_max(nanos(answer), Ordering::Relaxed) < nanos(answer) {
+        SLOWEST.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(caller);
+    }
+}
+
+/// The request times since the last call (or the start), and start again from zero.
+pub fn take_request_times() -> RequestTimes {
+    let d = |a: &AtomicU64| Duration::from_nanos(a.swap(0, Ordering::Relaxed));
+    let (run_at, answer_at) =
+        std::mem::take(&mut *SLOWEST.lock().unwrap_or_else(PoisonError::into_inner));
+    let name = |l: Option<&Location<'_>>| l.map(ToString::to_string).unwrap_or_default();
+    RequestTimes {
+        count: TIMES.count.swap(0, Ordering::Relaxed),
+        wait_total: d(&TIMES.wait_total),
+        wait_max: d(&TIMES.wait_max),
+        run_total: d(&TIMES.run_total),
+        run_max: d(&TIMES.run_max),
+        run_max_request: name(run_at),
+        answer_total: d(&TIMES.answer_total),
+        answer_max: d(&TIMES.answer_max),
+        answer_max_request: name(answer_at),
+    }
+}
+
 /// A request whose deadline passed and which has not been answered since: its caller got
 /// [`SpdkError::Timeout`], and SPDK still holds it (a reactor stuck in it, or a completion
 /// that never comes). It leaves the list when the late answer comes.
@@ -451,7 +547,12 @@ pub(crate) fn exec_on<T: Send + 'static>(
             stuck: None,
         }));
         let reply = Reply(Arc::clone(&slot));
-        send_task(Box::new(move |r: &Reactor| f(r, reply)))?;
+        let sent = Instant::now();
+        send_task(Box::new(move |r: &Reactor| {
+            let started = Instant::now();
+            f(r, reply);
+            note_wait_and_run(started.duration_since(sent), started.elapsed(), caller);
+        }))?;
         let after = request_timeout();
         let weak = Arc::downgrade(&slot);
         let _armed = watchdog::arm(
@@ -474,7 +575,9 @@ pub(crate) fn exec_on<T: Send + 'static>(
             }),
         );
         drop(slot);
-        rx.await.map_err(|_| SpdkError::NotRunning)?
+        let answer = rx.await.map_err(|_| SpdkError::NotRunning)?;
+        note_answer(sent.elapsed(), caller);
+        answer
     }
 }
 
