@@ -42,6 +42,8 @@ resident memory.
   --engine E       measure one engine only: file, or spdk (needs --features spdk)
   --polling        SPDK's reactor polls (default: interrupt mode)
   --prefill MIB    write zeroes over the first MIB of the lvstore file before SPDK starts
+  --reactor-nice N nice value of SPDK's reactor in interrupt mode (default -10, the agent's
+                   spdk.reactorNice; 0 leaves it at the process's)
   --agent-memory   run the disk-agent binary as its own process (file engine) and print
                    its resident memory with COUNT ready volumes
 ";
@@ -351,6 +353,79 @@ fn cpu_ticks() -> (u64, u64) {
     (v.get(7).copied().unwrap_or(0), v.iter().take(8).sum())
 }
 
+/// While SPDK requests wait and the application thread has started none for 20 ms, what
+/// that thread is doing, sampled every 2 ms from /proc: its state and the kernel function it
+/// sleeps in (`ep_poll`: asleep in epoll, so a wake-up went missing; a file system function:
+/// blocked in a system call; running: busy in SPDK's own pollers). Stops when `stop` is set;
+/// returns "state wchan: ms" sorted by time, the most first.
+#[cfg(feature = "spdk")]
+fn sample_held_reactor(
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let tid = std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                std::fs::read_to_string(e.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "reactor_0")
+            })
+            .map(|e| e.path());
+        let Some(task) = tid else {
+            return "no reactor_0 thread".to_string();
+        };
+        let mut held: BTreeMap<String, u32> = BTreeMap::new();
+        // /proc/…/schedstat: nanoseconds on the CPU, nanoseconds runnable but waiting for one.
+        let schedstat = || -> (u64, u64) {
+            let t = std::fs::read_to_string(task.join("schedstat")).unwrap_or_default();
+            let mut f = t.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+            (f.next().unwrap_or(0), f.next().unwrap_or(0))
+        };
+        let (mut on_cpu, mut runqueue) = (0u64, 0u64);
+        let mut last: Option<(u64, u64)> = None;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(2));
+            let (queued, since) = liteio_agent::spdk::runtime::queue_state();
+            if queued == 0 || since < Duration::from_millis(20) {
+                last = None;
+                continue;
+            }
+            let now = schedstat();
+            if let Some(prev) = last {
+                on_cpu += now.0.saturating_sub(prev.0);
+                runqueue += now.1.saturating_sub(prev.1);
+            }
+            last = Some(now);
+            let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+            // The state follows the command name in parentheses.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_string();
+            let wchan = std::fs::read_to_string(task.join("wchan")).unwrap_or_default();
+            *held.entry(format!("{state} {}", wchan.trim())).or_default() += 1;
+        }
+        let mut v: Vec<(String, u32)> = held.into_iter().collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
+        let states = v
+            .iter()
+            .take(5)
+            .map(|(k, n)| format!("{k}: {} ms", n * 2))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if states.is_empty() {
+            return states;
+        }
+        format!(
+            "{states} (on a CPU {} ms, runnable waiting for one {} ms)",
+            on_cpu / 1_000_000,
+            runqueue / 1_000_000
+        )
+    })
+}
+
 /// The SPDK request times since the last call, as one line (empty without SPDK).
 fn reactor_line() -> String {
     #[cfg(feature = "spdk")]
@@ -414,6 +489,10 @@ async fn run(
         }
     });
     let _ = reactor_line();
+    #[cfg(feature = "spdk")]
+    let stop_sampler = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    #[cfg(feature = "spdk")]
+    let sampler = sample_held_reactor(Arc::clone(&stop_sampler));
     let ticks0 = cpu_ticks();
     let mut created = BTreeMap::new();
     let mut lat = Vec::new();
@@ -459,6 +538,18 @@ async fn run(
             breakdowns.push(breakdown(&name, t0, at));
         }
     }
+    #[cfg(feature = "spdk")]
+    let reactor = {
+        stop_sampler.store(true, std::sync::atomic::Ordering::Relaxed);
+        let held = sampler.join().unwrap_or_default();
+        let line = reactor_line();
+        if held.is_empty() || line.is_empty() {
+            line
+        } else {
+            format!("{line}; reactor held with requests waiting: {held}")
+        }
+    };
+    #[cfg(not(feature = "spdk"))]
     let reactor = reactor_line();
     let ticks1 = cpu_ticks();
     let steal_pct = 100.0 * ticks1.0.saturating_sub(ticks0.0) as f64
@@ -708,7 +799,11 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .enumerate()
         .filter(|(i, _)| {
-            *i == 0 || !matches!(args[i - 1].as_str(), "--runs" | "--engine" | "--prefill")
+            *i == 0
+                || !matches!(
+                    args[i - 1].as_str(),
+                    "--runs" | "--engine" | "--prefill" | "--reactor-nice"
+                )
         })
         .find_map(|(_, a)| a.parse().ok())
         .unwrap_or(200);
@@ -719,6 +814,16 @@ fn main() -> anyhow::Result<()> {
         engine.unwrap_or_default()
     );
     let want = |e: &str| engine.as_deref().is_none_or(|x| x == e);
+    let reactor_nice: i32 = match value("--reactor-nice") {
+        None => liteio_agent::config::DEFAULT_REACTOR_NICE,
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (-20..=19).contains(n))
+            .ok_or_else(|| anyhow::anyhow!("--reactor-nice: expected -20..=19, got {v:?}"))?,
+    };
+    #[cfg(not(feature = "spdk"))]
+    let _ = reactor_nice;
     let prefill_mib: u64 = match value("--prefill") {
         None => 0,
         Some(v) => v
@@ -783,6 +888,7 @@ fn main() -> anyhow::Result<()> {
             interrupt_mode: !polling,
             // One subsystem per volume, beyond SPDK's default of 1,024.
             max_subsystems: (count as u32 + 16).max(1024),
+            reactor_nice,
             ..SpdkOptions::small()
         })?;
         let file = dir.path().join("lvs.img");

@@ -284,6 +284,10 @@ fn spdk_trace_buffer_is_off_unless_asked() {
     assert_eq!(c.spdk.max_subsystems, 4096);
     let c = Config::from_yaml(&format!("{MINIMAL_FILE}spdk: {{maxSubsystems: 10000}}\n")).unwrap();
     assert_eq!(c.spdk.max_subsystems, 10000);
+    // The reactor that runs the agent's requests gets ahead of the agent's other threads.
+    assert_eq!(c.spdk.reactor_nice, -10);
+    let c = Config::from_yaml(&format!("{MINIMAL_FILE}spdk: {{reactorNice: 0}}\n")).unwrap();
+    assert_eq!(c.spdk.reactor_nice, 0);
 }
 
 #[test]
@@ -293,6 +297,8 @@ fn spdk_options_are_checked() {
         ("{coreMask: '0x0'}", "spdk.coreMask"),
         ("{memSizeMiB: 8}", "spdk.memSizeMiB"),
         ("{maxSubsystems: 1}", "spdk.maxSubsystems"),
+        ("{reactorNice: -21}", "spdk.reactorNice"),
+        ("{reactorNice: 20}", "spdk.reactorNice"),
         ("{rpcSocket: spdk.sock}", "spdk.rpcSocket"),
         (
             "{nvmePciAddresses: ['00:04.0']}",

@@ -259,3 +259,43 @@ fn requests_racing_stop_are_answered_or_refused() {
     );
     assert!(a > 0 && r > 0, "{a} answered, {r} refused");
 }
+
+/// The nice value of this process's thread named `comm` (from /proc), if there is one.
+fn thread_nice(comm: &str) -> Option<i64> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == comm))
+        .map(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap();
+            // Fields after the command name: state is field 3, nice field 19.
+            let rest = stat.rsplit_once(") ").unwrap().1;
+            rest.split_whitespace().nth(16).unwrap().parse().unwrap()
+        })
+}
+
+#[test]
+fn the_interrupt_mode_reactor_runs_ahead_of_the_other_threads() {
+    let _g = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    // Raising a priority needs CAP_SYS_NICE (root here).
+    if std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1).is_none_or(|u| u != "0"))
+    {
+        println!("SKIP reactor priority: not root (raising a priority needs CAP_SYS_NICE)");
+        return;
+    }
+    let spdk = Spdk::start(&SpdkOptions {
+        name: "t3-nice".into(),
+        reactor_nice: -7,
+        ..SpdkOptions::small()
+    })
+    .expect("SPDK starts");
+    assert_eq!(
+        thread_nice("reactor_0"),
+        Some(-7),
+        "the reactor's nice value"
+    );
+    spdk.stop();
+}

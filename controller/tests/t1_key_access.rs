@@ -66,6 +66,13 @@ async fn each_node_gets_exactly_the_keys_of_its_volumes() {
         // binding.
         h.add_volume(volume("v4", 20 * GIB)).await;
         h.wait_bound("v4", "n2").await;
+        // Preset to a node whose pool does not exist yet (its agent starts later): granted
+        // already, so the agent can read the keys as soon as it runs.
+        h.add_volume(volume("v5", GIB).scheduled_to("n9")).await;
+        eventually("n9 holds v5", || async {
+            granted(&h, "n9").await == names(&["liteio-auth-v5"])
+        })
+        .await;
         eventually("n1 holds v1 and v2", || async {
             granted(&h, "n1").await == names(&["liteio-auth-v1", "liteio-auth-v2"])
         })

@@ -26,6 +26,7 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         lock_cores: sp.lock_cores,
         request_timeout: cfg.timeouts.spdk_request,
         max_subsystems: sp.max_subsystems,
+        reactor_nice: sp.reactor_nice,
         // Names checked by Config::validate; one that is not a group is left out here.
         dhchap_dhgroups: cfg
             .nvmf

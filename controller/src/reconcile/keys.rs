@@ -34,11 +34,17 @@ use crate::state::ObjectKey;
 /// the Secret with the volume. Never `list` or `watch`.
 pub const VERBS: [&str; 3] = ["get", "patch", "delete"];
 
-/// The Secret names node `node` may touch: those of the volumes bound to it, sorted.
+/// The Secret names node `node` may touch: those of the volumes whose object names it
+/// (`spec.targetNodeId`, also before its pool exists) or that the scheduler bound to it, sorted.
 pub fn secret_names(ctx: &Context, node: &str) -> Vec<String> {
     let s = ctx.state();
-    let names: BTreeSet<String> = s
-        .volumes_on(node)
+    let mut keys: BTreeSet<ObjectKey> = s.volumes_on(node).into_iter().collect();
+    for k in s.volume_keys() {
+        if s.volume(&k).and_then(|v| v.target_node()) == Some(node) {
+            keys.insert(k);
+        }
+    }
+    let names: BTreeSet<String> = keys
         .iter()
         .filter_map(|k| s.volume(k))
         .map(|v| v.auth_secret_name())
