@@ -1,7 +1,7 @@
 //! `disk-agent`: the LiteIO storage-node agent.
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,6 +89,11 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
 async fn client_from(p: &PathBuf) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(p)
         .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
+    client_of(kc, p).await
+}
+
+/// The client of the kubeconfig `kc`, read from `p`.
+async fn client_of(kc: kube::config::Kubeconfig, p: &Path) -> anyhow::Result<kube::Client> {
     let config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
@@ -131,7 +136,11 @@ async fn start_spdk(
     Ok((spdk, engine, Arc::new(exporter)))
 }
 
-async fn run(args: Args, config: Config) -> anyhow::Result<()> {
+async fn run(
+    args: Args,
+    config: Config,
+    keys_kubeconfig: Option<kube::config::Kubeconfig>,
+) -> anyhow::Result<()> {
     // SPDK backs an SpdkLVStore pool and exports volumes of every engine. When it cannot
     // start (no hugepages, say) an LVM or file pool still serves local volumes: remote
     // volumes then get a clear "no NVMe-oF target" message instead of the agent exiting.
@@ -164,7 +173,7 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     #[cfg(not(feature = "spdk"))]
     let (engine, exporter): (_, Arc<dyn liteio_agent::exporter::Exporter>) =
         (engine_from_config(&config)?, Arc::new(NoExporter));
-    let served = serve(&args, config, engine, exporter, {
+    let served = serve(&args, config, keys_kubeconfig, engine, exporter, {
         #[cfg(feature = "spdk")]
         {
             spdk.is_some()
@@ -202,6 +211,7 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
 async fn serve(
     args: &Args,
     config: Config,
+    keys_kubeconfig: Option<kube::config::Kubeconfig>,
     engine: Arc<dyn liteio_agent::engine::PoolEngine>,
     exporter: Arc<dyn liteio_agent::exporter::Exporter>,
     spdk_running: bool,
@@ -209,10 +219,10 @@ async fn serve(
     let client = client(args.kubeconfig.as_ref()).await?;
     let mut opts = AgentOptions::from_config(args.node_id.clone(), config);
     opts.host_nqn_path = args.host_nqn_file.clone();
-    if let Some(p) = &args.keys_kubeconfig {
+    if let (Some(p), Some(kc)) = (&args.keys_kubeconfig, keys_kubeconfig) {
         // Given but unusable is fatal: falling back to the agent's own identity would hide a
         // broken deployment until the first export.
-        let keys = client_from(p)
+        let keys = client_of(kc, p)
             .await
             .with_context(|| format!("--keys-kubeconfig {}", p.display()))?;
         opts.keys_client = Some(liteio_agent::agent::NodeIdentity(keys));
@@ -279,15 +289,21 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_CONFIG);
     }
     // Before any engine starts: a node identity that cannot be read is a deployment error.
-    if let Some(p) = &args.keys_kubeconfig
-        && let Err(e) = kube::config::Kubeconfig::read_from(p)
+    let keys_kubeconfig = match args
+        .keys_kubeconfig
+        .as_ref()
+        .map(|p| (p, kube::config::Kubeconfig::read_from(p)))
     {
-        eprintln!(
-            "disk-agent: --keys-kubeconfig {}: cannot read this node's kubeconfig: {e}",
-            p.display()
-        );
-        return ExitCode::from(EXIT_CONFIG);
-    }
+        None => None,
+        Some((_, Ok(kc))) => Some(kc),
+        Some((p, Err(e))) => {
+            eprintln!(
+                "disk-agent: --keys-kubeconfig {}: cannot read this node's kubeconfig: {e}",
+                p.display()
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let spdk_pool = config.storage.pooling.mode == liteio_agent::config::PoolingMode::SpdkLvStore;
     if let Err(e) = engine_from_config(&config).map(|_| ()).or_else(|e| {
         if cfg!(feature = "spdk") && spdk_pool {
@@ -309,7 +325,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(args, config)) {
+    match rt.block_on(run(args, config, keys_kubeconfig)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "disk-agent failed");

@@ -68,28 +68,24 @@ fn an_unreadable_node_identity_exits_2_naming_the_flag() {
     )
     .unwrap();
     let missing = dir.path().join("kubelet.conf");
-    let out = agent(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--node-id",
-        "n1",
-        "--keys-kubeconfig",
-        missing.to_str().unwrap(),
-    ]);
+    let start = || {
+        agent(&[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--node-id",
+            "n1",
+            "--keys-kubeconfig",
+            missing.to_str().unwrap(),
+        ])
+    };
+    let out = start();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--keys-kubeconfig"), "{err}");
     assert!(err.contains(missing.to_str().unwrap()), "{err}");
     // Not a kubeconfig at all.
     std::fs::write(&missing, "[not yaml").unwrap();
-    let out = agent(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--node-id",
-        "n1",
-        "--keys-kubeconfig",
-        missing.to_str().unwrap(),
-    ]);
+    let out = start();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--keys-kubeconfig"), "{err}");

@@ -21,7 +21,7 @@ use liteio_controller::run::{self, Options};
 use liteio_controller::state::ObjectKey;
 use liteio_controller::testing::*;
 use liteio_test_apiserver::{Matcher, TestApiServer, Verb};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::time::timeout;
 
 use common::*;
@@ -245,20 +245,8 @@ async fn restart_places_nothing_twice() {
         h.add_volume(volume("v1", 6 * GIB)).await;
         h.wait_bound("v1", "n1").await;
         // A second controller on the same server sees v1 from its first list.
-        let (stop, rx) = watch::channel(false);
-        let (tx, ctx_rx) = oneshot::channel();
-        let opts = Options {
-            config: test_config(),
-            namespace: NS.into(),
-            leader_elect: false,
-            identity: "t1b".into(),
-            health: Health::default(),
-            metrics: Metrics::new().unwrap(),
-            clock: None,
-        };
         h.stop.send_replace(true);
-        let task = tokio::spawn(run::run(h.client.clone(), opts, Vec::new(), rx, Some(tx)));
-        let ctx2 = ctx_rx.await.unwrap();
+        let (stop, task, ctx2) = another_controller(&h.client, "t1b").await;
         h.add_volume(volume("v2", 6 * GIB)).await;
         eventually("v2 rejected by the new controller", || async {
             h.volume("v2").await.status.map(|s| s.message)

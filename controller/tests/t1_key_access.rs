@@ -11,11 +11,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use liteio_api::keys::finalizers;
 use liteio_api::size::GIB;
-use liteio_controller::http::Health;
-use liteio_controller::metrics::Metrics;
-use liteio_controller::run::{self, Options};
 use liteio_controller::testing::*;
-use tokio::sync::watch;
 use tokio::time::timeout;
 
 use common::*;
@@ -36,6 +32,28 @@ async fn granted(h: &Harness, node: &str) -> Option<Vec<String>> {
     assert_eq!(rules[0].resources, Some(vec!["secrets".to_string()]));
     assert_eq!(rules[0].verbs, ["get", "patch", "delete"]);
     Some(rules[0].resource_names.clone().unwrap_or_default())
+}
+
+/// True when `node` has neither a key Role nor its RoleBinding.
+async fn no_access(h: &Harness, node: &str) -> bool {
+    granted(h, node).await.is_none()
+        && Api::<RoleBinding>::namespaced(h.client.clone(), NS)
+            .get_opt(&format!("liteio-keys-{node}"))
+            .await
+            .unwrap()
+            .is_none()
+}
+
+/// Sets the finalizers of volume `name` (`null` removes them all).
+async fn set_finalizers(h: &Harness, name: &str, finalizers: serde_json::Value) {
+    h.volumes()
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": finalizers}})),
+        )
+        .await
+        .unwrap();
 }
 
 fn names(v: &[&str]) -> Option<Vec<String>> {
@@ -114,14 +132,7 @@ async fn each_node_gets_exactly_the_keys_of_its_volumes() {
             .filter(|f| *f != finalizers::LOGIC_VOLUME)
             .cloned()
             .collect();
-        h.volumes()
-            .patch(
-                "v2",
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": keep}})),
-            )
-            .await
-            .unwrap();
+        set_finalizers(&h, "v2", serde_json::json!(keep)).await;
         eventually("v2's grant gone with it", || async {
             granted(&h, "n1").await == names(&["liteio-auth-v1"])
         })
@@ -133,23 +144,8 @@ async fn each_node_gets_exactly_the_keys_of_its_volumes() {
             .delete("v1", &DeleteParams::default())
             .await
             .unwrap();
-        h.volumes()
-            .patch(
-                "v1",
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-            )
-            .await
-            .unwrap();
-        eventually("n1 has no key access left", || async {
-            granted(&h, "n1").await.is_none()
-                && Api::<RoleBinding>::namespaced(h.client.clone(), NS)
-                    .get_opt("liteio-keys-n1")
-                    .await
-                    .unwrap()
-                    .is_none()
-        })
-        .await;
+        set_finalizers(&h, "v1", serde_json::Value::Null).await;
+        eventually("n1 has no key access left", || no_access(&h, "n1")).await;
         assert_eq!(
             granted(&h, "n2").await,
             names(&["liteio-auth-v3", "liteio-auth-v4"])
@@ -179,27 +175,9 @@ async fn a_restarted_controller_takes_back_what_a_gone_volume_left() {
             .await
             .unwrap();
         // A second controller on the same server: it finds the grant and takes it back.
-        let (stop, rx) = watch::channel(false);
-        let opts = Options {
-            config: test_config(),
-            namespace: NS.into(),
-            leader_elect: false,
-            identity: "t1b".into(),
-            health: Health::default(),
-            metrics: Metrics::new().unwrap(),
-            clock: None,
-        };
         h.stop.send_replace(true);
-        let task = tokio::spawn(run::run(h.client.clone(), opts, Vec::new(), rx, None));
-        eventually("the stale grant removed", || async {
-            granted(&h, "gone").await.is_none()
-                && Api::<RoleBinding>::namespaced(h.client.clone(), NS)
-                    .get_opt("liteio-keys-gone")
-                    .await
-                    .unwrap()
-                    .is_none()
-        })
-        .await;
+        let (stop, task, _) = another_controller(&h.client, "t1b").await;
+        eventually("the stale grant removed", || no_access(&h, "gone")).await;
         stop.send_replace(true);
         timeout(LIMIT, task).await.unwrap().unwrap().unwrap();
     })

@@ -38,16 +38,12 @@ pub const VERBS: [&str; 3] = ["get", "patch", "delete"];
 /// (`spec.targetNodeId`, also before its pool exists) or that the scheduler bound to it, sorted.
 pub fn secret_names(ctx: &Context, node: &str) -> Vec<String> {
     let s = ctx.state();
-    let mut keys: BTreeSet<ObjectKey> = s.volumes_on(node).into_iter().collect();
-    for k in s.volume_keys() {
-        if s.volume(&k).and_then(|v| v.target_node()) == Some(node) {
-            keys.insert(k);
-        }
-    }
-    let names: BTreeSet<String> = keys
+    let names: BTreeSet<String> = s
+        .volume_keys()
         .iter()
-        .filter_map(|k| s.volume(k))
-        .map(|v| v.auth_secret_name())
+        .filter_map(|k| Some((s.binding(k), s.volume(k)?)))
+        .filter(|(bound, v)| *bound == Some(node) || v.target_node() == Some(node))
+        .map(|(_, v)| v.auth_secret_name())
         .collect();
     names.into_iter().collect()
 }

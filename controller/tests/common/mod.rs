@@ -114,6 +114,32 @@ pub async fn start_with(config: Config, plugins: Vec<Arc<dyn Plugin>>) -> Harnes
     }
 }
 
+/// A second controller (no leader election, the system clock) on the server `client`
+/// talks to, as `identity`: its stop switch, its task and its context once it reconciles.
+pub async fn another_controller(
+    client: &Client,
+    identity: &str,
+) -> (
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<liteio_controller::error::Result<()>>,
+    Arc<Context>,
+) {
+    let (stop, rx) = watch::channel(false);
+    let (tx, ctx_rx) = oneshot::channel();
+    let opts = Options {
+        config: test_config(),
+        namespace: NS.into(),
+        leader_elect: false,
+        identity: identity.into(),
+        health: Health::default(),
+        metrics: Metrics::new().unwrap(),
+        clock: None,
+    };
+    let task = tokio::spawn(run::run(client.clone(), opts, Vec::new(), rx, Some(tx)));
+    let ctx = ctx_rx.await.unwrap();
+    (stop, task, ctx)
+}
+
 impl Harness {
     pub fn pools(&self) -> Api<StoragePool> {
         Api::namespaced(self.client.clone(), NS)
