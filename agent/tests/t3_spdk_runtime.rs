@@ -334,8 +334,9 @@ fn callers_preempted_while_sending_do_not_hold_up_the_reactor() {
     }
     const CALLERS: usize = 8;
     const RUN: Duration = Duration::from_secs(6);
-    // The stalls this guards against were 100 ms and more; a walk takes well under 1 ms.
-    const LIMIT: Duration = Duration::from_millis(100);
+    // Without the request queue the longest walk here was 1.7 s, 9.7 s, or it timed out (10 s);
+    // with it 12-36 ms, once 103 ms among 490,000 walks on a busy VM (its pauses).
+    const LIMIT: Duration = Duration::from_millis(500);
     let spdk = start("t3-preempted", Duration::from_secs(10));
     let done = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
