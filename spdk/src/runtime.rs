@@ -386,22 +386,26 @@ fn stuck_changed() {
 /// Run `f`, the body of an `extern "C"` function SPDK calls, without letting a panic unwind
 /// into C (that would abort the process and every export on the node). A [`Reply`] dropped
 /// by the unwinding answers its caller with [`SpdkError::Panicked`].
-pub(crate) fn no_unwind(callback: &'static str, f: impl FnOnce()) {
-    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        PANICKED.fetch_add(1, Ordering::Relaxed);
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a non-string payload".into());
-        tracing::error!(
-            callback,
-            panic = %message,
-            "a panic on the SPDK thread was caught; its request failed and SPDK goes on"
-        );
-        // Dropping the payload runs foreign code too.
-        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload)));
-    }
+/// Returns what `f` returned, `None` when it panicked.
+pub(crate) fn no_unwind<R>(callback: &'static str, f: impl FnOnce() -> R) -> Option<R> {
+    let payload = match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => return Some(r),
+        Err(payload) => payload,
+    };
+    PANICKED.fetch_add(1, Ordering::Relaxed);
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".into());
+    tracing::error!(
+        callback,
+        panic = %message,
+        "a panic on the SPDK thread was caught; its request failed and SPDK goes on"
+    );
+    // Dropping the payload runs foreign code too.
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(payload)));
+    None
 }
 
 /// Proof that the code holding it runs on an SPDK thread, inside a request or a completion
@@ -590,7 +594,8 @@ mod inbox {
         }
     }
 
-    /// Run up to [`BATCH`] queued requests; the number run.
+    /// Run up to [`BATCH`] queued requests; the number run (SPDK counts a call that ran any
+    /// as busy).
     fn run_batch() -> c_int {
         let fd = WAKE_FD.load(Ordering::Acquire);
         if fd >= 0 {
@@ -629,11 +634,7 @@ mod inbox {
 
     /// The eventfd fired (interrupt mode).
     extern "C" fn on_wake(_arg: *mut c_void) -> c_int {
-        no_unwind("on_wake", || {
-            run_batch();
-        });
-        // SPDK_POLLER_BUSY: the interrupt did work.
-        1
+        no_unwind("on_wake", run_batch).unwrap_or(0)
     }
 
     /// The thread switched between polling and interrupt mode: nothing to do, the eventfd
@@ -650,16 +651,13 @@ mod inbox {
     extern "C" fn on_poll(_arg: *mut c_void) -> c_int {
         no_unwind("on_poll", || {
             if PENDING.load(Ordering::Acquire) {
-                BUSY.store(run_batch() > 0, Ordering::Relaxed);
+                run_batch()
             } else {
-                BUSY.store(false, Ordering::Relaxed);
+                0
             }
-        });
-        c_int::from(BUSY.load(Ordering::Relaxed))
+        })
+        .unwrap_or(0)
     }
-
-    /// Whether the last poll ran a request (what the poller reports to SPDK's statistics).
-    static BUSY: AtomicBool = AtomicBool::new(false);
 }
 
 /// Send `task` to SPDK's application thread, or refuse it when SPDK is not running or
