@@ -48,7 +48,10 @@ pub struct FileEngine {
     dir: PathBuf,
     cap: u64,
     runner: Arc<dyn CommandRunner>,
-    lock: Mutex<()>,
+    /// Serialises mutations; holds the bytes the pool's volumes and snapshots take, counted
+    /// once by a scan (`None` until then) and kept up to date by every mutation, so that a
+    /// create checks its space without a walk over every file of the pool.
+    lock: Mutex<Option<u64>>,
 }
 
 impl FileEngine {
@@ -69,7 +72,7 @@ impl FileEngine {
             dir: dir.into(),
             cap,
             runner,
-            lock: Mutex::new(()),
+            lock: Mutex::new(None),
         }
     }
 
@@ -78,7 +81,7 @@ impl FileEngine {
         &self.dir
     }
 
-    fn guard(&self) -> MutexGuard<'_, ()> {
+    fn guard(&self) -> MutexGuard<'_, Option<u64>> {
         // A panic elsewhere leaves no half state here (renames are atomic), so go on.
         self.lock.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -168,7 +171,36 @@ impl FileEngine {
         }
     }
 
-    fn compute_info(&self) -> Result<PoolInfo, EngineError> {
+    /// The bytes taken (see `lock`), scanned when not counted yet.
+    fn used(&self, counted: &mut Option<u64>) -> Result<u64, EngineError> {
+        if let Some(u) = *counted {
+            return Ok(u);
+        }
+        let used = self
+            .scan_volumes()?
+            .iter()
+            .chain(self.scan_snapshots()?.iter())
+            .map(|v| v.allocated_bytes)
+            .sum();
+        *counted = Some(used);
+        Ok(used)
+    }
+
+    /// `bytes` more are taken.
+    fn charge(counted: &mut Option<u64>, bytes: u64) {
+        if let Some(u) = counted.as_mut() {
+            *u = u.saturating_add(bytes);
+        }
+    }
+
+    /// `bytes` were given back.
+    fn refund(counted: &mut Option<u64>, bytes: u64) {
+        if let Some(u) = counted.as_mut() {
+            *u = u.saturating_sub(bytes);
+        }
+    }
+
+    fn compute_info(&self, used: u64) -> Result<PoolInfo, EngineError> {
         let uuid = self.pool_id()?;
         let st = rustix::fs::statvfs(&self.dir)
             .map_err(|e| EngineError::io("statvfs", &self.dir, e.into()))?;
@@ -179,12 +211,6 @@ impl FileEngine {
         } else {
             fs_total
         };
-        let used: u64 = self
-            .scan_volumes()?
-            .iter()
-            .chain(self.scan_snapshots()?.iter())
-            .map(|v| v.allocated_bytes)
-            .sum();
         Ok(PoolInfo {
             name: self.name.clone(),
             uuid,
@@ -196,8 +222,14 @@ impl FileEngine {
         })
     }
 
-    fn check_space(&self, name: &str, needed: u64) -> Result<(), EngineError> {
-        let info = self.compute_info()?;
+    fn check_space(
+        &self,
+        counted: &mut Option<u64>,
+        name: &str,
+        needed: u64,
+    ) -> Result<(), EngineError> {
+        let used = self.used(counted)?;
+        let info = self.compute_info(used)?;
         if needed > info.free_bytes {
             return Err(EngineError::NoSpace {
                 pool: self.name.clone(),
@@ -258,26 +290,7 @@ impl FileEngine {
 
     /// Whether the pool's filesystem supports reflinks (probes with two work files).
     pub fn supports_reflink(&self) -> Result<bool, EngineError> {
-        let dir = self.volumes_dir();
-        let a = Self::tmp_file(&dir, "reflink-probe-a");
-        let b = Self::tmp_file(&dir, "reflink-probe-b");
-        let result = (|| {
-            // FICLONE reads the source: open it read-write, not write-only.
-            let src = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&a)
-                .map_err(|e| EngineError::io("create", &a, e))?;
-            src.set_len(VOLUME_UNIT)
-                .map_err(|e| EngineError::io("truncate", &a, e))?;
-            let dst = File::create(&b).map_err(|e| EngineError::io("create", &b, e))?;
-            Ok(rustix::fs::ioctl_ficlone(&dst, &src).is_ok())
-        })();
-        let _ = fs::remove_file(&a);
-        let _ = fs::remove_file(&b);
-        result
+        dir_supports_reflink(&self.volumes_dir())
     }
 
     /// Loop devices currently bound to volume `name`.
@@ -371,7 +384,9 @@ impl PoolEngine for FileEngine {
     }
 
     fn ensure_pool(&self) -> Result<PoolInfo, EngineError> {
-        let _g = self.guard();
+        let mut g = self.guard();
+        // Count again: the files may have changed while the pool was not ours.
+        *g = None;
         for d in [self.volumes_dir(), self.snapshots_dir()] {
             fs::create_dir_all(&d).map_err(|e| EngineError::io("create directory", &d, e))?;
             // Work files of interrupted operations never became objects.
@@ -393,11 +408,13 @@ impl PoolEngine for FileEngine {
                 .map_err(|e| EngineError::io("write", &tmp, e))?;
             fs::rename(&tmp, &id_path).map_err(|e| EngineError::io("rename", &tmp, e))?;
         }
-        self.compute_info()
+        let used = self.used(&mut g)?;
+        self.compute_info(used)
     }
 
     fn info(&self) -> Result<PoolInfo, EngineError> {
-        self.compute_info()
+        let used = self.used(&mut self.guard())?;
+        self.compute_info(used)
     }
 
     fn create_volume(
@@ -408,7 +425,7 @@ impl PoolEngine for FileEngine {
     ) -> Result<VolumeInfo, EngineError> {
         check_name(name)?;
         let size = round_size(name, size, VOLUME_UNIT)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         let file = self.volume_file(name);
         if let Some(existing) = Self::file_size(&file)? {
             if existing == size {
@@ -421,28 +438,32 @@ impl PoolEngine for FileEngine {
                 requested: size,
             });
         }
-        self.check_space(name, size)?;
+        self.check_space(&mut g, name, size)?;
         let tmp = Self::tmp_file(&self.volumes_dir(), name);
         let f = File::create(&tmp).map_err(|e| EngineError::io("create", &tmp, e))?;
         f.set_len(size)
             .map_err(|e| EngineError::io("truncate", &tmp, e))?;
         drop(f);
         fs::rename(&tmp, &file).map_err(|e| EngineError::io("rename", &tmp, e))?;
+        Self::charge(&mut g, size);
         Ok(self.volume_info(name, size))
     }
 
     fn delete_volume(&self, name: &str) -> Result<(), EngineError> {
         check_name(name)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         let file = self.volume_file(name);
-        if Self::file_size(&file)?.is_none() {
+        let Some(size) = Self::file_size(&file)? else {
             // Volumes and snapshots live in separate directories: a snapshot that has this
             // name is another object and stays; deleting a volume that is not there is done.
             return Ok(());
-        }
+        };
         self.detach_all(&file)?;
         match fs::remove_file(&file) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                Self::refund(&mut g, size);
+                Ok(())
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(EngineError::io("remove", file, e)),
         }
@@ -451,7 +472,7 @@ impl PoolEngine for FileEngine {
     fn resize_volume(&self, name: &str, new_size: u64) -> Result<VolumeInfo, EngineError> {
         check_name(name)?;
         let size = round_size(name, new_size, VOLUME_UNIT)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         let file = self.volume_file(name);
         let current = Self::file_size(&file)?.ok_or_else(|| Self::not_found("volume", name))?;
         if size == current {
@@ -464,7 +485,7 @@ impl PoolEngine for FileEngine {
                 requested: size,
             });
         }
-        self.check_space(name, size - current)?;
+        self.check_space(&mut g, name, size - current)?;
         let f = OpenOptions::new()
             .write(true)
             .open(&file)
@@ -472,6 +493,7 @@ impl PoolEngine for FileEngine {
         f.set_len(size)
             .map_err(|e| EngineError::io("truncate", &file, e))?;
         drop(f);
+        Self::charge(&mut g, size - current);
         // Attached loop devices learn the new size.
         for dev in loop_devices_for(self.runner.as_ref(), &file)? {
             run_ok(
@@ -490,7 +512,7 @@ impl PoolEngine for FileEngine {
     ) -> Result<VolumeInfo, EngineError> {
         check_name(origin)?;
         check_name(snap)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         if let Some(existing) = self.find_snapshot(snap)? {
             if existing.snapshot_of.as_deref() == Some(origin) {
                 return Ok(existing);
@@ -513,10 +535,11 @@ impl PoolEngine for FileEngine {
         }
         let src = self.volume_file(origin);
         let size = Self::file_size(&src)?.ok_or_else(|| Self::not_found("volume", origin))?;
-        self.check_space(snap, size)?;
+        self.check_space(&mut g, snap, size)?;
         let dst = self.snapshot_file(snap, origin);
         let tmp = Self::tmp_file(&self.snapshots_dir(), snap);
         self.reflink_to("snapshot", &src, &tmp, &dst)?;
+        Self::charge(&mut g, size);
         Ok(VolumeInfo {
             name: snap.to_string(),
             uuid: None,
@@ -531,14 +554,17 @@ impl PoolEngine for FileEngine {
 
     fn delete_snapshot(&self, snap: &str) -> Result<(), EngineError> {
         check_name(snap)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         let Some(found) = self.find_snapshot(snap)? else {
             // Not there (a volume with this name is another object and stays): done. A
             // snapshot whose creation was refused must not block its own deletion.
             return Ok(());
         };
         match fs::remove_file(&found.path) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                Self::refund(&mut g, found.allocated_bytes);
+                Ok(())
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(EngineError::io("remove", found.path, e)),
         }
@@ -547,7 +573,7 @@ impl PoolEngine for FileEngine {
     fn clone_from_snapshot(&self, snap: &str, new_name: &str) -> Result<VolumeInfo, EngineError> {
         check_name(snap)?;
         check_name(new_name)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         let dst = self.volume_file(new_name);
         if let Some(size) = Self::file_size(&dst)? {
             return Ok(self.volume_info(new_name, size));
@@ -555,15 +581,16 @@ impl PoolEngine for FileEngine {
         let found = self
             .find_snapshot(snap)?
             .ok_or_else(|| Self::not_found("snapshot", snap))?;
-        self.check_space(new_name, found.size_bytes)?;
+        self.check_space(&mut g, new_name, found.size_bytes)?;
         let tmp = Self::tmp_file(&self.volumes_dir(), new_name);
         self.reflink_to("clone", &found.path, &tmp, &dst)?;
+        Self::charge(&mut g, found.size_bytes);
         Ok(self.volume_info(new_name, found.size_bytes))
     }
 
     fn restore_snapshot(&self, snap: &str) -> Result<(), EngineError> {
         check_name(snap)?;
-        let _g = self.guard();
+        let mut g = self.guard();
         let found = self
             .find_snapshot(snap)?
             .ok_or_else(|| Self::not_found("snapshot", snap))?;
@@ -585,6 +612,8 @@ impl PoolEngine for FileEngine {
             });
         }
         let tmp = Self::tmp_file(&self.volumes_dir(), &origin);
+        // The origin takes the snapshot's size: count again on the next check.
+        *g = None;
         // Unlike LVM's merge the snapshot is kept: restoring twice gives the same result.
         self.reflink_to("restore", &found.path, &tmp, &dst)
     }
@@ -633,4 +662,28 @@ impl PoolEngine for FileEngine {
         }
         Ok(out)
     }
+}
+
+/// Whether the file system of `dir` (an existing, writable directory) supports reflinks:
+/// probes with two work files there, removed afterwards.
+pub fn dir_supports_reflink(dir: &Path) -> Result<bool, EngineError> {
+    let a = FileEngine::tmp_file(dir, "reflink-probe-a");
+    let b = FileEngine::tmp_file(dir, "reflink-probe-b");
+    let result = (|| {
+        // FICLONE reads the source: open it read-write, not write-only.
+        let src = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&a)
+            .map_err(|e| EngineError::io("create", &a, e))?;
+        src.set_len(VOLUME_UNIT)
+            .map_err(|e| EngineError::io("truncate", &a, e))?;
+        let dst = File::create(&b).map_err(|e| EngineError::io("create", &b, e))?;
+        Ok(rustix::fs::ioctl_ficlone(&dst, &src).is_ok())
+    })();
+    let _ = fs::remove_file(&a);
+    let _ = fs::remove_file(&b);
+    result
 }
