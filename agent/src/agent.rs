@@ -206,6 +206,7 @@ impl Agent {
         let metrics = Arc::new(Metrics::new(&opts.node).map_err(StartError::Metrics)?);
         metrics.add_source(Arc::new(metrics::EngineSource(Arc::clone(&engine))));
         let ctx = Arc::new(Ctx {
+            warnings: crate::sync::Warnings::new(client.clone(), &opts.node),
             keys_client: opts
                 .keys_client
                 .clone()

@@ -49,6 +49,8 @@ pub struct Ctx {
     /// When the copy of each migration last failed (a failed copy starts again only after a
     /// pause, so that the failure is seen).
     pub copy_failures: crate::sync::migration::Failures,
+    /// Warning events about objects whose reconcile failed for good.
+    pub warnings: crate::sync::Warnings,
 }
 
 impl std::fmt::Debug for Ctx {

@@ -54,6 +54,19 @@ impl ErrorKind {
     }
 }
 
+/// Whether retrying a failed reconcile on a timer can help: the one place that decides it
+/// ([`AgentError::retry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Retry {
+    /// Transient (the API server, a timeout, a busy engine, I/O): retried with back-off.
+    Backoff,
+    /// Permanent as things stand (the engine cannot do it on this pool, the object is
+    /// invalid, the export cannot be served here): written to the object's status with a
+    /// Warning event, never retried on a timer, reconciled again only when the object or the
+    /// pool changes.
+    OnChange,
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -152,6 +165,38 @@ impl AgentError {
         }
     }
 
+    /// Whether a retry on a timer can help (see [`Retry`]). The permanent errors:
+    /// - the engine cannot do it on this pool (`engine_unsupported`, e.g. snapshots on a
+    ///   file system without reflinks, a layout LVM cannot build here);
+    /// - the engine refuses the arguments (`engine_invalid_argument`, e.g. a shrink);
+    /// - the pool holds a different object under the name (`engine_already_exists_different`);
+    /// - the object cannot be served as it is (`invalid_object`);
+    /// - the export cannot be made by this agent (no NVMe-oF target, an impossible request).
+    pub fn retry(&self) -> Retry {
+        use engine::ErrorKind as E;
+        match self {
+            Self::Engine { source, .. } => match source.kind() {
+                E::Unsupported | E::InvalidArgument | E::AlreadyExistsDifferent => Retry::OnChange,
+                _ => Retry::Backoff,
+            },
+            Self::InvalidObject { .. } => Retry::OnChange,
+            Self::Export {
+                source: ExportError::Unavailable { .. } | ExportError::InvalidRequest(_),
+                ..
+            } => Retry::OnChange,
+            Self::Kube { .. }
+            | Self::Timeout { .. }
+            | Self::Export { .. }
+            | Self::NotFound { .. }
+            | Self::Join { .. } => Retry::Backoff,
+        }
+    }
+
+    /// Whether the error is permanent ([`Retry::OnChange`]).
+    pub fn is_permanent(&self) -> bool {
+        self.retry() == Retry::OnChange
+    }
+
     /// A Kubernetes request error.
     pub fn kube(op: &'static str, what: impl Into<String>, source: kube::Error) -> Self {
         Self::Kube {
@@ -203,3 +248,137 @@ pub fn is_conflict(e: &kube::Error) -> bool {
 
 /// Result alias of the control loop.
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineError;
+
+    fn engine(source: EngineError) -> AgentError {
+        AgentError::engine("create", "pvc-1", source)
+    }
+
+    /// Every permanent error, by name: none is retried on a timer.
+    #[test]
+    fn the_permanent_errors_wait_for_a_change() {
+        let permanent = [
+            (
+                "engine_unsupported",
+                engine(EngineError::Unsupported {
+                    op: "snapshot",
+                    pool: "p".into(),
+                    reason: "no reflinks".into(),
+                }),
+            ),
+            (
+                "engine_invalid_argument",
+                engine(EngineError::InvalidArgument("bad name".into())),
+            ),
+            (
+                "engine_invalid_argument",
+                engine(EngineError::Shrink {
+                    name: "pvc-1".into(),
+                    current: 2,
+                    requested: 1,
+                }),
+            ),
+            (
+                "engine_already_exists_different",
+                engine(EngineError::SizeMismatch {
+                    what: "volume",
+                    name: "pvc-1".into(),
+                    existing: 1,
+                    requested: 2,
+                }),
+            ),
+            (
+                "engine_already_exists_different",
+                engine(EngineError::Conflict {
+                    what: "snapshot",
+                    name: "s".into(),
+                    detail: "of another volume".into(),
+                }),
+            ),
+            (
+                "invalid_object",
+                AgentError::InvalidObject {
+                    what: "AntstorVolume obnvmf/pvc-1".into(),
+                    reason: "spec.sizeByte: below the minimum".into(),
+                },
+            ),
+            (
+                "export",
+                AgentError::Export {
+                    op: "create",
+                    volume: "pvc-1".into(),
+                    source: ExportError::Unavailable {
+                        volume: "pvc-1".into(),
+                    },
+                },
+            ),
+            (
+                "export",
+                AgentError::Export {
+                    op: "create",
+                    volume: "pvc-1".into(),
+                    source: ExportError::InvalidRequest("no device and no lvol".into()),
+                },
+            ),
+        ];
+        for (kind, e) in &permanent {
+            assert_eq!(e.kind().as_str(), *kind, "{}", e.chain());
+            assert_eq!(e.retry(), Retry::OnChange, "{kind}: {}", e.chain());
+            assert!(e.is_permanent());
+        }
+    }
+
+    /// What a retry can heal keeps its back-off.
+    #[test]
+    fn transient_errors_back_off() {
+        let transient = [
+            AgentError::Timeout {
+                op: "patch",
+                what: "AntstorVolume obnvmf/pvc-1".into(),
+                after: Duration::from_secs(5),
+            },
+            AgentError::NotFound {
+                what: "AntstorVolume obnvmf/origin".into(),
+            },
+            engine(EngineError::NoSpace {
+                pool: "p".into(),
+                name: "pvc-1".into(),
+                free: 1,
+                needed: 2,
+            }),
+            engine(EngineError::Busy {
+                what: "volume",
+                name: "pvc-1".into(),
+                reason: "attached".into(),
+            }),
+            engine(EngineError::PvLost {
+                vg: "vg".into(),
+                stderr: "missing".into(),
+            }),
+            engine(EngineError::NotFound {
+                what: "volume",
+                name: "pvc-1".into(),
+            }),
+            engine(EngineError::Io {
+                op: "write",
+                path: "/x".into(),
+                source: std::io::Error::other("EIO"),
+            }),
+            AgentError::Export {
+                op: "create",
+                volume: "pvc-1".into(),
+                source: ExportError::Target {
+                    message: "listener refused".into(),
+                    source: None,
+                },
+            },
+        ];
+        for e in &transient {
+            assert_eq!(e.retry(), Retry::Backoff, "{}", e.chain());
+        }
+    }
+}

@@ -32,6 +32,7 @@ pub enum SnapshotVolType {
     printcolumn = r#"{"name":"volType","type":"string","jsonPath":".spec.volType"}"#,
     printcolumn = r#"{"name":"originVol","type":"string","jsonPath":".spec.originVolName"}"#,
     printcolumn = r#"{"name":"status","type":"string","jsonPath":".status.status"}"#,
+    printcolumn = r#"{"name":"msg","type":"string","priority":1,"jsonPath":".status.msg"}"#,
     printcolumn = r#"{"name":"targetId","type":"string","priority":1,"jsonPath":".spec.originVolTargetNodeId"}"#,
     printcolumn = r#"{"name":"age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -84,4 +85,22 @@ pub struct AntstorSnapshotStatus {
     /// Life-cycle state.
     #[serde(default)]
     pub status: SnapshotStatusName,
+    /// Why the snapshot is not (yet) in the state it should reach: the storage node's last
+    /// error. Not in LiteIO.
+    #[serde(default, rename = "msg", skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The failure in `msg` cannot heal by retrying (e.g. the pool's file system has no
+    /// reflinks): retried only when the snapshot or its pool changes. Not in LiteIO.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permanent: bool,
+}
+
+impl AntstorSnapshot {
+    /// The permanent failure recorded in the status (`msg` with `permanent: true`), if any.
+    pub fn permanent_failure(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .filter(|s| s.permanent && !s.message.is_empty())
+            .map(|s| s.message.as_str())
+    }
 }

@@ -133,6 +133,11 @@ pub struct AntstorVolumeStatus {
     /// Why the volume is not ready (for example a scheduling failure).
     #[serde(default, rename = "msg", skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The failure in `msg` cannot heal by retrying (the pool cannot do it, the object is
+    /// invalid as it is): the agent tries again only when the object or its pool changes, and
+    /// the CSI driver answers at once instead of waiting. Not in LiteIO; absent = false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permanent: bool,
 }
 
 impl AntstorVolume {
@@ -206,5 +211,13 @@ impl AntstorVolume {
     /// Current life-cycle state (`creating` when no status was written yet).
     pub fn phase(&self) -> VolumeStatus {
         self.status.as_ref().map(|s| s.status).unwrap_or_default()
+    }
+
+    /// The permanent failure recorded in the status (`msg` with `permanent: true`), if any.
+    pub fn permanent_failure(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .filter(|s| s.permanent && !s.message.is_empty())
+            .map(|s| s.message.as_str())
     }
 }

@@ -2,8 +2,8 @@
 //! `retry`, doubling on every further failure up to `retry_max`, each delay spread by ±20 %
 //! so that objects failing for one cause (a lost disk) do not retry in lock-step; a success
 //! forgets the object's failures. Every error counts, also those that retrying cannot heal
-//! (an invalid argument from the engine): they are retried rarely, not never, since the
-//! object or the pool may change. The controller's work queue does the same
+//! (`crate::error::Retry::OnChange`): those get no timer, but stay counted here so that a
+//! change of the pool retries them. The controller's work queue backs off the same way
 //! (`liteio_controller::reconcile::backoff`), without jitter since it runs once per cluster.
 
 use std::collections::HashMap;

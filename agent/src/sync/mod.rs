@@ -4,7 +4,10 @@
 //!
 //! A failed object is retried with per-object exponential back-off and jitter
 //! ([`backoff`]); a change of the object, or of the pool while some object waits for a
-//! retry, reconciles at once (freed space, a repaired disk), whatever the back-off says.
+//! retry, reconciles at once (freed space, a repaired disk), whatever the back-off says. A
+//! permanent failure ([`crate::error::Retry::OnChange`]: the pool cannot do it, the object is
+//! invalid) is written to the object's status by its reconcile and told once by a Warning
+//! event `<Kind>Failed`; it is never retried on a timer, only on such a change.
 
 pub mod auth;
 pub mod backoff;
@@ -21,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -32,7 +36,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::context::Ctx;
-use crate::error::{AgentError, ErrorKind, Result, is_not_found};
+use crate::error::{AgentError, ErrorKind, Result, Retry, is_not_found};
 use crate::sync::backoff::{RandomJitter, Retries, Schedule};
 
 /// Patch parameters naming the agent as field manager.
@@ -188,6 +192,82 @@ impl OwnWrites {
     }
 }
 
+/// Warning events about the objects whose reconcile failed for good ([`Retry::OnChange`]):
+/// one per object and distinct message, so that an object retried on every pool change does
+/// not repeat it.
+pub struct Warnings {
+    recorder: Recorder,
+    last: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for Warnings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warnings").finish_non_exhaustive()
+    }
+}
+
+/// Longest event note (the API server refuses notes over 1 KiB).
+const NOTE_MAX: usize = 1000;
+
+impl Warnings {
+    /// Events reported by the agent of `node`.
+    pub fn new(client: kube::Client, node: &str) -> Self {
+        Self {
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: managers::AGENT.into(),
+                    instance: Some(node.to_string()),
+                },
+            ),
+            last: Default::default(),
+        }
+    }
+
+    fn last(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Publishes a Warning event `reason` about `obj` unless the last one about it said the
+    /// same (best effort: a failure is logged).
+    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: &str) {
+        let key = object_key(obj);
+        if self.last().get(&key).is_some_and(|n| n == note) {
+            return;
+        }
+        let mut text = note.to_string();
+        if text.len() > NOTE_MAX {
+            let mut end = NOTE_MAX;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(text),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            Ok(()) => {
+                self.last().insert(key, note.to_string());
+            }
+            Err(e) => {
+                warn!(object = %describe(obj), reason, error = %e, "cannot publish a Warning event")
+            }
+        }
+    }
+
+    /// The object reconciled: its next failure is told again.
+    pub fn forget(&self, key: &str) {
+        self.last().remove(key);
+    }
+}
+
 /// Requeue delay after a conflict: a fresh copy heals it, so it is neither counted nor
 /// backed off.
 const CONFLICT_RETRY: Duration = Duration::from_millis(20);
@@ -240,14 +320,29 @@ pub(crate) async fn run_controller<K, F, Fut>(
     ));
     let mut reconcile = reconcile;
     let on_ok = Arc::clone(&retries);
+    // A permanent failure is told once with a Warning event (`<Kind>Failed`); the object's
+    // own reconcile writes it to the status.
+    let reason = format!("{}Failed", K::kind(&()));
     let reconcile = move |obj: Arc<K>, ctx: Arc<Ctx>| {
         let key = object_key(obj.as_ref());
-        let fut = reconcile(obj, ctx);
+        let fut = reconcile(Arc::clone(&obj), Arc::clone(&ctx));
         let retries = Arc::clone(&on_ok);
+        let reason = reason.clone();
         async move {
             let res = fut.await;
-            if res.is_ok() {
-                retries.succeeded(&key);
+            match &res {
+                Ok(_) => {
+                    retries.succeeded(&key);
+                    ctx.warnings.forget(&key);
+                }
+                Err(e) if e.is_permanent() && obj.meta().deletion_timestamp.is_none() => {
+                    let note = format!(
+                        "{} (not retried until the object or the pool changes)",
+                        e.chain()
+                    );
+                    ctx.warnings.publish(obj.as_ref(), &reason, &note).await;
+                }
+                Err(_) => {}
             }
             res
         }
@@ -299,9 +394,18 @@ pub(crate) async fn run_controller<K, F, Fut>(
                     debug!(object = %describe(obj.as_ref()), "conflict; retrying with a fresh copy");
                     return Action::requeue(CONFLICT_RETRY);
                 }
+                // Counted either way: the failing objects are those a pool change retries.
                 let (attempt, delay) = retries.failed(&object_key(obj.as_ref()));
-                warn!(object = %describe(obj.as_ref()), kind = %kind, attempt, ?delay, error = %err.chain(), "reconcile failed; retrying");
-                Action::requeue(delay)
+                match err.retry() {
+                    Retry::Backoff => {
+                        warn!(object = %describe(obj.as_ref()), kind = %kind, attempt, ?delay, error = %err.chain(), "reconcile failed; retrying");
+                        Action::requeue(delay)
+                    }
+                    Retry::OnChange => {
+                        warn!(object = %describe(obj.as_ref()), kind = %kind, attempt, error = %err.chain(), "reconcile failed for good; retried when the object or the pool changes");
+                        Action::await_change()
+                    }
+                }
             },
             ctx,
         )

@@ -13,7 +13,10 @@
 //! 4. Otherwise `creating` → `ready`.
 //!
 //! **Guarantees.** Idempotent; every engine change notifies the pool reporter. **Errors**
-//! are returned to the controller and requeued (the snapshot status has no message field).
+//! are returned to the controller and, except conflicts, shown in `status.msg` (our own
+//! field), with `status.permanent` when retrying cannot heal them (a pool without
+//! reflinks): those wait for a change of the snapshot or the pool, the others are retried
+//! with back-off. The next state written clears both.
 
 use std::sync::Arc;
 
@@ -22,13 +25,13 @@ use kube::{Api, ResourceExt};
 use liteio_api::keys::{finalizers, labels};
 use liteio_api::snapshot::SnapshotStatusName;
 use liteio_api::{AntstorSnapshot, AntstorVolume, keys, naming};
-use serde_json::json;
-use tracing::{info, instrument};
+use serde_json::{Value, json};
+use tracing::{info, instrument, warn};
 
 use super::{has_finalizer, label, patch_guarded, patch_status, remove_finalizers, with_finalizer};
 use crate::context::Ctx;
 use crate::engine::EngineKind;
-use crate::error::{AgentError, Result};
+use crate::error::{AgentError, ErrorKind, Result};
 
 /// Name of the snapshot in the engine.
 pub fn engine_name(snap: &AntstorSnapshot) -> String {
@@ -39,18 +42,59 @@ pub fn engine_name(snap: &AntstorSnapshot) -> String {
         .unwrap_or_else(|| naming::snapshot_name(&snap.spec.origin_vol_name))
 }
 
+/// The status of a snapshot in `phase`, clearing an earlier failure's message.
+fn state(phase: SnapshotStatusName) -> Value {
+    json!({"status": phase, "msg": "", "permanent": null})
+}
+
 fn phase(snap: &AntstorSnapshot) -> SnapshotStatusName {
     snap.status.as_ref().map(|s| s.status).unwrap_or_default()
+}
+
+fn api(ctx: &Ctx, snap: &AntstorSnapshot) -> Api<AntstorSnapshot> {
+    let ns = snap
+        .namespace()
+        .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_string());
+    Api::namespaced(ctx.client.clone(), &ns)
 }
 
 /// Reconciles one AntstorSnapshot. See the module documentation.
 #[instrument(skip_all, fields(snapshot = %snap.name_any(), node = %ctx.node))]
 pub async fn reconcile(snap: Arc<AntstorSnapshot>, ctx: Arc<Ctx>) -> Result<Action> {
-    let ns = snap
-        .namespace()
-        .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_string());
-    let api: Api<AntstorSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut snap = (*snap).clone();
+    let res = reconcile_inner(&snap, &ctx).await;
+    match &res {
+        Err(e)
+            if !matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound)
+                && snap.metadata.deletion_timestamp.is_none() =>
+        {
+            set_message(&ctx, &snap, &e.chain(), e.is_permanent()).await;
+        }
+        _ => {}
+    }
+    res
+}
+
+/// Writes `status.msg` and `status.permanent` when they differ (best effort: a failure is
+/// logged); an empty `msg` clears both.
+async fn set_message(ctx: &Ctx, snap: &AntstorSnapshot, msg: &str, permanent: bool) {
+    let cur = snap.status.as_ref();
+    if cur.map_or(("", false), |s| (s.message.as_str(), s.permanent)) == (msg, permanent) {
+        return;
+    }
+    let status = json!({
+        "status": phase(snap),
+        "msg": msg,
+        "permanent": if permanent { json!(true) } else { Value::Null },
+    });
+    if let Err(e) = patch_status(ctx, &api(ctx, snap), snap, status).await {
+        warn!(snapshot = %snap.name_any(), error = %e.chain(), "cannot write the snapshot's status message");
+    }
+}
+
+async fn reconcile_inner(snap: &AntstorSnapshot, ctx: &Arc<Ctx>) -> Result<Action> {
+    let api = api(ctx, snap);
+    let ctx = Arc::clone(ctx);
+    let mut snap = snap.clone();
     let ename = engine_name(&snap);
     if snap.metadata.deletion_timestamp.is_some() {
         if has_finalizer(&snap.metadata, finalizers::SNAPSHOT) {
@@ -108,13 +152,7 @@ pub async fn reconcile(snap: Arc<AntstorSnapshot>, ctx: Arc<Ctx>) -> Result<Acti
             return Ok(Action::await_change());
         }
         if phase(&snap) != SnapshotStatusName::Merging {
-            snap = patch_status(
-                &ctx,
-                &api,
-                &snap,
-                json!({"status": SnapshotStatusName::Merging}),
-            )
-            .await?;
+            snap = patch_status(&ctx, &api, &snap, state(SnapshotStatusName::Merging)).await?;
         }
         if label(&snap.metadata, labels::MERGE_FINISH_TIMESTAMP).is_none() {
             let n = ename.clone();
@@ -131,24 +169,14 @@ pub async fn reconcile(snap: Arc<AntstorSnapshot>, ctx: Arc<Ctx>) -> Result<Acti
             .await?;
             info!("snapshot merged into its origin");
         }
-        patch_status(
-            &ctx,
-            &api,
-            &snap,
-            json!({"status": SnapshotStatusName::Merged}),
-        )
-        .await?;
+        patch_status(&ctx, &api, &snap, state(SnapshotStatusName::Merged)).await?;
         return Ok(Action::await_change());
     }
     if phase(&snap) == SnapshotStatusName::Creating {
-        patch_status(
-            &ctx,
-            &api,
-            &snap,
-            json!({"status": SnapshotStatusName::Ready}),
-        )
-        .await?;
+        patch_status(&ctx, &api, &snap, state(SnapshotStatusName::Ready)).await?;
         info!("snapshot ready");
+    } else if snap.status.as_ref().is_some_and(|s| !s.message.is_empty()) {
+        set_message(&ctx, &snap, "", false).await;
     }
     Ok(Action::requeue(ctx.resync))
 }

@@ -7,7 +7,7 @@
 //!    is present) and drop `spdk-tgt`; delete the engine volume and drop `logic-volume` and
 //!    the legacy `lvm` / `spdk-lvol`. The controller's `in-state` is never touched.
 //! 2. Wait for the controller's `in-state` finalizer and `spec.targetNodeId == node`.
-//! 3. Refuse bad objects with a status message (size below the minimum, a type this pool
+//! 3. Refuse bad objects with a permanent error (size below the minimum, a type this pool
 //!    cannot serve).
 //! 4. Add `logic-volume` **before** touching the engine. From then on the controller waits
 //!    for this agent before it releases a deleted object, so an engine volume can never
@@ -33,8 +33,10 @@
 //! 9. `status.status = ready`, `status.msg` cleared.
 //!
 //! **Guarantees.** Idempotent: a second pass writes nothing. Every engine change notifies
-//! the pool reporter. **Errors** are returned to the controller (requeued with a delay) and,
-//! except conflicts, shown in `status.msg` when it differs.
+//! the pool reporter. **Errors** are returned to the controller and, except conflicts, shown
+//! in `status.msg` when it differs, with `status.permanent` when retrying cannot heal them
+//! (step 3's refusals, an engine that cannot do it, an export this agent cannot make): those
+//! wait for a change of the object or the pool, the others are retried with back-off.
 
 use std::sync::Arc;
 
@@ -56,8 +58,8 @@ use super::{
 use crate::context::Ctx;
 use crate::crash::{self, CrashPoint};
 use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
-use crate::error::{AgentError, ErrorKind, Result, error_chain};
-use crate::exporter::{ExportError, ExportRequest, PathState, UnexportRequest};
+use crate::error::{AgentError, ErrorKind, Result};
+use crate::exporter::{ExportRequest, PathState, UnexportRequest};
 
 /// The `resource` label of this reconciler's errors (as `run_controller` is given).
 pub(crate) const RESOURCE: &str = "antstorvolume";
@@ -146,12 +148,18 @@ fn api(ctx: &Ctx, vol: &AntstorVolume) -> Api<AntstorVolume> {
     )
 }
 
-/// Writes `status.msg` when it differs (best effort: a failure is logged).
-async fn set_message(ctx: &Ctx, vol: &AntstorVolume, msg: &str) {
-    if vol.status.as_ref().map(|s| s.message.as_str()) == Some(msg) {
+/// Writes `status.msg` and `status.permanent` (whether retrying can heal it, see
+/// [`crate::error::Retry`]) when they differ (best effort: a failure is logged).
+async fn set_message(ctx: &Ctx, vol: &AntstorVolume, msg: &str, permanent: bool) {
+    if vol
+        .status
+        .as_ref()
+        .is_some_and(|s| s.message == msg && s.permanent == permanent)
+    {
         return;
     }
-    let status = json!({"status": vol.phase(), "msg": msg});
+    let permanent = if permanent { json!(true) } else { Value::Null };
+    let status = json!({"status": vol.phase(), "msg": msg, "permanent": permanent});
     if let Err(e) = patch_status(ctx, &api(ctx, vol), vol, status).await {
         ctx.metrics.reconcile_error(RESOURCE, e.kind().as_str());
         warn!(volume = %vol.name_any(), error = %e.chain(), "cannot write the volume's status message");
@@ -168,7 +176,7 @@ pub async fn reconcile(vol: Arc<AntstorVolume>, ctx: Arc<Ctx>) -> Result<Action>
             if !matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound)
                 && vol.metadata.deletion_timestamp.is_none()
             {
-                set_message(&ctx, &vol, &e.chain()).await;
+                set_message(&ctx, &vol, &e.chain(), e.is_permanent()).await;
             }
             Err(e)
         }
@@ -192,10 +200,10 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         return Ok(Action::await_change());
     }
     if let Err(errs) = liteio_api::validate::volume(vol) {
-        ctx.metrics
-            .reconcile_error(RESOURCE, ErrorKind::InvalidObject.as_str());
-        set_message(ctx, vol, &errs.to_string()).await;
-        return Ok(Action::await_change());
+        return Err(AgentError::InvalidObject {
+            what: describe(vol),
+            reason: errs.to_string(),
+        });
     }
     let kind = ctx.engine.kind();
     let want = engine_volume_type(kind);
@@ -203,14 +211,13 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         && t != VolumeType::Flexible
         && t != want
     {
-        let msg = format!(
-            "volume type {t} cannot be served by the {kind} pool {} on node {}",
-            ctx.pool_name, ctx.node
-        );
-        ctx.metrics
-            .reconcile_error(RESOURCE, ErrorKind::InvalidObject.as_str());
-        set_message(ctx, vol, &msg).await;
-        return Ok(Action::await_change());
+        return Err(AgentError::InvalidObject {
+            what: describe(vol),
+            reason: format!(
+                "volume type {t} cannot be served by the {kind} pool {} on node {}",
+                ctx.pool_name, ctx.node
+            ),
+        });
     }
     let api = api(ctx, vol);
     // Time the passes of a volume that is not ready yet (see `provision`).
@@ -272,7 +279,11 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
                     RESOURCE,
                     ErrorKind::Engine(crate::engine::ErrorKind::NotFound).as_str(),
                 );
-                set_message(ctx, &vol, &msg).await;
+                // Only a repaired pool can heal it: no retry on a timer but the resync.
+                set_message(ctx, &vol, &msg, true).await;
+                ctx.warnings
+                    .publish(&vol, "AntstorVolumeFailed", &msg)
+                    .await;
                 return Ok(Action::requeue(ctx.resync));
             }
             Err(e) => return Err(e),
@@ -307,28 +318,16 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         info!(size = info.size_bytes, "volume expanded");
     }
     if needs_export(&vol, kind) {
-        match ensure_export(ctx, &api, &vol, &ename, real_size, &mut pass).await {
-            Ok(v) => {
-                wrote(&v);
-                vol = v;
-            }
-            Err(AgentError::Export {
-                source: source @ ExportError::Unavailable { .. },
-                ..
-            }) => {
-                ctx.metrics
-                    .reconcile_error(RESOURCE, ErrorKind::Export.as_str());
-                set_message(ctx, &vol, &error_chain(&source)).await;
-                return Ok(Action::requeue(ctx.resync));
-            }
-            Err(e) => return Err(e),
-        }
+        vol = ensure_export(ctx, &api, &vol, &ename, real_size, &mut pass).await?;
+        wrote(&vol);
     } else if is_exported(&vol) {
         vol = withdraw_export(ctx, &api, &vol).await?;
         wrote(&vol);
     }
     let st = vol.status.as_ref();
-    if vol.phase() != VolumeStatus::Ready || st.is_some_and(|s| !s.message.is_empty()) {
+    if vol.phase() != VolumeStatus::Ready
+        || st.is_some_and(|s| !s.message.is_empty() || s.permanent)
+    {
         crash::reached(CrashPoint::BeforeReady, &vol.name_any());
         vol = pass
             .time(
@@ -337,7 +336,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
                     ctx,
                     &api,
                     &vol,
-                    json!({"status": VolumeStatus::Ready, "msg": ""}),
+                    json!({"status": VolumeStatus::Ready, "msg": "", "permanent": null}),
                 ),
             )
             .await?;
@@ -377,6 +376,7 @@ async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option
                 ctx,
                 vol,
                 &format!("waiting for the source snapshot {what} to be ready"),
+                false,
             )
             .await;
             return Ok(None);
