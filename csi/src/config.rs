@@ -16,6 +16,9 @@ pub struct DriverConfig {
     pub schedule_timeout: Duration,
     /// How long NodeStageVolume waits for the volume to become ready.
     pub ready_timeout: Duration,
+    /// How long CreateSnapshot waits for the storage node to cut the snapshot before it
+    /// answers `ready_to_use = false` (the CO polls again).
+    pub snapshot_wait: Duration,
     /// How long NodeStageVolume waits for an NVMe namespace to appear after connecting.
     pub device_timeout: Duration,
     /// Root of sysfs (`/sys`); tests point it at a fake tree.
@@ -47,6 +50,7 @@ impl DriverConfig {
             version: env!("CARGO_PKG_VERSION").to_string(),
             schedule_timeout: Duration::from_secs(30),
             ready_timeout: Duration::from_secs(30),
+            snapshot_wait: Duration::from_secs(5),
             device_timeout: Duration::from_secs(20),
             sysfs_root: PathBuf::from("/sys"),
             hostnqn_path: PathBuf::from("/etc/nvme/hostnqn"),

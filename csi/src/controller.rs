@@ -204,9 +204,14 @@ pub fn csi_snapshot(s: &AntstorSnapshot, source_volume_id: &str) -> Snapshot {
         snapshot_id: s.spec.uuid.clone(),
         source_volume_id: source_volume_id.to_string(),
         creation_time: s.metadata.creation_timestamp.as_ref().map(ts),
-        ready_to_use: s.status.as_ref().map(|st| st.status) == Some(SnapshotStatusName::Ready),
+        ready_to_use: snapshot_ready(s),
         group_snapshot_id: String::new(),
     }
+}
+
+/// Whether the snapshot is cut and usable.
+fn snapshot_ready(s: &AntstorSnapshot) -> bool {
+    s.status.as_ref().map(|st| st.status) == Some(SnapshotStatusName::Ready)
 }
 
 /// Outcome of waiting for a volume to be scheduled.
@@ -700,7 +705,7 @@ impl ControllerService {
                     "snapshot {name} exists for volume {origin}, not for volume {src}"
                 )));
             }
-            return Ok(csi_snapshot(&s, src));
+            return self.snapshot_outcome(s, src).await;
         }
         let vol = self.find_volume(src).await?;
         let vname = vol.name_any();
@@ -757,7 +762,57 @@ impl ControllerService {
             Err(e) => return Err(CsiError::kube(format!("create AntstorSnapshot {name}"), e)),
         };
         info!(snapshot = name, volume = %vname, "AntstorSnapshot created");
-        Ok(csi_snapshot(&created, src))
+        self.snapshot_outcome(created, src).await
+    }
+
+    /// The answer to CreateSnapshot for `s`: ready, or still being cut after a short wait
+    /// ([`DriverConfig::snapshot_wait`]; `ready_to_use = false`, the CO polls again), or
+    /// FAILED_PRECONDITION with the storage node's reason when it failed for good (the pool
+    /// cannot take snapshots): then the AntstorSnapshot is deleted, so that nothing is left
+    /// of a snapshot the CO never got an id for.
+    async fn snapshot_outcome(&self, s: AntstorSnapshot, src: &str) -> Result<Snapshot> {
+        let settled = |s: &AntstorSnapshot| snapshot_ready(s) || s.permanent_failure().is_some();
+        let name = s.name_any();
+        let s = if settled(&s) {
+            s
+        } else {
+            match k8s::wait_for(
+                self.snapshots(),
+                "AntstorSnapshot",
+                &name,
+                self.cfg.snapshot_wait,
+                settled,
+            )
+            .await?
+            {
+                Waited::Done(now) => now,
+                Waited::Gone => {
+                    return Err(CsiError::Busy(format!(
+                        "snapshot {name} was deleted while it was being cut; retry"
+                    )));
+                }
+                Waited::TimedOut => return Ok(csi_snapshot(&s, src)),
+            }
+        };
+        let Some(msg) = s.permanent_failure() else {
+            return Ok(csi_snapshot(&s, src));
+        };
+        let err = CsiError::FailedPrecondition(format!(
+            "snapshot {name} of volume {} cannot be cut: {msg}",
+            s.spec.origin_vol_name
+        ));
+        match self
+            .snapshots()
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(st)) if st.code == 404 => {}
+            Err(e) => {
+                warn!(snapshot = %name, error = %e, "cannot delete the failed AntstorSnapshot")
+            }
+        }
+        Err(err)
     }
 
     async fn delete_snapshot_inner(&self, req: &DeleteSnapshotRequest) -> Result<()> {

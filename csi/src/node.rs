@@ -483,21 +483,28 @@ impl NodeService {
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
+    /// The volume once ready; a permanent failure of it (see
+    /// [`AntstorVolume::permanent_failure`]) answers at once.
     async fn wait_ready(&self, vol: AntstorVolume) -> Result<AntstorVolume> {
         if vol.phase() == VolumeStatus::Ready {
             return Ok(vol);
         }
+        permanent_failure(&vol)?;
         let name = vol.name_any();
         match k8s::wait_for(
             self.volumes(),
             "AntstorVolume",
             &name,
             self.cfg.ready_timeout,
-            |v: &AntstorVolume| v.phase() == VolumeStatus::Ready,
+            |v: &AntstorVolume| v.phase() == VolumeStatus::Ready || v.permanent_failure().is_some(),
         )
         .await?
         {
-            Waited::Done(v) => Ok(v),
+            Waited::Done(v) if v.phase() == VolumeStatus::Ready => Ok(v),
+            Waited::Done(v) => {
+                permanent_failure(&v)?;
+                Ok(v)
+            }
             Waited::Gone => Err(CsiError::NotFound(format!("volume {name} was deleted"))),
             Waited::TimedOut => {
                 let msg = vol
@@ -817,16 +824,20 @@ impl NodeService {
             // The storage node removes the label once the LV/file has grown; wait for it,
             // bounded like NodeStageVolume's wait for readiness.
             let name = vol.name_any();
+            permanent_failure(&vol)?;
             vol = match k8s::wait_for(
                 self.volumes(),
                 "AntstorVolume",
                 &name,
                 self.cfg.ready_timeout,
-                |v: &AntstorVolume| !growing(v),
+                |v: &AntstorVolume| !growing(v) || v.permanent_failure().is_some(),
             )
             .await?
             {
-                Waited::Done(v) => v,
+                Waited::Done(v) => {
+                    permanent_failure(&v)?;
+                    v
+                }
                 Waited::Gone => {
                     return Err(CsiError::NotFound(format!("volume {name} was deleted")));
                 }
@@ -990,6 +1001,18 @@ pub fn volume_nqn(vol: &AntstorVolume) -> String {
         .map(|t| t.subsys_nqn.clone())
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| naming::subsys_nqn(&vol.spec.uuid))
+}
+
+/// FAILED_PRECONDITION with the storage node's reason when the volume failed for good (the
+/// pool cannot do what it needs, the object is invalid): waiting would not help.
+fn permanent_failure(v: &AntstorVolume) -> Result<()> {
+    match v.permanent_failure() {
+        Some(msg) => Err(CsiError::FailedPrecondition(format!(
+            "volume {} cannot be served: {msg}",
+            v.name_any()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Whether the storage node has yet to grow the volume (ControllerExpandVolume's label).

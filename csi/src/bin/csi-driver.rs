@@ -53,9 +53,14 @@ struct Args {
     /// Seconds CreateVolume waits for the volume to be scheduled.
     #[arg(long, default_value_t = 30)]
     schedule_timeout: u64,
-    /// Seconds NodeStageVolume waits for the volume to be ready.
+    /// Seconds NodeStageVolume waits for the volume to be ready (a permanent failure of the
+    /// volume answers at once).
     #[arg(long, default_value_t = 30)]
     ready_timeout: u64,
+    /// Seconds CreateSnapshot waits for the snapshot to be cut before it answers
+    /// ready_to_use=false (the CO polls again; a permanent failure answers at once).
+    #[arg(long, default_value_t = 5)]
+    snapshot_wait: u64,
     /// Seconds NodeStageVolume waits for the NVMe namespace after connecting.
     #[arg(long, default_value_t = 20)]
     device_timeout: u64,
@@ -124,6 +129,7 @@ async fn main() -> Result<()> {
     cfg.namespace = args.namespace.clone();
     cfg.schedule_timeout = Duration::from_secs(args.schedule_timeout);
     cfg.ready_timeout = Duration::from_secs(args.ready_timeout);
+    cfg.snapshot_wait = Duration::from_secs(args.snapshot_wait);
     cfg.device_timeout = Duration::from_secs(args.device_timeout);
     cfg.max_volumes_per_node = args.max_volumes;
     cfg.sysfs_root = args.sysfs_root.clone();

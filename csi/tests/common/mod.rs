@@ -232,6 +232,8 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
     let mut cfg = DriverConfig::new(NODE);
     cfg.schedule_timeout = Duration::from_secs(10);
     cfg.ready_timeout = Duration::from_secs(10);
+    // CreateSnapshot answers `ready_to_use = false` after this when no agent cuts it.
+    cfg.snapshot_wait = Duration::from_millis(300);
     cfg.sysfs_root = dir.path().join("sys");
     cfg.hostnqn_path = dir.path().join("hostnqn");
     tweak(&mut cfg);
