@@ -174,7 +174,13 @@ pub struct Cluster {
     pub opts: ClusterOptions,
     controller_ports: Vec<u16>,
     ledger: Ledger,
+    /// Where the file engine's pools have their reflinks from, when not the run directory's
+    /// own file system (see [`crate::poolfs`]), one line per node.
+    pub pool_notes: Vec<String>,
     children: Vec<(Role, Child)>,
+    /// The XFS images under the nodes' file-engine pools (released at shutdown, after the
+    /// processes; declared after `children`, so also when dropped).
+    pool_fs: Vec<crate::poolfs::XfsImage>,
 }
 
 /// A free TCP port on `addr`.
@@ -256,7 +262,9 @@ impl Cluster {
             net,
             opts,
             ledger,
+            pool_notes: Vec::new(),
             children: Vec::new(),
+            pool_fs: Vec::new(),
         };
         match me.bring_up().await {
             Ok(()) => Ok(me),
@@ -279,7 +287,28 @@ impl Cluster {
             })
             .collect::<Result<_, _>>()?;
         for k in 1..=self.opts.nodes {
-            mkdir(&self.node_dir(k).join("pool"))?;
+            let pool = self.node_dir(k).join("pool");
+            mkdir(&pool)?;
+            if self.opts.engine == crate::Engine::File {
+                let image = self.node_dir(k).join("pool.xfs");
+                match crate::poolfs::reflink_pool(&pool, &image, self.opts.pool_bytes) {
+                    crate::poolfs::PoolFs::Native => {}
+                    crate::poolfs::PoolFs::Image(fs) => {
+                        self.pool_notes.push(format!(
+                            "node {}: no reflinks in {}; the file engine's pool is an XFS image (reflink=1) at {}",
+                            self.node_name(k),
+                            self.dir.display(),
+                            image.display()
+                        ));
+                        self.pool_fs.push(fs);
+                    }
+                    crate::poolfs::PoolFs::Without(why) => self.pool_notes.push(format!(
+                        "node {}: no reflinks in {} and no XFS image ({why}): snapshots will be refused",
+                        self.node_name(k),
+                        self.dir.display()
+                    )),
+                }
+            }
         }
         self.write_configs()?;
         self.launch(Role::ApiServer).await?;
@@ -373,7 +402,9 @@ impl Cluster {
             spdk_memory: Default::default(),
             agent_metrics: None,
             spdk_polling: self.opts.spdk_polling.contains(&k),
+            pool_note: None,
             children: Vec::new(),
+            pool_fs: None,
         };
         let mut cfg = single.agent_config();
         // Several agents' SPDK runtimes share this machine's cores.
@@ -401,7 +432,9 @@ impl Cluster {
             spdk_memory: Default::default(),
             agent_metrics: None,
             spdk_polling: false,
+            pool_note: None,
             children: Vec::new(),
+            pool_fs: None,
         }
         .scheduler_config();
         let mut body = serde_json::json!({ "scheduler": scheduler });
@@ -744,9 +777,14 @@ impl Cluster {
             crate::terminate(&mut child).await;
         }
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || crate::netns::cleanup(&dir))
-            .await
-            .unwrap_or_default()
+        let pools = std::mem::take(&mut self.pool_fs);
+        tokio::task::spawn_blocking(move || {
+            let undone = crate::netns::cleanup(&dir);
+            drop(pools);
+            undone
+        })
+        .await
+        .unwrap_or_default()
     }
 
     /// Forgets the children without stopping them, as a killed harness would: only the
@@ -756,6 +794,9 @@ impl Cluster {
             // Dropping a tokio Child with kill_on_drop kills it: leak the handle instead.
             std::mem::forget(c);
         }
+        // The pools stay mounted under the abandoned processes (the record's cleanup finds
+        // the mounts under the run directory).
+        std::mem::forget(std::mem::take(&mut self.pool_fs));
     }
 }
 

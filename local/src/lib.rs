@@ -9,6 +9,7 @@ pub mod demo;
 pub mod hugepages;
 pub mod leaks;
 pub mod netns;
+pub mod poolfs;
 pub mod sanity;
 
 use std::net::TcpListener;
@@ -85,8 +86,10 @@ impl std::fmt::Display for Engine {
     }
 }
 
-/// The pool size when none is given: 4 GiB (sparse).
-pub const DEFAULT_POOL_BYTES: u64 = 4 << 30;
+/// The pool size when none is given: 16 GiB (sparse: it takes on disk what the volumes
+/// hold). Room for what csi-sanity keeps at once (five 512 MiB volumes, each with a snapshot
+/// that the file engine counts at its origin's size, and those still being deleted).
+pub const DEFAULT_POOL_BYTES: u64 = 16 << 30;
 
 /// Which storage engine the local agent uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +150,13 @@ pub struct Local {
     pub agent_metrics: Option<std::net::SocketAddr>,
     /// The agent's SPDK reactors poll (as on production nodes) instead of sleeping when idle.
     pub spdk_polling: bool,
+    /// Where the file engine's pool has its reflinks from, in one line for the user, when it
+    /// is not the run directory's own file system (see [`poolfs`]).
+    pub pool_note: Option<String>,
     children: Vec<(Component, Child)>,
+    /// The XFS image under the file engine's pool, when one was made: released after the
+    /// components stopped (declared after `children`, so also when dropped).
+    pool_fs: Option<poolfs::XfsImage>,
 }
 
 /// How the local agent runs where a run departs from the development defaults (no hugepages,
@@ -310,6 +319,31 @@ impl Local {
             path: dir.into(),
             source,
         })?;
+        let (pool_fs, pool_note) = match engine {
+            Engine::File => {
+                let (pool, image) = (dir.join("pool"), dir.join("pool.xfs"));
+                match poolfs::reflink_pool(&pool, &image, pool_bytes) {
+                    poolfs::PoolFs::Native => (None, None),
+                    poolfs::PoolFs::Image(fs) => (
+                        Some(fs),
+                        Some(format!(
+                            "{} has no reflinks, which the file engine's snapshots need: its pool is an XFS file system (reflink=1) in the sparse image {}, loop-mounted at {}",
+                            dir.display(),
+                            image.display(),
+                            pool.display()
+                        )),
+                    ),
+                    poolfs::PoolFs::Without(why) => (
+                        None,
+                        Some(format!(
+                            "{} has no reflinks and no XFS image could be made for the pool ({why}): snapshots and clones will be refused; put --dir on XFS (reflink=1) or btrfs",
+                            dir.display()
+                        )),
+                    ),
+                }
+            }
+            Engine::Spdk => (None, None),
+        };
         let mut me = Self {
             dir: dir.to_path_buf(),
             bin_dir: bin_dir.to_path_buf(),
@@ -322,7 +356,9 @@ impl Local {
             spdk_memory: tuning.memory,
             agent_metrics: tuning.metrics,
             spdk_polling: tuning.spdk_polling,
+            pool_note,
             children: Vec::new(),
+            pool_fs,
         };
         me.write_configs()?;
         match &api {
@@ -657,10 +693,14 @@ impl Local {
         self.launch(c).await
     }
 
-    /// Stop every component, last started first.
+    /// Stop every component, last started first; then release the pool's XFS image, if one
+    /// was made (what volumes left mounted or attached under the run directory first).
     pub async fn stop(&mut self) {
         while let Some((_, mut child)) = self.children.pop() {
             terminate(&mut child).await;
+        }
+        if let Some(fs) = self.pool_fs.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(fs)).await;
         }
     }
 
@@ -791,9 +831,15 @@ pub fn release_host_resources(dir: &Path) -> Vec<String> {
         .filter(|m| m.starts_with(&prefix))
         .collect();
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    // A file system holding the backing files of attached loop devices (the file engine's
+    // pool on its XFS image) is busy until they are detached, and a lazy unmount would hide
+    // their paths from `losetup`: unmount what can be, detach, then the rest.
+    let mut busy = Vec::new();
     for m in mounts {
-        if run("umount", &[&m]) || run("umount", &["-l", &m]) {
+        if run("umount", &[&m]) {
             done.push(format!("unmounted {m}"));
+        } else {
+            busy.push(m);
         }
     }
     if let Ok(o) = runner.run(&argv(&["losetup", "-a"])) {
@@ -803,6 +849,11 @@ pub fn release_host_resources(dir: &Path) -> Vec<String> {
             {
                 done.push(format!("detached {dev}"));
             }
+        }
+    }
+    for m in busy {
+        if run("umount", &[&m]) || run("umount", &["-l", &m]) {
+            done.push(format!("unmounted {m}"));
         }
     }
     done
@@ -842,7 +893,9 @@ mod tests {
             spdk_memory: hugepages::SpdkMemory::NoHuge,
             agent_metrics: None,
             spdk_polling: false,
+            pool_note: None,
             children: Vec::new(),
+            pool_fs: None,
         }
     }
 

@@ -34,9 +34,10 @@ pub(crate) struct Args {
     /// data path is shown with SPDK's userspace initiator (`nvmf-check`) instead.
     #[arg(long, default_value = "auto", value_parser = ["auto", "file", "spdk"])]
     engine: String,
-    /// Size of the node's pool in GiB (a sparse file: the file engine's capacity, or the aio
-    /// file under the SPDK engine's lvstore).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    /// Size of the node's pool in GiB (sparse: the file engine's capacity, or the aio file
+    /// under the SPDK engine's lvstore). Where --dir's file system has no reflinks (ext4),
+    /// the file engine's pool is an XFS image of this size (plus 1 GiB) mounted in --dir.
+    #[arg(long, default_value_t = liteio_local::DEFAULT_POOL_BYTES >> 30, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pool_size_gib: u64,
     /// Run the demo, clean up and exit instead of waiting for a signal.
     #[arg(long)]
@@ -181,6 +182,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "test API server ready on 127.0.0.1:{}; controller, disk-agent and CSI driver ready",
         local.api_port
     ));
+    if let Some(note) = &local.pool_note {
+        say(note);
+    }
     if let Some(addr) = args.agent_metrics_addr {
         say(&format!(
             "the disk-agent serves its metrics at http://{addr}/metrics"

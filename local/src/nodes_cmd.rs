@@ -30,6 +30,9 @@ pub(crate) async fn run(args: &Args, bin_dir: &Path, engine: Engine) -> anyhow::
         cluster.net.bridge_address(),
         cluster.api_port
     ));
+    for note in &cluster.pool_notes {
+        say(note);
+    }
     for k in 1..=nodes {
         let n = cluster.net.node(k)?;
         let nqn = std::fs::read_to_string(cluster.node_dir(k).join("hostnqn")).unwrap_or_default();

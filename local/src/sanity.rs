@@ -1,5 +1,4 @@
-//! Running kubernetes-csi's `csi-sanity` against a local cluster's CSI endpoint, and the
-//! reflink-capable scratch file system that the file engine's snapshots need.
+//! Running kubernetes-csi's `csi-sanity` against a local cluster's CSI endpoint.
 //!
 //! csi-sanity is in no package registry this project uses; it is found through `CSI_SANITY`
 //! or on `PATH` (build it from csi-test v5.3.1 with Go: `cmd/csi-sanity`).
@@ -113,55 +112,6 @@ pub async fn run(
         success: out.status.success(),
         output,
     })
-}
-
-/// An XFS file system with reflink (what the file engine's snapshots and clones need) in a
-/// sparse file, loop-mounted at `dir`; unmounted and removed on drop, after undoing whatever
-/// volumes left mounted or loop-attached inside it.
-#[derive(Debug)]
-pub struct XfsScratch {
-    /// Where it is mounted.
-    pub dir: PathBuf,
-    image: PathBuf,
-}
-
-fn run_ok(cmd: &str, args: &[&str]) -> bool {
-    use liteio_node::cmd::{CommandRunner, SystemRunner, argv};
-    let mut a = vec![cmd];
-    a.extend_from_slice(args);
-    SystemRunner::with_timeout(Duration::from_secs(120))
-        .run(&argv(&a))
-        .is_ok_and(|o| o.success())
-}
-
-impl XfsScratch {
-    /// Makes a `size`-byte image `base/pool.xfs` and mounts it at `base/state`. `None` when
-    /// that cannot be done here (no root, no `mkfs.xfs`, no loop devices).
-    pub fn new(base: &Path, size: u64) -> Option<Self> {
-        let image = base.join("pool.xfs");
-        let dir = base.join("state");
-        std::fs::create_dir_all(&dir).ok()?;
-        std::fs::File::create(&image).ok()?.set_len(size).ok()?;
-        let image_s = image.to_str()?;
-        let ok = run_ok("mkfs.xfs", &["-q", "-m", "reflink=1", image_s])
-            && run_ok("mount", &["-o", "loop", image_s, dir.to_str()?]);
-        if !ok {
-            let _ = std::fs::remove_file(&image);
-            return None;
-        }
-        Some(Self { dir, image })
-    }
-}
-
-impl Drop for XfsScratch {
-    fn drop(&mut self) {
-        crate::release_host_resources(&self.dir);
-        let d = self.dir.to_string_lossy().into_owned();
-        if !run_ok("umount", &[&d]) {
-            let _ = run_ok("umount", &["-l", &d]);
-        }
-        let _ = std::fs::remove_file(&self.image);
-    }
 }
 
 #[cfg(test)]

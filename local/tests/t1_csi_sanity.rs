@@ -10,7 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use liteio_local::sanity::{self, XfsScratch};
+use liteio_local::poolfs::XfsImage;
+use liteio_local::sanity;
 use liteio_local::{ApiSource, Engine, Local};
 
 /// csi-sanity keeps several 512 MiB volumes and their snapshots at once, and deletion
@@ -44,7 +45,7 @@ fn csi_sanity_against_the_real_stack_on_the_file_engine() {
         return;
     }
     let base = tempfile::tempdir().unwrap();
-    let fs = XfsScratch::new(base.path(), SANITY_POOL + (1 << 30))
+    let fs = XfsImage::scratch(base.path(), SANITY_POOL + (1 << 30))
         .expect("cannot make an XFS scratch fs");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -25,7 +25,7 @@ use liteio_csi::csi::{
     TopologyRequirement, VolumeContentSource,
 };
 use liteio_local::demo::mount_capability;
-use liteio_local::sanity::XfsScratch;
+use liteio_local::poolfs::XfsImage;
 use liteio_local::{ApiSource, Component, Engine, Local};
 
 const MIB: i64 = 1 << 20;
@@ -129,7 +129,7 @@ pub fn run_e2e(api: ApiSource, node: &str, tag: &str) {
     }
     let base = std::env::temp_dir().join(format!("liteio-e2e-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&base).unwrap();
-    let mount = XfsScratch::new(&base, 3 << 30).expect("cannot make the XFS pool filesystem");
+    let mount = XfsImage::scratch(&base, 3 << 30).expect("cannot make the XFS pool filesystem");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
