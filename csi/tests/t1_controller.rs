@@ -476,6 +476,45 @@ async fn snapshots_and_clones() {
     .await;
 }
 
+/// A snapshot the storage node cannot cut (its pool has no reflinks) is answered with
+/// FAILED_PRECONDITION as soon as the node says so, not after the CO's deadline, and the
+/// AntstorSnapshot is gone: the CO never got an id to delete it by. The test writes the
+/// status as the agent does (`agent/tests/t1_permanent_errors.rs` shows the agent's side).
+#[tokio::test]
+async fn a_snapshot_that_cannot_be_cut_fails_at_once_and_leaves_nothing() {
+    bounded(async {
+        // A long wait: the answer must come from the failure, not from the wait's end.
+        let mut env = start(true, false, |c| c.snapshot_wait = Duration::from_secs(20)).await;
+        env.start_scheduler(1 << 40);
+        let v = env.csi.controller.create_volume(create_req("pvc-f", 8 * MIB_I)).await.unwrap().into_inner().volume.unwrap();
+        let snaps: kube::Api<AntstorSnapshot> = kube::Api::namespaced(env.client.clone(), "obnvmf");
+        let agent = {
+            let snaps = snaps.clone();
+            tokio::spawn(async move {
+                loop {
+                    if snaps.get_opt("snap-f").await.unwrap().is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let status = json!({"status": {"status": "creating", "msg": "cannot snapshot snap-f in the pool: snapshot is not supported on pool p: no reflinks", "permanent": true}});
+                snaps.patch_status("snap-f", &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+            })
+        };
+        let req = CreateSnapshotRequest { source_volume_id: v.volume_id.clone(), name: "snap-f".into(), ..Default::default() };
+        let started = std::time::Instant::now();
+        let e = env.csi.controller.create_snapshot(req.clone()).await.unwrap_err();
+        let took = started.elapsed();
+        agent.await.unwrap();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("no reflinks"), "{}", e.message());
+        assert!(took < Duration::from_secs(10), "answered after {took:?}");
+        assert!(snaps.get_opt("snap-f").await.unwrap().is_none(), "the failed AntstorSnapshot is left");
+        env.stop().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn list_volumes_pages() {
     bounded(async {
