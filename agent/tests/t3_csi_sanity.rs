@@ -13,7 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use liteio_local::sanity::{self, SanityReport, XfsScratch};
+use liteio_local::poolfs::XfsImage;
+use liteio_local::sanity::{self, SanityReport};
 use liteio_local::{ApiSource, Engine, Local};
 
 /// csi-sanity keeps several 512 MiB volumes and their snapshots at once, and deletion
@@ -101,7 +102,7 @@ fn csi_sanity_on_the_file_engine_with_an_spdk_agent() {
         return;
     }
     let base = tempfile::tempdir().unwrap();
-    let fs = XfsScratch::new(base.path(), SANITY_POOL + (1 << 30))
+    let fs = XfsImage::scratch(base.path(), SANITY_POOL + (1 << 30))
         .expect("cannot make an XFS scratch fs");
     let Some(r) = run_on(Engine::File, &fs.dir, &[]) else {
         return;
