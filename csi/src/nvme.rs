@@ -620,6 +620,133 @@ fn write_attr(path: &Path, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// What this host's kernel can do for NVMe-oF connections, as the CSI node finds it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HostCapabilities {
+    /// The kernel release (`uname -r`).
+    pub kernel: String,
+    /// In-band authentication (DH-HMAC-CHAP) of NVMe/TCP connections.
+    pub dhchap: bool,
+    /// NVMe/TCP TLS (the `tls` connect option).
+    pub tls: bool,
+    /// How `dhchap` was decided (a kernel config line, a module file, or why nothing was
+    /// found), for messages.
+    pub dhchap_evidence: String,
+}
+
+impl HostCapabilities {
+    /// Why a volume that requires authentication cannot be connected from this host,
+    /// `None` when it can: names the kernel and the option it was built without.
+    pub fn auth_refusal(&self) -> Option<String> {
+        (!self.dhchap).then(|| {
+            format!(
+                "this node's kernel {} cannot authenticate NVMe/TCP connections (DH-HMAC-CHAP): {}; it needs CONFIG_NVME_HOST_AUTH (Linux 6.7 and newer) or CONFIG_NVME_AUTH (6.0 to 6.6), e.g. Debian 12's bookworm-backports kernel",
+                self.kernel, self.dhchap_evidence
+            )
+        })
+    }
+}
+
+/// Finds what the running kernel can do: `tls` from the options `/dev/nvme-fabrics` lists
+/// (`fabrics`; the nvme-fabrics module must be loaded); DH-HMAC-CHAP from the kernel's build
+/// configuration in `boot` (`config-<release>`), else from the `nvme-auth` module in
+/// `modules` (`<release>/…`, loaded or built in). The option list cannot tell: kernels built
+/// without authentication (Debian 12's 6.1) still list `dhchap_secret`.
+pub fn host_capabilities(
+    release: &str,
+    fabrics: &Path,
+    boot: &Path,
+    modules: &Path,
+    sys_module: &Path,
+) -> HostCapabilities {
+    let tls = std::fs::read_to_string(fabrics)
+        .map(|s| s.trim().split(',').any(|o| o == "tls"))
+        .unwrap_or(false);
+    let (dhchap, dhchap_evidence) = dhchap_support(release, boot, modules, sys_module);
+    HostCapabilities {
+        kernel: release.to_string(),
+        dhchap,
+        tls,
+        dhchap_evidence,
+    }
+}
+
+fn dhchap_support(release: &str, boot: &Path, modules: &Path, sys_module: &Path) -> (bool, String) {
+    let config = boot.join(format!("config-{release}"));
+    if let Ok(text) = std::fs::read_to_string(&config) {
+        let value = |sym: &str| -> Option<String> {
+            text.lines().find_map(|l| {
+                if l == format!("# {sym} is not set") {
+                    Some("n".into())
+                } else {
+                    l.strip_prefix(&format!("{sym}=")).map(str::to_string)
+                }
+            })
+        };
+        // Linux 6.7 split host authentication off CONFIG_NVME_AUTH.
+        if let Some(v) = value("CONFIG_NVME_HOST_AUTH") {
+            let yes = v == "y";
+            return (
+                yes,
+                format!("{}: CONFIG_NVME_HOST_AUTH={v}", config.display()),
+            );
+        }
+        return match value("CONFIG_NVME_AUTH") {
+            Some(v) if v == "y" || v == "m" => {
+                (true, format!("{}: CONFIG_NVME_AUTH={v}", config.display()))
+            }
+            Some(_) => (
+                false,
+                format!("built without CONFIG_NVME_AUTH ({})", config.display()),
+            ),
+            None => (
+                false,
+                format!(
+                    "{} names neither CONFIG_NVME_HOST_AUTH nor CONFIG_NVME_AUTH",
+                    config.display()
+                ),
+            ),
+        };
+    }
+    if sys_module.join("nvme_auth").exists() {
+        return (true, "module nvme_auth is loaded".into());
+    }
+    let dir = modules.join(release);
+    if std::fs::read_to_string(dir.join("modules.builtin"))
+        .is_ok_and(|s| s.lines().any(|l| l.ends_with("/nvme-auth.ko")))
+    {
+        return (true, "nvme-auth is built in".into());
+    }
+    let common = dir.join("kernel/drivers/nvme/common");
+    if std::fs::read_dir(&common).is_ok_and(|rd| {
+        rd.flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("nvme-auth.ko"))
+    }) {
+        return (true, format!("module nvme-auth in {}", common.display()));
+    }
+    (
+        false,
+        format!(
+            "no kernel config at {} and no nvme-auth module",
+            config.display()
+        ),
+    )
+}
+
+/// [`host_capabilities`] of the running kernel, at the standard paths.
+pub fn this_host_capabilities() -> HostCapabilities {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    host_capabilities(
+        &release,
+        Path::new(FABRICS_DEV),
+        Path::new("/boot"),
+        Path::new("/lib/modules"),
+        Path::new("/sys/module"),
+    )
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -1138,5 +1265,64 @@ mod tests {
             fs::read_to_string(dir.join(ATTR_DHCHAP_SECRET)).unwrap(),
             k.host.expose()
         );
+    }
+
+    #[test]
+    fn host_capabilities_follow_the_kernel_config() {
+        let d = tempfile::tempdir().unwrap();
+        let (boot, mods, sysm) = (
+            d.path().join("boot"),
+            d.path().join("lib"),
+            d.path().join("sys"),
+        );
+        std::fs::create_dir_all(&boot).unwrap();
+        let fabrics = d.path().join("fabrics");
+        // Debian 12's 6.1: dhchap_secret listed, built without authentication, no tls.
+        std::fs::write(
+            &fabrics,
+            "instance=-1,transport=%s,dhchap_secret=%s,dhchap_ctrl_secret=%s\n",
+        )
+        .unwrap();
+        std::fs::write(
+            boot.join("config-6.1.0-57-amd64"),
+            "CONFIG_NVME_TCP=m\n# CONFIG_NVME_AUTH is not set\n",
+        )
+        .unwrap();
+        let c = host_capabilities("6.1.0-57-amd64", &fabrics, &boot, &mods, &sysm);
+        assert!(!c.dhchap && !c.tls, "{c:?}");
+        let why = c.auth_refusal().unwrap();
+        assert!(
+            why.contains("6.1.0-57-amd64") && why.contains("CONFIG_NVME_AUTH"),
+            "{why}"
+        );
+        // Debian 12's backports 6.12: host authentication and TLS.
+        std::fs::write(
+            &fabrics,
+            "instance=-1,transport=%s,tls_key=%d,dhchap_secret=%s,tls\n",
+        )
+        .unwrap();
+        std::fs::write(
+            boot.join("config-6.12.95+deb12-amd64"),
+            "CONFIG_NVME_AUTH=m\nCONFIG_NVME_HOST_AUTH=y\n",
+        )
+        .unwrap();
+        let c = host_capabilities("6.12.95+deb12-amd64", &fabrics, &boot, &mods, &sysm);
+        assert!(c.dhchap && c.tls && c.auth_refusal().is_none(), "{c:?}");
+        // 6.7+ with the target's CONFIG_NVME_AUTH only: the host cannot.
+        std::fs::write(
+            boot.join("config-6.8.0"),
+            "CONFIG_NVME_AUTH=m\n# CONFIG_NVME_HOST_AUTH is not set\n",
+        )
+        .unwrap();
+        assert!(!host_capabilities("6.8.0", &fabrics, &boot, &mods, &sysm).dhchap);
+        // 6.0 to 6.6: CONFIG_NVME_AUTH is the host's.
+        std::fs::write(boot.join("config-6.5.0"), "CONFIG_NVME_AUTH=y\n").unwrap();
+        assert!(host_capabilities("6.5.0", &fabrics, &boot, &mods, &sysm).dhchap);
+        // No config: the module decides.
+        let common = mods.join("6.9.0/kernel/drivers/nvme/common");
+        assert!(!host_capabilities("6.9.0", &fabrics, &boot, &mods, &sysm).dhchap);
+        std::fs::create_dir_all(&common).unwrap();
+        std::fs::write(common.join("nvme-auth.ko.xz"), "").unwrap();
+        assert!(host_capabilities("6.9.0", &fabrics, &boot, &mods, &sysm).dhchap);
     }
 }

@@ -11,6 +11,7 @@ pub mod leaks;
 pub mod netns;
 pub mod poolfs;
 pub mod sanity;
+pub mod vm;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

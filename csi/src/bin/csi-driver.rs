@@ -39,8 +39,13 @@ struct Args {
     #[arg(long, default_value = "unix:///csi/csi.sock")]
     endpoint: String,
     /// This node's name.
-    #[arg(long, env = "NODE_ID")]
-    node_id: String,
+    #[arg(long, env = "NODE_ID", required_unless_present = "host_capabilities")]
+    node_id: Option<String>,
+    /// Print what this host's kernel can do for NVMe-oF connections (kernel release,
+    /// DH-HMAC-CHAP, TLS, and how it was found) as JSON, and exit. The node plugin finds the
+    /// same at start.
+    #[arg(long)]
+    host_capabilities: bool,
     /// Which services to serve besides Identity.
     #[arg(long, value_enum, default_value = "both")]
     mode: Mode,
@@ -125,7 +130,18 @@ async fn main() -> Result<()> {
             .init(),
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
     }
-    let mut cfg = DriverConfig::new(args.node_id.clone());
+    if args.host_capabilities {
+        let _ = std::process::Command::new("modprobe")
+            .arg("nvme-fabrics")
+            .status();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&liteio_csi::nvme::this_host_capabilities())?
+        );
+        return Ok(());
+    }
+    let node_id = args.node_id.clone().unwrap_or_default();
+    let mut cfg = DriverConfig::new(node_id.clone());
     cfg.namespace = args.namespace.clone();
     cfg.schedule_timeout = Duration::from_secs(args.schedule_timeout);
     cfg.ready_timeout = Duration::from_secs(args.ready_timeout);
@@ -175,7 +191,7 @@ async fn main() -> Result<()> {
             let _ = stop_rx.wait_for(|s| *s).await;
         }))
     });
-    tracing::info!(endpoint = %args.endpoint, node = %args.node_id, mode = ?args.mode, "CSI driver serving");
+    tracing::info!(endpoint = %args.endpoint, node = %node_id, mode = ?args.mode, "CSI driver serving");
     let served = server::serve(listener, services, async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
