@@ -8,6 +8,8 @@
 #   T2  against a real kube-apiserver (tests/t2_*.rs): when LITEIO_TEST_KUBECONFIG is set
 #   T3  against real SPDK (agent feature `spdk`, tests/t3_*.rs): when SPDK is found
 #       (SPDK_DIR, vendor/spdk, or pkg-config's spdk_nvmf)
+#   T4  Debian's stock kernels in microVMs (tests/t4_*.rs): when QEMU, virtme-ng and the
+#       kernels are installed (installed here when root on Debian; LITEIO_TEST_T4=0 skips)
 #
 # Safe to run twice. Exit status is non-zero when a check or a test failed.
 set -uo pipefail
@@ -54,6 +56,54 @@ for comp in rustfmt clippy; do
         rustup component add "$comp" >/dev/null 2>&1 || true
     fi
 done
+
+# --- what tier 4 needs: QEMU, Debian 12's kernels (6.12 from bookworm-backports, 6.1 from
+# bookworm), virtme-ng (PyPI), and the host tools the guests run from the host's root -----
+t4_install() {
+    [ "${LITEIO_TEST_T4:-1}" != 0 ] || return 0
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 0
+    grep -qs 'bookworm' /etc/os-release || return 0
+    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+            >/etc/apt/sources.list.d/liteio-backports.sources
+        apt-get update -qq >/dev/null 2>&1
+    fi
+    local need=()
+    for p in busybox-static nvme-cli lvm2 fio; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+    ls /boot/vmlinuz-6.12.*-amd64 >/dev/null 2>&1 || need+=(linux-image-amd64)
+    dpkg -s qemu-system-x86 >/dev/null 2>&1 || need+=(qemu-system-x86)
+    if [ ${#need[@]} -gt 0 ]; then
+        say "installing for T4 (bookworm-backports): ${need[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports "${need[@]}" >/dev/null 2>&1 \
+            || say "warning: could not install ${need[*]}"
+    fi
+    if ! ls /boot/vmlinuz-6.1.*-amd64 >/dev/null 2>&1; then
+        local v k
+        # The newest 6.1 (bookworm or bookworm-security).
+        v=$(apt-cache madison linux-image-amd64 2>/dev/null | awk -F' *[|] *' '$2 ~ /^6[.]1[.]/ { print $2 }' | sort -V | tail -n 1)
+        k=$(apt-cache depends "linux-image-amd64=$v" 2>/dev/null | awk '/Depends: linux-image-6/ { print $2; exit }')
+        if [ -n "$k" ]; then
+            say "installing for T4: $k (Debian 12's stock kernel)"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$k" >/dev/null 2>&1 || say "warning: could not install $k"
+        fi
+    fi
+    if ! command -v vng >/dev/null; then
+        say "installing for T4: virtme-ng (PyPI)"
+        python3 -m pip install -q virtme-ng >/dev/null 2>&1 || say "warning: could not install virtme-ng"
+        command -v pyenv >/dev/null && pyenv rehash
+        hash -r
+    fi
+}
+# Why no VM can boot here, or nothing.
+t4_unavailable() {
+    [ "${LITEIO_TEST_T4:-1}" != 0 ] || { echo "LITEIO_TEST_T4=0"; return; }
+    [ "$(id -u)" = 0 ] || { echo "not root (taps, loop devices)"; return; }
+    command -v vng >/dev/null || { echo "no vng (virtme-ng from PyPI)"; return; }
+    command -v qemu-system-x86_64 >/dev/null || { echo "no qemu-system-x86_64 (Debian qemu-system-x86)"; return; }
+    command -v busybox >/dev/null || { echo "no busybox (Debian busybox-static)"; return; }
+    ls /boot/vmlinuz-6.12.*-amd64 >/dev/null 2>&1 || { echo "no 6.12 kernel (linux-image-amd64 from bookworm-backports)"; return; }
+}
+t4_install
 
 spdk_found() {
     [ -n "${SPDK_DIR:-}" ] && return 0
@@ -192,6 +242,15 @@ else
     t3_args=(-p liteio-agent --features spdk)
     [ -n "$(targets_with_prefix t3_)" ] && t3_args+=(--test 't3_*')
     run_tier T3 "real SPDK" -- "${t3_args[@]}" -- --test-threads=1 --show-output
+fi
+
+t4_why=$(t4_unavailable)
+if [ -n "$t4_why" ]; then
+    skip_tier T4 "no microVMs: $t4_why"
+elif [ -z "$(targets_with_prefix t4_)" ]; then
+    skip_tier T4 "no T4 tests in the workspace yet"
+else
+    run_tier T4 "Debian kernels in microVMs" -- --workspace --test 't4_*' -- --test-threads=1 --show-output
 fi
 
 echo
