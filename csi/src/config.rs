@@ -19,6 +19,9 @@ pub struct DriverConfig {
     /// How long CreateSnapshot waits for the storage node to cut the snapshot before it
     /// answers `ready_to_use = false` (the CO polls again).
     pub snapshot_wait: Duration,
+    /// What this host's kernel can do for NVMe-oF connections; `None` = found at start
+    /// ([`crate::nvme::this_host_capabilities`]). Tests give it.
+    pub host_capabilities: Option<crate::nvme::HostCapabilities>,
     /// How long NodeStageVolume waits for an NVMe namespace to appear after connecting.
     pub device_timeout: Duration,
     /// Root of sysfs (`/sys`); tests point it at a fake tree.
@@ -52,6 +55,7 @@ impl DriverConfig {
             ready_timeout: Duration::from_secs(30),
             snapshot_wait: Duration::from_secs(5),
             device_timeout: Duration::from_secs(20),
+            host_capabilities: None,
             sysfs_root: PathBuf::from("/sys"),
             hostnqn_path: PathBuf::from("/etc/nvme/hostnqn"),
             hostid_path: PathBuf::from("/etc/nvme/hostid"),

@@ -406,6 +406,8 @@ impl Host {
 pub struct NodeService {
     client: Client,
     cfg: Arc<DriverConfig>,
+    /// What this host's kernel can do for NVMe-oF connections (found once, at start).
+    caps: nvme::HostCapabilities,
     host: Host,
     inflight: Inflight,
     metrics: Option<Arc<VolumeMetrics>>,
@@ -464,8 +466,14 @@ impl NodeService {
         runner: Arc<dyn CommandRunner>,
         metrics: Option<Arc<VolumeMetrics>>,
     ) -> Self {
+        let caps = cfg
+            .host_capabilities
+            .clone()
+            .unwrap_or_else(nvme::this_host_capabilities);
+        info!(kernel = %caps.kernel, dhchap = caps.dhchap, tls = caps.tls, evidence = %caps.dhchap_evidence, "NVMe-oF host capabilities");
         NodeService {
             client,
+            caps,
             host: Host::new(Arc::clone(&cfg), runner),
             cfg,
             inflight: Inflight::default(),
@@ -553,6 +561,15 @@ impl NodeService {
             Attach::Nvme(_) => stage_keys(&req.secrets)?,
             Attach::Local(_) => None,
         };
+        // A kernel without DH-HMAC-CHAP would fail the connect with a bare EIO: say why first.
+        if keys.is_some()
+            && let Some(why) = self.caps.auth_refusal()
+        {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {} is exported with host authentication (DH-HMAC-CHAP), and {why}; or export the storage node's volumes without keys (agent config nvmf.auth: none)",
+                vol.name_any()
+            )));
+        }
         let clone = is_clone(&vol);
         let name = vol.name_any();
         blocking(move || {

@@ -151,6 +151,13 @@ impl Env {
         std::fs::write(dir.path().join("hostnqn"), format!("{HOST_NQN}\n")).unwrap();
         std::fs::write(dir.path().join("hostid"), format!("{HOST_ID}\n")).unwrap();
         let mut cfg = DriverConfig::new(NODE);
+        // A host that can authenticate (the tests give the kernel's answers).
+        cfg.host_capabilities = Some(liteio_csi::nvme::HostCapabilities {
+            kernel: "6.12.0-test".into(),
+            dhchap: true,
+            tls: true,
+            dhchap_evidence: "given by the test".into(),
+        });
         cfg.sysfs_root = sysfs.clone();
         cfg.hostnqn_path = dir.path().join("hostnqn");
         cfg.hostid_path = dir.path().join("hostid");

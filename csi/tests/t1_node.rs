@@ -673,3 +673,58 @@ async fn nvme_tcp_for_real_when_the_kernel_has_it() {
         println!("SKIP nvme_tcp: nvme-cli is not installed");
     }
 }
+
+/// A node whose kernel cannot authenticate NVMe/TCP connections (Debian 12's 6.1) is told so
+/// at once, naming the kernel, the option it lacks and the way out, instead of the kernel's
+/// bare EIO after a connect attempt. The kernel's answers are given (`host_capabilities`);
+/// `local/tests/t4_kernel.rs` shows the real 6.1 and 6.12 give them.
+#[tokio::test]
+async fn a_host_that_cannot_authenticate_is_told_why_at_once() {
+    bounded(async {
+        let mut env = start(false, true, |c| {
+            c.host_capabilities = Some(liteio_csi::nvme::HostCapabilities {
+                kernel: "6.1.0-57-amd64".into(),
+                dhchap: false,
+                tls: false,
+                dhchap_evidence: "built without CONFIG_NVME_AUTH (/boot/config-6.1.0-57-amd64)"
+                    .into(),
+            });
+        })
+        .await;
+        let api = env.volumes();
+        nvme_volume(&api, "pvc-a", "a-1").await;
+        api.patch_status(
+            "pvc-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"status": "ready"}})),
+        )
+        .await
+        .unwrap();
+        let staging = env.dir.path().join("staging/pvc-a");
+        let mut r = stage_req("a-1", &staging, mount_cap("xfs"));
+        r.secrets = secrets(&VolumeKeys::generate(false).unwrap());
+        let started = std::time::Instant::now();
+        let e = env.csi.node.node_stage_volume(r).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+        for part in [
+            "pvc-a",
+            "6.1.0-57-amd64",
+            "CONFIG_NVME_AUTH",
+            "CONFIG_NVME_HOST_AUTH",
+            "nvmf.auth: none",
+        ] {
+            assert!(
+                e.message().contains(part),
+                "{part} missing: {}",
+                e.message()
+            );
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(
+            !staging.exists() || std::fs::read_dir(&staging).unwrap().next().is_none(),
+            "nothing staged"
+        );
+        env.stop().await;
+    })
+    .await;
+}

@@ -230,6 +230,13 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
         .expect("namespace");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = DriverConfig::new(NODE);
+    // A host that can authenticate (the tests give the kernel's answers).
+    cfg.host_capabilities = Some(liteio_csi::nvme::HostCapabilities {
+        kernel: "6.12.0-test".into(),
+        dhchap: true,
+        tls: true,
+        dhchap_evidence: "given by the test".into(),
+    });
     cfg.schedule_timeout = Duration::from_secs(10);
     cfg.ready_timeout = Duration::from_secs(10);
     // CreateSnapshot answers `ready_to_use = false` after this when no agent cuts it.
