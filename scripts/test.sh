@@ -69,7 +69,7 @@ t4_install() {
         apt-get update -qq >/dev/null 2>&1
     fi
     local need=()
-    for p in busybox-static nvme-cli lvm2 fio; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+    for p in busybox-static nvme-cli lvm2 fio socat; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
     ls /boot/vmlinuz-6.12.*-amd64 >/dev/null 2>&1 || need+=(linux-image-amd64)
     dpkg -s qemu-system-x86 >/dev/null 2>&1 || need+=(qemu-system-x86)
     if [ ${#need[@]} -gt 0 ]; then

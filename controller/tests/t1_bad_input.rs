@@ -113,6 +113,17 @@ async fn bad_volumes_get_a_message_and_good_ones_are_still_scheduled() {
             m.starts_with("SourceSnapshotNotFound") && m.contains("obnvmf/no-such-snap"),
             "{m}"
         );
+        // An invalid volume is permanent (only a change heals it); a clone waiting for its
+        // snapshot is not (the snapshot may still come).
+        let permanent = |v: liteio_api::AntstorVolume| v.status.is_some_and(|s| s.permanent);
+        assert!(
+            permanent(h.volume("zero").await),
+            "an invalid volume is marked permanent"
+        );
+        assert!(
+            !permanent(h.volume("clone").await),
+            "a clone waiting for its snapshot is not"
+        );
         h.wait_bound("odd", "n1").await;
         h.wait_bound("good", "n1").await;
         let charged = h.ctx.state().charge(&ObjectKey::new(NS, "odd"));

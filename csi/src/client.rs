@@ -20,8 +20,23 @@ pub struct CsiClient {
     pub node: NodeClient<Channel>,
 }
 
-/// Connects to `endpoint` (`unix:///path`).
+/// Connects to `endpoint`: `unix:///path`, or `tcp://host:port` (a test reaching a node
+/// plugin inside a VM through a forwarder; the driver itself serves only unix sockets).
 pub async fn connect(endpoint: &str) -> Result<CsiClient> {
+    if let Some(addr) = endpoint.strip_prefix("tcp://") {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| CsiError::invalid("endpoint", format!("{endpoint:?}: {e}")))?
+            .connect()
+            .await
+            .map_err(|e| {
+                CsiError::FailedPrecondition(format!("cannot connect to {endpoint}: {e}"))
+            })?;
+        return Ok(CsiClient {
+            identity: IdentityClient::new(channel.clone()),
+            controller: ControllerClient::new(channel.clone()),
+            node: NodeClient::new(channel),
+        });
+    }
     let path = socket_path(endpoint)?;
     let channel = Endpoint::from_static("http://csi.invalid")
         .connect_with_connector(tower::service_fn(move |_| {

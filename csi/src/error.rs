@@ -31,6 +31,10 @@ pub enum CsiError {
     /// The work was started but has not finished within the wait bound; calling again is safe.
     #[error("{0}")]
     Pending(String),
+    /// The volume's target cannot be reached now (refused, timed out, no route): UNAVAILABLE,
+    /// so that the CO retries.
+    #[error("{0}")]
+    Unreachable(String),
     /// Another call for the same object is in progress.
     #[error("{0}")]
     Busy(String),
@@ -163,6 +167,7 @@ impl CsiError {
             CsiError::OutOfRange(_) => ErrorKind::OutOfRange,
             CsiError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             CsiError::Pending(_) => ErrorKind::Timeout,
+            CsiError::Unreachable(_) => ErrorKind::Unavailable,
             CsiError::Busy(_) => ErrorKind::Aborted,
             CsiError::Unimplemented(_) => ErrorKind::Unimplemented,
             CsiError::Kube { source, .. } => kube_kind(source),

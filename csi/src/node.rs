@@ -235,12 +235,14 @@ impl Host {
                                 &hostnqn,
                                 host_id.as_deref(),
                                 keys,
-                            )?;
+                            )
+                            .map_err(|e| nvme::unreachable(t, e))?;
                             info!(nqn = %t.subsys_nqn, address = %t.address, svc_id = %t.svc_id, controller = %ctrl, "connected NVMe/TCP target with DH-HMAC-CHAP");
                         }
                         None => {
                             cmd::run_ok(self.runner.as_ref(), &nvme::connect_argv(t, &hostnqn)?)
-                                .map_err(|e| match e {
+                                .map_err(|e| match nvme::unreachable(t, e) {
+                                    // Refused for another reason: perhaps keys are needed.
                                     CsiError::Command {
                                         command,
                                         status,

@@ -620,6 +620,28 @@ fn write_attr(path: &Path, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// A failed connect to `t` that says the target cannot be reached (the kernel's "Connection
+/// refused", "Connection timed out", "No route to host", …) becomes
+/// [`CsiError::Unreachable`] naming the address; any other error is returned as it is.
+pub fn unreachable(t: &SpdkTarget, e: CsiError) -> CsiError {
+    let text = e.to_string().to_ascii_lowercase();
+    let why = if text.contains("connection refused") {
+        "refused the connection: nothing listens there (is the volume's storage node and its agent up?)"
+    } else if text.contains("timed out") {
+        "did not answer (connection timed out)"
+    } else if text.contains("no route to host") || text.contains("host is unreachable") {
+        "is unreachable (no route to host)"
+    } else if text.contains("network is unreachable") {
+        "is unreachable (network is unreachable)"
+    } else {
+        return e;
+    };
+    CsiError::Unreachable(format!(
+        "NVMe/TCP target {}:{} of {} {why}",
+        t.address, t.svc_id, t.subsys_nqn
+    ))
+}
+
 /// What this host's kernel can do for NVMe-oF connections, as the CSI node finds it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct HostCapabilities {
@@ -1324,5 +1346,42 @@ mod tests {
         std::fs::create_dir_all(&common).unwrap();
         std::fs::write(common.join("nvme-auth.ko.xz"), "").unwrap();
         assert!(host_capabilities("6.9.0", &fabrics, &boot, &mods, &sysm).dhchap);
+    }
+
+    #[test]
+    fn unreachable_targets_are_told_apart() {
+        let t = SpdkTarget {
+            address: "127.10.1.1".into(),
+            svc_id: "4999".into(),
+            subsys_nqn: "nqn.x".into(),
+            ..SpdkTarget::default()
+        };
+        let cmd = |stderr: &str| CsiError::Command {
+            command: "nvme connect".into(),
+            status: "exit 1".into(),
+            stderr: stderr.into(),
+        };
+        let e = unreachable(
+            &t,
+            cmd("Failed to write to /dev/nvme-fabrics: Connection refused"),
+        );
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unavailable);
+        assert!(
+            e.to_string().contains("127.10.1.1:4999") && e.to_string().contains("refused"),
+            "{e}"
+        );
+        let e = unreachable(
+            &t,
+            cmd("Failed to write to /dev/nvme-fabrics: Connection timed out"),
+        );
+        assert!(e.to_string().contains("timed out"), "{e}");
+        let e = unreachable(
+            &t,
+            cmd("Failed to write to /dev/nvme-fabrics: Input/output error"),
+        );
+        assert!(
+            matches!(e, CsiError::Command { .. }),
+            "an authentication failure is not a reachability one"
+        );
     }
 }

@@ -770,6 +770,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// The run's record of what to undo after a crash.
+    pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
     /// Stops every process (last started first), then removes the namespaces, links, mounts
     /// and loop devices of the run; returns what the last-resort cleanup still had to undo.
     pub async fn shutdown(&mut self) -> Vec<String> {

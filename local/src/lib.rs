@@ -12,6 +12,7 @@ pub mod netns;
 pub mod poolfs;
 pub mod sanity;
 pub mod vm;
+pub mod vm_node;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

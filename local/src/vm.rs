@@ -208,13 +208,19 @@ pub fn which(name: &str) -> Option<PathBuf> {
 /// The guest's one command: configure the network when asked, say `ready`, then run each
 /// base64 script it reads from the `liteio` port and answer `<status> <base64 output>`.
 fn guest_script(net: Option<&VmNet>) -> String {
+    // The NIC's name depends on udev (enp0s…); the loopback range's catch-all local route
+    // would swallow 127.10.x.y, so only 127.0.0.1 stays local.
     let net = net.map_or_else(String::new, |n| {
         format!(
-            "sysctl -qw net.ipv4.conf.all.route_localnet=1\n\
-             ip link set eth0 up\n\
-             sysctl -qw net.ipv4.conf.eth0.route_localnet=1\n\
-             ip addr add {addr}/{prefix} dev eth0\n\
-             ip route del {addr}/{prefix} dev lo table local 2>/dev/null\n",
+            "modprobe virtio_net\n\
+             dev=\n\
+             for i in $(seq 100); do dev=$(ls /sys/class/net | grep -vx lo | head -n 1); [ -n \"$dev\" ] && break; sleep 0.1; done\n\
+             [ -n \"$dev\" ] || {{ echo 'no network interface' >&2; exit 1; }}\n\
+             sysctl -qw net.ipv4.conf.all.route_localnet=1\n\
+             sysctl -qw net.ipv4.conf.$dev.route_localnet=1\n\
+             ip link set \"$dev\" up\n\
+             ip addr add {addr}/{prefix} dev \"$dev\"\n\
+             ip route del local 127.0.0.0/8 dev lo table local\n",
             addr = n.address,
             prefix = n.prefix
         )
@@ -545,7 +551,7 @@ mod tests {
             prefix: 24,
         };
         let s = guest_script(Some(&net));
-        assert!(s.contains("ip addr add 127.10.1.21/24 dev eth0"), "{s}");
+        assert!(s.contains("ip addr add 127.10.1.21/24 dev \"$dev\""), "{s}");
         assert!(s.contains("route_localnet=1"), "{s}");
     }
 

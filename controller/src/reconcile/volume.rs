@@ -67,7 +67,9 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     if let Err(msg) = check(ctx, key, &vol) {
         ctx.warn_once(vol.as_ref(), "InvalidVolume", msg.clone())
             .await;
-        set_message(ctx, &vol, &msg).await?;
+        // Permanent: nothing but a change of the volume heals it (the CSI node answers at
+        // once instead of waiting for readiness).
+        set_message(ctx, &vol, &msg, true).await?;
         return Ok(Action::Done);
     }
     let bound = vol
@@ -77,7 +79,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     if bound.is_none()
         && let Some(msg) = missing_source(ctx, key, &vol)
     {
-        set_message(ctx, &vol, &msg).await?;
+        set_message(ctx, &vol, &msg, false).await?;
         return Ok(Action::Done);
     }
     let node = match bound {
@@ -85,7 +87,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
         None => match schedule(ctx, key, &vol) {
             Ok(n) => n,
             Err(e) => {
-                set_message(ctx, &vol, &e.to_string()).await?;
+                set_message(ctx, &vol, &e.to_string(), false).await?;
                 ctx.run_plugins(PluginObject::Volume(&vol)).await?;
                 return Ok(Action::Done);
             }
@@ -271,7 +273,7 @@ async fn ensure_status(
     if vol.status.is_some() && !stale_msg {
         return Ok(vol);
     }
-    let mut status = json!({ "msg": null });
+    let mut status = json!({ "msg": null, "permanent": null });
     if vol.status.is_none() {
         status["status"] = json!("creating");
     }
@@ -286,13 +288,18 @@ async fn ensure_status(
     Ok(store(ctx, out))
 }
 
-async fn set_message(ctx: &Context, vol: &AntstorVolume, msg: &str) -> Result<()> {
-    let current = vol.status.as_ref().map(|s| s.message.as_str());
-    if current == Some(msg) {
+/// Writes `status.msg`, and `status.permanent` when only a change of the volume can heal it.
+async fn set_message(ctx: &Context, vol: &AntstorVolume, msg: &str, permanent: bool) -> Result<()> {
+    if vol
+        .status
+        .as_ref()
+        .is_some_and(|s| s.message == msg && s.permanent == permanent)
+    {
         return Ok(());
     }
     let key = ObjectKey::of(vol);
-    let mut status = json!({ "msg": msg });
+    let permanent = if permanent { json!(true) } else { json!(null) };
+    let mut status = json!({ "msg": msg, "permanent": permanent });
     if vol.status.is_none() {
         status["status"] = json!("creating");
     }
