@@ -250,7 +250,10 @@ if [ -n "$t4_why" ]; then
 elif [ -z "$(targets_with_prefix t4_)" ]; then
     skip_tier T4 "no T4 tests in the workspace yet"
 else
-    run_tier T4 "Debian kernels in microVMs" -- --workspace --test 't4_*' -- --test-threads=1 --show-output
+    # With SPDK, the agent's T4 tests against its embedded target run too.
+    t4_args=(--workspace --test 't4_*')
+    spdk_found && t4_args+=(--features liteio-agent/spdk)
+    run_tier T4 "Debian kernels in microVMs" -- "${t4_args[@]}" -- --test-threads=1 --show-output
 fi
 
 echo

@@ -1166,6 +1166,26 @@ mod tests {
             &["nvme", "connect"],
             Output::fail(
                 1,
+                "Failed to write to /dev/nvme-fabrics: Input/output error\n",
+            ),
+        );
+        let host = Host::new(cfg(d.path()), runner);
+        let e = host
+            .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap(), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("Input/output error"), "{e}");
+        // No keys were given: the error says how a StorageClass passes them.
+        assert!(
+            e.to_string()
+                .contains("StorageClass must set csi.storage.k8s.io/node-stage-secret-name"),
+            "{e}"
+        );
+        // A target that is not there is UNAVAILABLE, naming it; keys are not blamed.
+        let runner = Arc::new(ScriptedRunner::new());
+        runner.on(
+            &["nvme", "connect"],
+            Output::fail(
+                1,
                 "Failed to write to /dev/nvme-fabrics: Connection refused\n",
             ),
         );
@@ -1173,13 +1193,9 @@ mod tests {
         let e = host
             .attach(&attach_plan(&nvme_volume("n2"), "node-1").unwrap(), None)
             .unwrap_err();
-        assert!(e.to_string().contains("Connection refused"), "{e}");
-        // No keys were given: the error says how a StorageClass passes them.
-        assert!(
-            e.to_string()
-                .contains("StorageClass must set csi.storage.k8s.io/node-stage-secret-name"),
-            "{e}"
-        );
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("refused the connection"), "{e}");
+        assert!(!e.to_string().contains("StorageClass"), "{e}");
         // Detach of a never-connected export does nothing.
         let runner = Arc::new(ScriptedRunner::new());
         let host = Host::new(cfg(d.path()), runner.clone());
