@@ -230,10 +230,16 @@ impl Warnings {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The key of `obj`: its kind, namespace and name (a volume and a snapshot may share a
+    /// name).
+    fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+        format!("{}/{}", K::kind(&()), object_key(obj))
+    }
+
     /// Publishes a Warning event `reason` about `obj` unless the last one about it said the
     /// same (best effort: a failure is logged).
     pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: &str) {
-        let key = object_key(obj);
+        let key = Self::key(obj);
         if self.last().get(&key).is_some_and(|n| n == note) {
             return;
         }
@@ -262,9 +268,16 @@ impl Warnings {
         }
     }
 
-    /// The object reconciled: its next failure is told again.
-    pub fn forget(&self, key: &str) {
-        self.last().remove(key);
+    /// `obj` reconciled: its next failure is told again.
+    pub fn forget<K: Resource<DynamicType = ()>>(&self, obj: &K) {
+        self.last().remove(&Self::key(obj));
+    }
+
+    /// Forgets the objects of kind `K` for which `keep` (given [`object_key`]) is false.
+    fn retain<K: Resource<DynamicType = ()>>(&self, mut keep: impl FnMut(&str) -> bool) {
+        let prefix = format!("{}/", K::kind(&()));
+        self.last()
+            .retain(|k, _| k.strip_prefix(&prefix).is_none_or(&mut keep));
     }
 }
 
@@ -333,7 +346,7 @@ pub(crate) async fn run_controller<K, F, Fut>(
             match &res {
                 Ok(_) => {
                     retries.succeeded(&key);
-                    ctx.warnings.forget(&key);
+                    ctx.warnings.forget(obj.as_ref());
                 }
                 Err(e) if e.is_permanent() && obj.meta().deletion_timestamp.is_none() => {
                     let note = format!(
@@ -365,12 +378,16 @@ pub(crate) async fn run_controller<K, F, Fut>(
     // any more.
     let store = controller.store();
     let waiting = Arc::clone(&retries);
+    let warned = Arc::clone(&ctx);
     let pool_changes = futures::stream::unfold(ctx.pool_epoch.subscribe(), move |mut rx| {
-        let (waiting, store) = (Arc::clone(&waiting), store.clone());
+        let (waiting, store, warned) = (Arc::clone(&waiting), store.clone(), Arc::clone(&warned));
         async move {
             loop {
                 rx.changed().await.ok()?;
                 waiting.retain(|key| store.get(&object_ref::<K>(key)).is_some());
+                warned
+                    .warnings
+                    .retain::<K>(|key| store.get(&object_ref::<K>(key)).is_some());
                 let refs: Vec<ObjectRef<K>> =
                     waiting.failing().iter().map(|k| object_ref(k)).collect();
                 if !refs.is_empty() {
