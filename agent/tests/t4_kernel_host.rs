@@ -9,6 +9,8 @@
 //! - ControllerExpandVolume + NodeExpandVolume grow the mounted ext4 online.
 //! - NodeGetVolumeStats answers for the mounted volume.
 //! - A wrong key and no key are refused with a clear CSI error, and leave nothing behind.
+//! - The storage node's agent SIGKILLed and restarted under fio (verified random writes on
+//!   the mounted ext4): the kernel reconnects, fio sees no error; the stall is printed.
 //! - NodeUnpublish/NodeUnstage leave no controller, no mount, no `/dev/nvme*`.
 //!
 //! Needs SPDK (the agent's `spdk` feature), root, network namespaces and a bootable VM;
@@ -301,6 +303,83 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
                 .map_or(0, |u| u.total);
             assert!(total as u64 > 400 * MIB as u64, "{stats:?}");
+
+            // The storage node's agent (and its NVMe/TCP target) SIGKILLed and started again
+            // under fio writing with verification on the mounted ext4: the kernel reconnects
+            // (reconnect-delay 2 s, ctrl-loss-tmo 10 s), fio sees no error, verify passes.
+            node.vm
+                .sh_ok(
+                    &format!(
+                        "cd /tmp && setsid fio --name=restart --filename={target}/fio.dat --size=32M --rw=randwrite --bs=4k \
+                         --iodepth=8 --ioengine=libaio --direct=1 --verify=crc32c --do_verify=1 --time_based \
+                         --runtime=25 --output-format=json --output=/tmp/fio.json >/tmp/fio.out 2>&1 </dev/null 3>&- &"
+                    ),
+                    STEP,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            // fio is writing: its file has its size.
+            let writing = format!("test \"$(stat -c %s {target}/fio.dat 2>/dev/null)\" = 33554432");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !node
+                .vm
+                .sh(&writing, STEP)
+                .await
+                .map_err(|e| e.to_string())?
+                .success()
+            {
+                assert!(Instant::now() < deadline, "fio did not start");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            c.kill(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            c.launch(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+            println!(
+                "agent killed and ready again after {:.2}s",
+                t.elapsed().as_secs_f64()
+            );
+            let deadline = Instant::now() + Duration::from_secs(180);
+            while node
+                .vm
+                .sh("pgrep -x fio", STEP)
+                .await
+                .map_err(|e| e.to_string())?
+                .success()
+            {
+                assert!(Instant::now() < deadline, "fio did not finish");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let json = node
+                .vm
+                .sh_ok("cat /tmp/fio.json", STEP)
+                .await
+                .map_err(|e| e.to_string())?;
+            let out = node
+                .vm
+                .sh("cat /tmp/fio.out; dmesg | grep -i nvme | tail -n 20", STEP)
+                .await
+                .map_err(|e| e.to_string())?
+                .output;
+            let start = json
+                .find('{')
+                .ok_or_else(|| format!("no fio JSON: {json}\n{out}"))?;
+            let report: serde_json::Value =
+                serde_json::from_str(&json[start..]).map_err(|e| format!("{e}: {json}"))?;
+            let job = &report["jobs"][0];
+            let max_ms = job["write"]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6;
+            println!(
+                "fio across the agent restart: error {}, {} writes, longest write {:.0} ms; guest:\n{out}",
+                job["error"], job["write"]["total_ios"], max_ms
+            );
+            assert_eq!(
+                job["error"], 0,
+                "fio saw an I/O error across the restart: {out}"
+            );
+            assert!(job["write"]["total_ios"].as_u64().unwrap_or(0) > 0);
+            assert!(
+                !out.contains("verify: bad") && !out.contains("verify failed"),
+                "{out}"
+            );
 
             csi.node
                 .node_unpublish_volume(unpublish)
