@@ -170,35 +170,6 @@ async fn migration(c: &Cluster, name: &str) -> Option<VolumeMigration> {
     api.get_opt(name).await.ok().flatten()
 }
 
-/// The migration of volume `vol` (`kubectl liteio migrate` names it after the volume and
-/// the time).
-async fn migration_of(c: &Cluster, vol: &str) -> Option<VolumeMigration> {
-    let api: Api<VolumeMigration> = Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
-    let l = api.list(&ListParams::default()).await.ok()?;
-    l.items
-        .into_iter()
-        .find(|m| m.spec.source_volume.name == vol)
-}
-
-/// `kubectl liteio migrate <volume>` with the cluster's kubeconfig.
-async fn kubectl_migrate(c: &Cluster, volume: &str) -> Result<String, String> {
-    let out = tokio::process::Command::new(bin_dir().join("kubectl-liteio"))
-        .arg("--kubeconfig")
-        .arg(c.kubeconfig())
-        .args(["migrate", volume])
-        .output()
-        .await
-        .map_err(err("run kubectl-liteio"))?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    if !out.status.success() {
-        return Err(format!(
-            "kubectl liteio migrate failed: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(text)
-}
-
 /// Patches `hostConnectStatus` and the host's finalizer, as the CSI node does.
 async fn host_reports(c: &Cluster, name: &str, connected: bool) -> Result<(), String> {
     let api: Api<VolumeMigration> = Api::namespaced(

@@ -183,6 +183,35 @@ pub struct Cluster {
     pool_fs: Vec<crate::poolfs::XfsImage>,
 }
 
+/// The Node object of node `name` at `ip`, as kubelet registers it (hostname labels, the
+/// InternalIP address).
+pub(crate) fn node_object(name: &str, ip: Ipv4Addr) -> Node {
+    let ip = ip.to_string();
+    let labels = [
+        (keys::labels::KUBE_HOSTNAME, name),
+        (keys::labels::NODE_IP, ip.as_str()),
+        (keys::labels::NODE_HOSTNAME, name),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".into(),
+                address: ip,
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// A free TCP port on `addr`.
 fn free_port(addr: Ipv4Addr) -> Result<u16, LocalError> {
     std::net::TcpListener::bind((addr, 0))
@@ -675,30 +704,7 @@ impl Cluster {
             if nodes.get_opt(&name).await?.is_some() {
                 continue;
             }
-            let ip = self.node_address(k)?.to_string();
-            let labels = [
-                (keys::labels::KUBE_HOSTNAME, name.as_str()),
-                (keys::labels::NODE_IP, ip.as_str()),
-                (keys::labels::NODE_HOSTNAME, name.as_str()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-            let obj = Node {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    labels: Some(labels),
-                    ..Default::default()
-                },
-                status: Some(NodeStatus {
-                    addresses: Some(vec![NodeAddress {
-                        type_: "InternalIP".into(),
-                        address: ip,
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
+            let obj = node_object(&name, self.node_address(k)?);
             nodes.create(&PostParams::default(), &obj).await?;
         }
         Ok(())

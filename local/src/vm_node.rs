@@ -13,10 +13,9 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
-use liteio_api::keys;
+use kube::api::PostParams;
 
 use crate::LocalError;
 use crate::cluster::Cluster;
@@ -141,30 +140,7 @@ impl Cluster {
         if nodes.get_opt(name).await?.is_some() {
             return Ok(());
         }
-        let ip = address.to_string();
-        let labels = [
-            (keys::labels::KUBE_HOSTNAME, name),
-            (keys::labels::NODE_IP, ip.as_str()),
-            (keys::labels::NODE_HOSTNAME, name),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let obj = Node {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                labels: Some(labels),
-                ..Default::default()
-            },
-            status: Some(NodeStatus {
-                addresses: Some(vec![NodeAddress {
-                    type_: "InternalIP".into(),
-                    address: ip,
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let obj = crate::cluster::node_object(name, address);
         nodes.create(&PostParams::default(), &obj).await?;
         Ok(())
     }

@@ -25,8 +25,6 @@ use kube::{Api, ResourceExt};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::keys::{self, labels};
 use liteio_api::{AntstorVolume, AntstorVolumeSpec, SpdkTarget, naming};
-use liteio_csi::csi::volume_capability::access_mode::Mode;
-use liteio_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::ClusterOptions;
@@ -35,18 +33,6 @@ use serde_json::json;
 use tonic::Code;
 
 const STEP: Duration = Duration::from_secs(60);
-
-fn mount_cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-    }
-}
 
 /// The StoragePool of a storage node that is not part of this run, as its agent registered
 /// it: the controller keeps the hand-written volumes below on it.
@@ -116,7 +102,7 @@ fn stage(id: &str, staging: &str) -> NodeStageVolumeRequest {
     NodeStageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.into(),
-        volume_capability: Some(mount_cap("ext4")),
+        volume_capability: Some(liteio_local::demo::mount_capability("ext4")),
         ..Default::default()
     }
 }

@@ -214,3 +214,56 @@ where
         .await
         .map_err(|e| e.to_string())
 }
+
+/// The migration of volume `vol` (`kubectl liteio migrate` names it after the volume and
+/// the time).
+pub async fn migration_of(c: &Cluster, vol: &str) -> Option<liteio_api::VolumeMigration> {
+    let api: Api<liteio_api::VolumeMigration> =
+        Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
+    let l = api.list(&kube::api::ListParams::default()).await.ok()?;
+    l.items
+        .into_iter()
+        .find(|m| m.spec.source_volume.name == vol)
+}
+
+/// `kubectl liteio migrate <volume>` with the cluster's kubeconfig.
+pub async fn kubectl_migrate(c: &Cluster, volume: &str) -> Result<String, String> {
+    let out = tokio::process::Command::new(bin_dir().join("kubectl-liteio"))
+        .arg("--kubeconfig")
+        .arg(c.kubeconfig())
+        .args(["migrate", volume])
+        .output()
+        .await
+        .map_err(err("run kubectl-liteio"))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() {
+        return Err(format!(
+            "kubectl liteio migrate failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(text)
+}
+
+/// The node-stage secret kubelet hands the consumer's CSI node for volume `name`: the data
+/// of the volume's Secret (`liteio-auth-<pv>`).
+pub async fn stage_secrets(c: &Cluster, name: &str) -> Result<HashMap<String, String>, String> {
+    let client = c.kube().await.map_err(err("kube"))?;
+    let v = Api::<AntstorVolume>::namespaced(client.clone(), keys::DEFAULT_NAMESPACE)
+        .get(name)
+        .await
+        .map_err(err("get the volume"))?;
+    let s = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client, keys::DEFAULT_NAMESPACE)
+        .get(&v.auth_secret_name())
+        .await
+        .map_err(err("get the volume's Secret"))?;
+    s.data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            String::from_utf8(v.0)
+                .map(|v| (k.clone(), v))
+                .map_err(|_| format!("Secret key {k} is not text"))
+        })
+        .collect()
+}
