@@ -29,7 +29,7 @@ use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{ClusterOptions, Role};
 use liteio_local::demo::mount_capability;
-use liteio_local::vm::{self, Kernel};
+use liteio_local::vm::Kernel;
 use liteio_local::vm_node::VmNode;
 use tonic::Code;
 
@@ -66,15 +66,7 @@ async fn fs_size(node: &mut VmNode, path: &str) -> Result<u64, String> {
 
 #[test]
 fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
-    if skip("t4 kernel host") {
-        return;
-    }
-    if let Some(why) = vm::unavailable(&Kernel::Backports) {
-        println!("SKIP t4 kernel host: {why}");
-        return;
-    }
-    if vm::which("socat").is_none() {
-        println!("SKIP t4 kernel host: no socat (Debian package socat)");
+    if skip_vm("t4 kernel host", &Kernel::Backports) {
         return;
     }
     let dir = scratch("t4-kernel-host");
@@ -100,14 +92,7 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 .map_err(|e| e.to_string())?;
 
             // A volume for vm-1, stored on node-1.
-            let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
-            let id = create_volume_sized(c, "pvc-k", Some(node.name.clone()), params, 256 * MIB)
-                .await
-                .map_err(err("join"))??;
-            eventually(c, "pvc-k ready", 120, Role::Agent(1), || async {
-                volume(c, "pvc-k").await.is_some_and(|v| is_ready(&v))
-            })
-            .await?;
+            let id = remote_volume_for(c, "pvc-k", &node.name, 256 * MIB).await?;
             let secrets = stage_secrets(c, "pvc-k").await?;
             assert!(
                 secrets

@@ -14,7 +14,6 @@
 #[path = "../../local/tests/cluster_common/mod.rs"]
 mod cluster_common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use cluster_common::*;
@@ -25,21 +24,13 @@ use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{ClusterOptions, Role};
 use liteio_local::demo::mount_capability;
-use liteio_local::vm::{self, Kernel};
+use liteio_local::vm::Kernel;
 
 const STEP: Duration = Duration::from_secs(120);
 
 #[test]
 fn a_hot_migration_seen_by_the_kernels_multipath() {
-    if skip("t4 kernel migration") {
-        return;
-    }
-    if let Some(why) = vm::unavailable(&Kernel::Backports) {
-        println!("SKIP t4 kernel migration: {why}");
-        return;
-    }
-    if vm::which("socat").is_none() {
-        println!("SKIP t4 kernel migration: no socat (Debian package socat)");
+    if skip_vm("t4 kernel migration", &Kernel::Backports) {
         return;
     }
     let dir = scratch("t4-kernel-migration");
@@ -77,14 +68,7 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
             let mut csi = liteio_csi::client::connect(&node.csi_endpoint())
                 .await
                 .map_err(|e| e.to_string())?;
-            let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
-            let id = create_volume_sized(c, "pvc-m", Some(node.name.clone()), params, 256 * MIB)
-                .await
-                .map_err(err("join"))??;
-            eventually(c, "pvc-m ready", 120, Role::Agent(1), || async {
-                volume(c, "pvc-m").await.is_some_and(|v| is_ready(&v))
-            })
-            .await?;
+            let id = remote_volume_for(c, "pvc-m", &node.name, 256 * MIB).await?;
             let v = volume(c, "pvc-m").await.ok_or("pvc-m gone")?;
             let source = v.spec.spdk_target.clone().ok_or("no export")?;
             let secrets = stage_secrets(c, "pvc-m").await?;

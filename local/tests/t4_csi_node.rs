@@ -19,7 +19,7 @@ mod cluster_common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster_common::{scratch, skip, with_cluster};
+use cluster_common::{scratch, skip_vm, with_cluster};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::auth::VolumeKeys;
@@ -28,7 +28,7 @@ use liteio_api::{AntstorVolume, AntstorVolumeSpec, SpdkTarget, naming};
 use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::ClusterOptions;
-use liteio_local::vm::{self, Kernel};
+use liteio_local::vm::Kernel;
 use serde_json::json;
 use tonic::Code;
 
@@ -109,15 +109,7 @@ fn stage(id: &str, staging: &str) -> NodeStageVolumeRequest {
 
 #[test]
 fn csi_node_on_debian_61_in_a_vm() {
-    if skip("t4 CSI node") {
-        return;
-    }
-    if let Some(why) = vm::unavailable(&Kernel::Stock) {
-        println!("SKIP t4 CSI node: {why}");
-        return;
-    }
-    if vm::which("socat").is_none() {
-        println!("SKIP t4 CSI node: no socat (Debian package socat)");
+    if skip_vm("t4 CSI node", &Kernel::Stock) {
         return;
     }
     let dir = scratch("t4-csi-node");

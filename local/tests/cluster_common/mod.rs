@@ -267,3 +267,41 @@ pub async fn stage_secrets(c: &Cluster, name: &str) -> Result<HashMap<String, St
         })
         .collect()
 }
+
+/// Whether a test with a VM node on `kernel` cannot run here (no network namespaces, no
+/// bootable VM, no socat to reach the guest's CSI socket); prints its one SKIP line.
+pub fn skip_vm(test: &str, kernel: &liteio_local::vm::Kernel) -> bool {
+    if skip(test) {
+        return true;
+    }
+    let why = liteio_local::vm::unavailable(kernel).or_else(|| {
+        liteio_local::vm::which("socat")
+            .is_none()
+            .then(|| "no socat (Debian package socat)".to_string())
+    });
+    if let Some(why) = why {
+        println!("SKIP {test}: {why}");
+        return true;
+    }
+    false
+}
+
+/// Creates `name` (`bytes`) through CSI for consumer `node` with `positionAdvice:
+/// MustRemote` (stored on a storage node, exported to the consumer) and waits until it is
+/// ready; returns its volume id.
+pub async fn remote_volume_for(
+    c: &Cluster,
+    name: &str,
+    node: &str,
+    bytes: i64,
+) -> Result<String, String> {
+    let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
+    let id = create_volume_sized(c, name, Some(node.to_string()), params, bytes)
+        .await
+        .map_err(err("join"))??;
+    eventually(c, &format!("{name} ready"), 120, Role::Agent(1), || async {
+        volume(c, name).await.is_some_and(|v| is_ready(&v))
+    })
+    .await?;
+    Ok(id)
+}
