@@ -274,37 +274,10 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
             // The storage node's agent (and its NVMe/TCP target) SIGKILLed and started again
             // under fio writing with verification on the mounted ext4: the kernel reconnects
             // (reconnect-delay 2 s, ctrl-loss-tmo 10 s), fio sees no error, verify passes.
-            node.vm
-                .sh_ok(
-                    &format!(
-                        "cd /tmp; setsid fio --name=restart --filename={target}/fio.dat --size=32M --rw=randwrite --bs=4k \
-                         --iodepth=8 --ioengine=libaio --direct=1 --verify=crc32c --do_verify=1 --time_based \
-                         --runtime=25 --output-format=json --output=/tmp/fio.json >/tmp/fio.out 2>&1 </dev/null 3>&- &"
-                    ),
-                    STEP,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            // fio is writing: its file has its size.
-            let writing = format!("test \"$(stat -c %s {target}/fio.dat 2>/dev/null)\" = 33554432");
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !node
-                .vm
-                .sh(&writing, STEP)
-                .await
-                .map_err(|e| e.to_string())?
-                .success()
-            {
-                assert!(Instant::now() < deadline, "fio did not start");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+            start_fio(&mut node, &format!("{target}/fio.dat"), 25).await?;
             // Still writing when the agent goes.
             assert!(
-                node.vm
-                    .sh("pgrep -x fio", STEP)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .success(),
+                fio_running(&mut node).await?,
                 "fio ended before the agent was killed"
             );
             c.kill(Role::Agent(1)).await.map_err(|e| e.to_string())?;
@@ -314,58 +287,22 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 "agent killed and ready again after {:.2}s",
                 t.elapsed().as_secs_f64()
             );
-            let deadline = Instant::now() + Duration::from_secs(180);
-            while node
-                .vm
-                .sh("pgrep -x fio", STEP)
-                .await
-                .map_err(|e| e.to_string())?
-                .success()
-            {
-                if Instant::now() > deadline {
-                    // Seen once in two runs: say what the kernel and fio were doing.
-                    let why = node
-                        .vm
-                        .sh("for c in /sys/class/nvme/nvme*; do echo \"$c $(cat $c/state) $(cat $c/address)\"; done; cat /tmp/fio.out; dmesg | tail -n 40", STEP)
-                        .await
-                        .map(|o| o.output)
-                        .unwrap_or_default();
-                    return Err(format!(
-                        "fio did not finish within 180 s of the agent's restart:\n{why}"
-                    ));
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            let json = node
-                .vm
-                .sh_ok("cat /tmp/fio.json", STEP)
-                .await
-                .map_err(|e| e.to_string())?;
-            let out = node
-                .vm
-                .sh("cat /tmp/fio.out; dmesg | grep -i nvme | tail -n 20", STEP)
-                .await
-                .map_err(|e| e.to_string())?
-                .output;
-            let start = json
-                .find('{')
-                .ok_or_else(|| format!("no fio JSON: {json}\n{out}"))?;
-            let report: serde_json::Value =
-                serde_json::from_str(&json[start..]).map_err(|e| format!("{e}: {json}"))?;
-            let job = &report["jobs"][0];
-            let max_ms = job["write"]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6;
+            // Seen once in five runs: fio did not finish (the error says what the kernel did).
+            let fio = fio_result(&mut node, Duration::from_secs(180)).await?;
             println!(
-                "fio across the agent restart: error {}, {} writes, longest write {:.0} ms; guest:\n{out}",
-                job["error"], job["write"]["total_ios"], max_ms
+                "fio across the agent restart: error {}, {} writes, longest write {:.0} ms; guest:\n{}",
+                fio.error, fio.writes, fio.max_write_ms, fio.log
             );
             assert_eq!(
-                job["error"], 0,
-                "fio saw an I/O error across the restart: {out}"
+                fio.error, 0,
+                "fio saw an I/O error across the restart: {}",
+                fio.log
             );
-            assert!(job["write"]["total_ios"].as_u64().unwrap_or(0) > 0);
+            assert!(fio.writes > 0);
             assert!(
-                !out.contains("verify: bad") && !out.contains("verify failed"),
-                "{out}"
+                !fio.log.contains("verify: bad") && !fio.log.contains("verify failed"),
+                "{}",
+                fio.log
             );
 
             csi.node

@@ -96,29 +96,7 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
                 .map_err(|e| format!("publish: {}", e.message()))?;
 
             // fio with verification, long enough to span the whole migration.
-            node.vm
-                .sh_ok(
-                    &format!(
-                        "cd /tmp; setsid fio --name=migrate --filename={target}/fio.dat --size=32M --rw=randwrite --bs=4k \
-                         --iodepth=8 --ioengine=libaio --direct=1 --verify=crc32c --do_verify=1 --time_based \
-                         --runtime=600 --output-format=json --output=/tmp/fio.json >/tmp/fio.out 2>&1 </dev/null 3>&- &"
-                    ),
-                    STEP,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            let writing = format!("test \"$(stat -c %s {target}/fio.dat 2>/dev/null)\" = 33554432");
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !node
-                .vm
-                .sh(&writing, STEP)
-                .await
-                .map_err(|e| e.to_string())?
-                .success()
-            {
-                assert!(Instant::now() < deadline, "fio did not start");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+            start_fio(&mut node, &format!("{target}/fio.dat"), 600).await?;
 
             let t = Instant::now();
             println!("{}", kubectl_migrate(c, "pvc-m").await?);
@@ -140,53 +118,23 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
                 .sh_ok("pkill -INT -x fio; true", STEP)
                 .await
                 .map_err(|e| e.to_string())?;
-            let deadline = Instant::now() + Duration::from_secs(300);
-            while node
-                .vm
-                .sh("pgrep -x fio", STEP)
-                .await
-                .map_err(|e| e.to_string())?
-                .success()
-            {
-                assert!(Instant::now() < deadline, "fio did not finish");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            let json = node
-                .vm
-                .sh_ok("cat /tmp/fio.json", STEP)
-                .await
-                .map_err(|e| e.to_string())?;
+            let fio = fio_result(&mut node, Duration::from_secs(300)).await?;
             let paths = node
                 .vm
                 .sh_ok("for c in /sys/class/nvme/nvme*; do echo \"$(cat $c/address) $(cat $c/state)\"; done; cat /sys/block/nvme0n1/queue/ana* 2>/dev/null; true", STEP)
                 .await
                 .map_err(|e| e.to_string())?;
-            let out = node
-                .vm
-                .sh(
-                    "cat /tmp/fio.out; dmesg | grep -iE 'nvme|I/O error' | tail -n 30",
-                    STEP,
-                )
-                .await
-                .map_err(|e| e.to_string())?
-                .output;
-            let start = json
-                .find('{')
-                .ok_or_else(|| format!("no fio JSON: {json}\n{out}"))?;
-            let report: serde_json::Value =
-                serde_json::from_str(&json[start..]).map_err(|e| format!("{e}: {json}"))?;
-            let job = &report["jobs"][0];
-            let max_ms = job["write"]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6;
             println!(
-                "fio across the migration: error {}, {} writes, longest write {max_ms:.0} ms\nkernel paths:\n{paths}\nguest:\n{out}",
-                job["error"], job["write"]["total_ios"]
+                "fio across the migration: error {}, {} writes, longest write {:.0} ms\nkernel paths:\n{paths}\nguest:\n{}",
+                fio.error, fio.writes, fio.max_write_ms, fio.log
             );
-            assert_eq!(job["error"], 0, "fio saw an I/O error: {out}");
+            assert_eq!(fio.error, 0, "fio saw an I/O error: {}", fio.log);
             assert!(
-                !out.contains("verify: bad")
-                    && !out.contains("verify failed")
-                    && !out.contains("I/O error"),
-                "{out}"
+                !fio.log.contains("verify: bad")
+                    && !fio.log.contains("verify failed")
+                    && !fio.log.contains("I/O error"),
+                "{}",
+                fio.log
             );
             // The destination's path is live, the source's gone.
             let client = c.kube().await.map_err(err("kube"))?;

@@ -305,3 +305,113 @@ pub async fn remote_volume_for(
     .await?;
     Ok(id)
 }
+
+/// Starts fio in the guest of `node` in the background: 4 KiB random writes at queue depth
+/// 8 with crc32c verification on a 32 MiB `file`, for `runtime` seconds (or until SIGINT);
+/// returns once fio is writing (its file has its size).
+pub async fn start_fio(
+    node: &mut liteio_local::vm_node::VmNode,
+    file: &str,
+    runtime: u32,
+) -> Result<(), String> {
+    let step = std::time::Duration::from_secs(120);
+    node.vm
+        .sh_ok(
+            &format!(
+                "cd /tmp; setsid fio --name=t4 --filename={file} --size=32M --rw=randwrite --bs=4k \
+                 --iodepth=8 --ioengine=libaio --direct=1 --verify=crc32c --do_verify=1 --time_based \
+                 --runtime={runtime} --output-format=json --output=/tmp/fio.json >/tmp/fio.out 2>&1 </dev/null 3>&- &"
+            ),
+            step,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let writing = format!("test \"$(stat -c %s {file} 2>/dev/null)\" = 33554432");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !node
+        .vm
+        .sh(&writing, step)
+        .await
+        .map_err(|e| e.to_string())?
+        .success()
+    {
+        if std::time::Instant::now() > deadline {
+            return Err("fio did not start writing within 60 s".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// Whether fio still runs in the guest.
+pub async fn fio_running(node: &mut liteio_local::vm_node::VmNode) -> Result<bool, String> {
+    node.vm
+        .sh("pgrep -x fio", std::time::Duration::from_secs(120))
+        .await
+        .map(|o| o.success())
+        .map_err(|e| e.to_string())
+}
+
+/// What fio reported.
+#[derive(Debug)]
+pub struct FioResult {
+    /// fio's job error (0: none).
+    pub error: serde_json::Value,
+    /// Writes completed.
+    pub writes: u64,
+    /// The longest write, in milliseconds.
+    pub max_write_ms: f64,
+    /// fio's own output and the guest kernel's NVMe messages.
+    pub log: String,
+}
+
+/// Waits up to `limit` for fio (of [`start_fio`]) to end and reads its report; when it does
+/// not end, the error says what the kernel's controllers and fio were doing.
+pub async fn fio_result(
+    node: &mut liteio_local::vm_node::VmNode,
+    limit: std::time::Duration,
+) -> Result<FioResult, String> {
+    let step = std::time::Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + limit;
+    while fio_running(node).await? {
+        if std::time::Instant::now() > deadline {
+            let why = node
+                .vm
+                .sh("for c in /sys/class/nvme/nvme*; do echo \"$c $(cat $c/state) $(cat $c/address)\"; done; cat /tmp/fio.out; dmesg | tail -n 40", step)
+                .await
+                .map(|o| o.output)
+                .unwrap_or_default();
+            return Err(format!(
+                "fio did not finish within {}s:\n{why}",
+                limit.as_secs()
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    let json = node
+        .vm
+        .sh_ok("cat /tmp/fio.json", step)
+        .await
+        .map_err(|e| e.to_string())?;
+    let log = node
+        .vm
+        .sh(
+            "cat /tmp/fio.out; dmesg | grep -iE 'nvme|I/O error' | tail -n 30",
+            step,
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .output;
+    let start = json
+        .find('{')
+        .ok_or_else(|| format!("no fio JSON: {json}\n{log}"))?;
+    let report: serde_json::Value =
+        serde_json::from_str(&json[start..]).map_err(|e| format!("{e}: {json}"))?;
+    let job = &report["jobs"][0];
+    Ok(FioResult {
+        error: job["error"].clone(),
+        writes: job["write"]["total_ios"].as_u64().unwrap_or(0),
+        max_write_ms: job["write"]["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6,
+        log,
+    })
+}
