@@ -468,7 +468,15 @@ async fn a_failed_copy_is_reported_torn_down_and_started_again() {
             (m.spec.migration_info.job_progress.status == "Failed").then_some(())
         })
         .await;
-        assert!(s.rec.calls().iter().any(|c| c.starts_with("cancel_copy")));
+        // The failure is reported first, then the copy is torn down.
+        eventually("copy torn down", Duration::from_secs(10), || async {
+            s.rec
+                .calls()
+                .iter()
+                .any(|c| c.starts_with("cancel_copy"))
+                .then_some(())
+        })
+        .await;
         // Started again after the pause (the destination may be back).
         eventually("copy restarted", Duration::from_secs(20), || async {
             let starts = s
