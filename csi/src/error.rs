@@ -35,6 +35,10 @@ pub enum CsiError {
     /// so that the CO retries.
     #[error("{0}")]
     Unreachable(String),
+    /// The target and this host did not authenticate each other (no keys, rejected keys):
+    /// UNAUTHENTICATED.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// Another call for the same object is in progress.
     #[error("{0}")]
     Busy(String),
@@ -98,6 +102,8 @@ pub enum ErrorKind {
     Unavailable,
     /// Not offered.
     Unimplemented,
+    /// Authentication failed (keys missing or rejected).
+    Unauthenticated,
     /// Anything else.
     Internal,
 }
@@ -116,6 +122,7 @@ impl ErrorKind {
             ErrorKind::Aborted => tonic::Code::Aborted,
             ErrorKind::Unavailable => tonic::Code::Unavailable,
             ErrorKind::Unimplemented => tonic::Code::Unimplemented,
+            ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
             ErrorKind::Internal => tonic::Code::Internal,
         }
     }
@@ -133,6 +140,7 @@ impl ErrorKind {
             ErrorKind::Aborted => "aborted",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Unimplemented => "unimplemented",
+            ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::Internal => "internal",
         }
     }
@@ -170,6 +178,7 @@ impl CsiError {
             CsiError::Unreachable(_) => ErrorKind::Unavailable,
             CsiError::Busy(_) => ErrorKind::Aborted,
             CsiError::Unimplemented(_) => ErrorKind::Unimplemented,
+            CsiError::Unauthenticated(_) => ErrorKind::Unauthenticated,
             CsiError::Kube { source, .. } => kube_kind(source),
             CsiError::Command { .. } | CsiError::Io { .. } | CsiError::Internal(_) => {
                 ErrorKind::Internal

@@ -84,6 +84,22 @@ pub fn attach_plan(vol: &AntstorVolume, node: &str) -> Result<Attach> {
     )))
 }
 
+/// Whether `node` may stage `vol`: a volume reached over NVMe/TCP is exported to the host
+/// NQN of its host node (`spec.hostNode`) only, and another node's connect would fail with
+/// the kernel's bare EIO ("Connect Invalid Host"): FAILED_PRECONDITION naming both nodes.
+pub fn check_host(vol: &AntstorVolume, node: &str) -> Result<()> {
+    match vol.spec.host_node.as_ref().filter(|h| !h.id.is_empty()) {
+        Some(host) if host.id != node && matches!(attach_plan(vol, node)?, Attach::Nvme(_)) => {
+            Err(CsiError::FailedPrecondition(format!(
+                "volume {} is exported to node {} (spec.hostNode), not to this node {node}: its NVMe-oF target admits only that node's host NQN",
+                vol.name_any(),
+                host.id
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The keys kubelet passed in `NodeStageVolumeRequest.secrets`: `None` when it passed none
 /// (the StorageClass names no node-stage Secret). Errors name the Secret data key and never
 /// contain its value.
@@ -236,12 +252,12 @@ impl Host {
                                 host_id.as_deref(),
                                 keys,
                             )
-                            .map_err(|e| nvme::unreachable(t, e))?;
+                            .map_err(|e| nvme::connect_failure(t, e))?;
                             info!(nqn = %t.subsys_nqn, address = %t.address, svc_id = %t.svc_id, controller = %ctrl, "connected NVMe/TCP target with DH-HMAC-CHAP");
                         }
                         None => {
                             cmd::run_ok(self.runner.as_ref(), &nvme::connect_argv(t, &hostnqn)?)
-                                .map_err(|e| match nvme::unreachable(t, e) {
+                                .map_err(|e| match nvme::connect_failure(t, e) {
                                     // Refused for another reason: perhaps keys are needed.
                                     CsiError::Command {
                                         command,
@@ -543,6 +559,7 @@ impl NodeService {
         let _g = self.inflight.claim(&format!("volume {id}"))?;
         let vol = self.find_volume(id).await?;
         let vol = self.wait_ready(vol).await?;
+        check_host(&vol, &self.cfg.node_id)?;
         let plan = attach_plan(&vol, &self.cfg.node_id)?;
         let host = self.host.clone();
         let fs = match &access {
@@ -1084,6 +1101,20 @@ mod tests {
             attach_plan(&v, "node-2").unwrap(),
             Attach::Local(PathBuf::from("/dev/vg/pvc-1"))
         );
+        // Exported to node-3's host NQN: node-1 may not stage it, node-3 may; node-2 holds
+        // it locally.
+        v.spec.host_node = Some(liteio_api::NodeInfo {
+            id: "node-3".into(),
+            ..Default::default()
+        });
+        let e = check_host(&v, "node-1").unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::FailedPrecondition);
+        assert!(
+            e.to_string().contains("node-3") && e.to_string().contains("node-1"),
+            "{e}"
+        );
+        check_host(&v, "node-3").unwrap();
+        check_host(&v, "node-2").unwrap();
         v.spec.spdk_target = None;
         assert_eq!(
             attach_plan(&v, "node-1").unwrap_err().kind(),

@@ -620,11 +620,38 @@ fn write_attr(path: &Path, value: &str) -> Result<()> {
     Ok(())
 }
 
-/// A failed connect to `t` that says the target cannot be reached (the kernel's "Connection
-/// refused", "Connection timed out", "No route to host", …) becomes
-/// [`CsiError::Unreachable`] naming the address; any other error is returned as it is.
-pub fn unreachable(t: &SpdkTarget, e: CsiError) -> CsiError {
+/// What a failed connect to `t` means, for the caller:
+/// - the target cannot be reached (the kernel's "Connection refused", "Connection timed
+///   out", "No route to host", …): [`CsiError::Unreachable`] naming the address, so that the
+///   CO retries;
+/// - the target wants DH-HMAC-CHAP and no keys were given (`ENOKEY`, "Required key not
+///   available"), or one side rejected the other's keys (`EKEYREJECTED`, "Key was rejected
+///   by service"): [`CsiError::Unauthenticated`] naming the subsystem and what to check;
+/// - anything else is returned as it is.
+pub fn connect_failure(t: &SpdkTarget, e: CsiError) -> CsiError {
+    let os = match &e {
+        CsiError::Io { source, .. } => source.raw_os_error(),
+        _ => None,
+    };
     let text = e.to_string().to_ascii_lowercase();
+    if os == Some(libc_errno::ENOKEY) || text.contains("required key not available") {
+        return CsiError::Unauthenticated(format!(
+            "NVMe/TCP target {}:{} of {} requires DH-HMAC-CHAP: {}",
+            t.address,
+            t.svc_id,
+            t.subsys_nqn,
+            no_secrets_hint()
+        ));
+    }
+    if os == Some(libc_errno::EKEYREJECTED) || text.contains("key was rejected") {
+        return CsiError::Unauthenticated(format!(
+            "NVMe/TCP target {}:{} of {} and this host did not accept each other's DH-HMAC-CHAP keys: the node-stage Secret ({}<pv name>) must hold the keys the volume's export was given (after `kubectl liteio rotate-keys`, the new ones)",
+            t.address,
+            t.svc_id,
+            t.subsys_nqn,
+            liteio_api::naming::AUTH_SECRET_PREFIX
+        ));
+    }
     let why = if text.contains("connection refused") {
         "refused the connection: nothing listens there (is the volume's storage node and its agent up?)"
     } else if text.contains("timed out") {
@@ -640,6 +667,14 @@ pub fn unreachable(t: &SpdkTarget, e: CsiError) -> CsiError {
         "NVMe/TCP target {}:{} of {} {why}",
         t.address, t.svc_id, t.subsys_nqn
     ))
+}
+
+/// Linux errno values of the kernel's key errors (not in `std`).
+mod libc_errno {
+    /// "Required key not available".
+    pub const ENOKEY: i32 = 126;
+    /// "Key was rejected by service".
+    pub const EKEYREJECTED: i32 = 129;
 }
 
 /// What this host's kernel can do for NVMe-oF connections, as the CSI node finds it.
@@ -1361,7 +1396,7 @@ mod tests {
             status: "exit 1".into(),
             stderr: stderr.into(),
         };
-        let e = unreachable(
+        let e = connect_failure(
             &t,
             cmd("Failed to write to /dev/nvme-fabrics: Connection refused"),
         );
@@ -1370,18 +1405,55 @@ mod tests {
             e.to_string().contains("127.10.1.1:4999") && e.to_string().contains("refused"),
             "{e}"
         );
-        let e = unreachable(
+        let e = connect_failure(
             &t,
             cmd("Failed to write to /dev/nvme-fabrics: Connection timed out"),
         );
         assert!(e.to_string().contains("timed out"), "{e}");
-        let e = unreachable(
+        let e = connect_failure(
             &t,
             cmd("Failed to write to /dev/nvme-fabrics: Input/output error"),
         );
         assert!(
             matches!(e, CsiError::Command { .. }),
-            "an authentication failure is not a reachability one"
+            "an I/O error is neither a reachability nor a key failure"
+        );
+    }
+
+    #[test]
+    fn key_failures_are_unauthenticated_and_say_what_to_check() {
+        let t = SpdkTarget {
+            address: "127.10.1.1".into(),
+            svc_id: "4999".into(),
+            subsys_nqn: "nqn.x".into(),
+            ..SpdkTarget::default()
+        };
+        // The CLI's words without keys (ENOKEY).
+        let e = connect_failure(
+            &t,
+            CsiError::Command {
+                command: "nvme connect".into(),
+                status: "exit 1".into(),
+                stderr: "Failed to write to /dev/nvme-fabrics: Required key not available".into(),
+            },
+        );
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unauthenticated);
+        assert_eq!(e.kind().code(), tonic::Code::Unauthenticated);
+        assert!(
+            e.to_string().contains("nqn.x")
+                && e.to_string()
+                    .contains(auth::SC_PARAM_NODE_STAGE_SECRET_NAME),
+            "{e}"
+        );
+        // The fabrics device's errno with keys (EKEYREJECTED).
+        let e = connect_failure(
+            &t,
+            CsiError::io("authenticated connect", io::Error::from_raw_os_error(129)),
+        );
+        assert_eq!(e.kind(), crate::error::ErrorKind::Unauthenticated);
+        assert!(
+            e.to_string().contains("127.10.1.1:4999") && e.to_string().contains("Secret"),
+            "{e}"
         );
     }
 }
