@@ -8,7 +8,15 @@
 //!   NodePublishVolume bind-mounts it; data written, unstaged, staged again, read back.
 //! - ControllerExpandVolume + NodeExpandVolume grow the mounted ext4 online.
 //! - NodeGetVolumeStats answers for the mounted volume.
-//! - A wrong key and no key are refused with a clear CSI error, and leave nothing behind.
+//! - A wrong key and no key are refused (UNAUTHENTICATED, saying what to check), a volume
+//!   exported to another node is refused before any connect (FAILED_PRECONDITION naming
+//!   both nodes; the kernel itself would say only EIO); none leaves anything behind.
+//! - Keys rotated while mounted (`kubectl liteio rotate-keys`, then kubelet's republish)
+//!   reach the live controller; its reset authenticates with them and I/O goes on.
+//! - xfs: staged, written, grown online with xfs_growfs, read back. Raw block: published
+//!   as a device file, written, read back after publishing again.
+//! - A volume deleted on the storage side under its mount: unpublish and unstage still
+//!   succeed and leave nothing.
 //! - The storage node's agent SIGKILLed and restarted under fio (verified random writes on
 //!   the mounted ext4): the kernel reconnects, fio sees no error; the stall is printed.
 //! - NodeUnpublish/NodeUnstage leave no controller, no mount, no `/dev/nvme*`.
@@ -25,10 +33,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use cluster_common::*;
+use liteio_csi::client::CsiClient;
 use liteio_csi::csi::*;
 use liteio_local::Engine;
-use liteio_local::cluster::{ClusterOptions, Role};
-use liteio_local::demo::mount_capability;
+use liteio_local::cluster::{Cluster, ClusterOptions, Role};
+use liteio_local::demo::{block_capability, mount_capability};
 use liteio_local::vm::Kernel;
 use liteio_local::vm_node::VmNode;
 use tonic::Code;
@@ -62,6 +71,449 @@ async fn fs_size(node: &mut VmNode, path: &str) -> Result<u64, String> {
     out.trim()
         .parse()
         .map_err(|e| format!("df said {out:?}: {e}"))
+}
+
+/// The guest's one NVMe controller (`nvme0`, …): the phases run one volume at a time.
+async fn the_controller(node: &mut VmNode) -> Result<String, String> {
+    let out = node
+        .vm
+        .sh_ok("ls /sys/class/nvme", STEP)
+        .await
+        .map_err(|e| e.to_string())?;
+    let ctrls: Vec<&str> = out.split_whitespace().collect();
+    match ctrls.as_slice() {
+        [one] => Ok((*one).to_string()),
+        _ => Err(format!(
+            "expected one NVMe controller, the guest has {ctrls:?}"
+        )),
+    }
+}
+
+/// Waits up to 60 s for `ctrl` to be `live` again.
+async fn live_again(node: &mut VmNode, ctrl: &str) -> Result<Duration, String> {
+    let t = Instant::now();
+    loop {
+        let state = node
+            .vm
+            .sh_ok(&format!("cat /sys/class/nvme/{ctrl}/state"), STEP)
+            .await
+            .map_err(|e| e.to_string())?;
+        if state.trim() == "live" {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let dmesg = node
+                .vm
+                .sh("dmesg | grep -i nvme | tail -n 15", STEP)
+                .await
+                .map(|o| o.output)
+                .unwrap_or_default();
+            return Err(format!(
+                "{ctrl} is {state:?} 60 s after its reset:\n{dmesg}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The SHA-256 of `text` and a newline (as sysfs prints an attribute), in hex.
+fn attr_digest(text: &str) -> String {
+    use sha2::Digest as _;
+    let d = sha2::Sha256::digest(format!("{text}\n").as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Keys rotated while the volume is connected and mounted: `kubectl liteio rotate-keys`,
+/// the agent applies them to the live export, kubelet's republish hands them to the CSI
+/// node, which writes them to the live controller; a reset of the controller then
+/// authenticates with the new keys (the old ones would be refused), and I/O goes on.
+async fn rotation(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    publish: &NodePublishVolumeRequest,
+    old: &HashMap<String, String>,
+) -> Result<(), String> {
+    let ctrl = the_controller(node).await?;
+    kubectl_liteio(c, &["rotate-keys", "pvc-k"]).await?;
+    eventually(
+        c,
+        "the rotated keys applied",
+        60,
+        Role::Agent(1),
+        || async {
+            volume(c, "pvc-k").await.is_some_and(|v| {
+                v.metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key(liteio_api::keys::annotations::KEYS_APPLIED_AT))
+            })
+        },
+    )
+    .await?;
+    let new = stage_secrets(c, "pvc-k").await?;
+    let host_key = new
+        .get(liteio_api::auth::DATA_DHCHAP_KEY)
+        .ok_or("the rotated Secret has no host key")?;
+    assert_ne!(
+        old.get(liteio_api::auth::DATA_DHCHAP_KEY),
+        Some(host_key),
+        "rotate-keys left the host key as it was"
+    );
+    // kubelet's periodic republish with the current Secret.
+    let mut republish = publish.clone();
+    republish.secrets = new.clone();
+    csi.node
+        .node_publish_volume(republish)
+        .await
+        .map_err(|e| format!("republish with the rotated keys: {}", e.message()))?;
+    let in_kernel = node
+        .vm
+        .sh_ok(
+            &format!("sha256sum < /sys/class/nvme/{ctrl}/dhchap_secret | cut -d' ' -f1"),
+            STEP,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    assert_eq!(
+        in_kernel.trim(),
+        attr_digest(host_key),
+        "the live controller does not hold the rotated host key"
+    );
+    // Each key written starts a re-authentication of the live controller; the first one
+    // runs with one new and one old key and fails, and the kernel reconnects (I/O waits, it
+    // does not fail). Wait until it is live again, then reset it: the reconnect
+    // authenticates with what the controller holds, the new keys.
+    let settled = live_again(node, &ctrl).await?;
+    let kernel = node
+        .vm
+        .sh(
+            "dmesg | grep -iE 'authenticat|reconnect|resetting' | tail -n 8",
+            STEP,
+        )
+        .await
+        .map(|o| o.output)
+        .unwrap_or_default();
+    println!(
+        "after the republish with rotated keys, {ctrl} live within {:.2}s; kernel:\n{kernel}",
+        settled.as_secs_f64()
+    );
+    node.vm
+        .sh_ok(
+            &format!("echo 1 > /sys/class/nvme/{ctrl}/reset_controller"),
+            STEP,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let back = live_again(node, &ctrl).await?;
+    let target = &publish.target_path;
+    node.vm
+        .sh_ok(
+            &format!(
+                "head -c 1M /dev/urandom > /tmp/rot && cp /tmp/rot {target}/rot && sync && \
+                 echo 3 > /proc/sys/vm/drop_caches && cmp /tmp/rot {target}/rot"
+            ),
+            STEP,
+        )
+        .await
+        .map_err(|e| format!("I/O after the reset with the rotated keys: {e}"))?;
+    println!(
+        "keys rotated live: the republish wrote them to {ctrl}; its reset authenticated with them and was live after {:.2}s",
+        back.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// An xfs volume: staged (kernel connect, mkfs.xfs), written, grown online (xfs_growfs on the
+/// mounted file system), read back; nothing left after unstaging.
+async fn xfs_volume(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+) -> Result<(), String> {
+    // mkfs.xfs (xfsprogs 6.1) refuses file systems under 300 MiB.
+    let id = remote_volume_for(c, "pvc-x", &node.name, 512 * MIB).await?;
+    let secrets = stage_secrets(c, "pvc-x").await?;
+    let (staging, target) = ("/tmp/stage/pvc-x", "/tmp/pods/p2/pvc-x");
+    csi.node
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.into(),
+            volume_capability: Some(mount_capability("xfs")),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stage xfs: {}", e.message()))?;
+    csi.node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.into(),
+            target_path: target.into(),
+            volume_capability: Some(mount_capability("xfs")),
+            secrets,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("publish xfs: {}", e.message()))?;
+    let fs = node
+        .vm
+        .sh_ok(&format!("findmnt -no FSTYPE {target}"), STEP)
+        .await
+        .map_err(|e| e.to_string())?;
+    assert_eq!(fs.trim(), "xfs");
+    node.vm
+        .sh_ok(
+            &format!(
+                "head -c 4M /dev/urandom > /tmp/x && cp /tmp/x {target}/x && sync && sha256sum < /tmp/x > /tmp/x.sum"
+            ),
+            STEP,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let before = fs_size(node, target).await?;
+    let grow = CapacityRange {
+        required_bytes: 768 * MIB,
+        limit_bytes: 0,
+    };
+    ctl.controller
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(grow),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("controller expand: {}", e.message()))?;
+    csi.node
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.into(),
+            staging_target_path: staging.into(),
+            capacity_range: Some(grow),
+            volume_capability: Some(mount_capability("xfs")),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("node expand xfs: {}", e.message()))?;
+    let after = fs_size(node, target).await?;
+    println!("xfs grown online {before} → {after} bytes");
+    assert!(after > before + 200 * MIB as u64, "{before} → {after}");
+    node.vm
+        .sh_ok(
+            &format!(
+                "echo 3 > /proc/sys/vm/drop_caches; sha256sum < {target}/x | cmp - /tmp/x.sum"
+            ),
+            STEP,
+        )
+        .await
+        .map_err(|e| format!("xfs data after growing: {e}"))?;
+    release(node, csi, &id, staging, target).await?;
+    delete(ctl, &id).await
+}
+
+/// A raw block volume: published as a device file, written and read back across an
+/// unpublish and a publish; nothing left after unstaging.
+async fn block_volume(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+) -> Result<(), String> {
+    let id = remote_volume_for(c, "pvc-b", &node.name, 64 * MIB).await?;
+    let secrets = stage_secrets(c, "pvc-b").await?;
+    let (staging, target) = ("/tmp/stage/pvc-b", "/tmp/pods/p3/pvc-b");
+    csi.node
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.into(),
+            volume_capability: Some(block_capability()),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stage block: {}", e.message()))?;
+    let publish = NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.into(),
+        target_path: target.into(),
+        volume_capability: Some(block_capability()),
+        secrets,
+        ..Default::default()
+    };
+    csi.node
+        .node_publish_volume(publish.clone())
+        .await
+        .map_err(|e| format!("publish block: {}", e.message()))?;
+    let kind = node
+        .vm
+        .sh_ok(
+            &format!("stat -c %F {target}; blockdev --getsize64 {target}"),
+            STEP,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    assert!(
+        kind.contains("block special") && kind.contains(&(64 * MIB).to_string()),
+        "the published block volume: {kind}"
+    );
+    node.vm
+        .sh_ok(
+            &format!(
+                "head -c 2M /dev/urandom > /tmp/b && dd if=/tmp/b of={target} bs=1M seek=7 oflag=direct conv=fsync status=none"
+            ),
+            STEP,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    csi.node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.into(),
+        })
+        .await
+        .map_err(|e| e.message().to_string())?;
+    csi.node
+        .node_publish_volume(publish)
+        .await
+        .map_err(|e| format!("publish block again: {}", e.message()))?;
+    node.vm
+        .sh_ok(
+            &format!("dd if={target} bs=1M skip=7 count=2 iflag=direct status=none | cmp - /tmp/b"),
+            STEP,
+        )
+        .await
+        .map_err(|e| format!("block data after publishing again: {e}"))?;
+    release(node, csi, &id, staging, target).await?;
+    delete(ctl, &id).await
+}
+
+/// A volume exported to another node (`vm-9`): this node's kernel connects with the
+/// volume's own keys but its own host NQN, and the target refuses it.
+async fn another_hosts_volume(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+) -> Result<(), String> {
+    c.register_node("vm-9", std::net::Ipv4Addr::new(127, 10, 0, 9))
+        .await
+        .map_err(|e| e.to_string())?;
+    let id = remote_volume_for(c, "pvc-o", "vm-9", 64 * MIB).await?;
+    let secrets = stage_secrets(c, "pvc-o").await?;
+    let staging = "/tmp/stage/pvc-o";
+    let e = csi
+        .node
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.into(),
+            volume_capability: Some(mount_capability("ext4")),
+            secrets,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    println!("another host's volume: {:?}: {}", e.code(), e.message());
+    assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+    assert!(
+        e.message().contains("vm-9") && e.message().contains(&node.name),
+        "the refusal does not name both nodes: {}",
+        e.message()
+    );
+    let left = leftovers(node, &[staging]).await;
+    assert!(left.is_empty(), "the refused stage left: {left}");
+    delete(ctl, &id).await
+}
+
+/// A volume deleted on the storage side while the host has it staged and mounted:
+/// unpublish and unstage still succeed (the kernel gives up on the controller), and
+/// leave no controller, mount or device.
+async fn deleted_while_staged(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+) -> Result<(), String> {
+    let id = remote_volume_for(c, "pvc-d", &node.name, 64 * MIB).await?;
+    let secrets = stage_secrets(c, "pvc-d").await?;
+    let (staging, target) = ("/tmp/stage/pvc-d", "/tmp/pods/p4/pvc-d");
+    csi.node
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.into(),
+            volume_capability: Some(mount_capability("ext4")),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stage: {}", e.message()))?;
+    csi.node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.into(),
+            target_path: target.into(),
+            volume_capability: Some(mount_capability("ext4")),
+            secrets,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("publish: {}", e.message()))?;
+    node.vm
+        .sh_ok(&format!("echo written > {target}/f && sync"), STEP)
+        .await
+        .map_err(|e| e.to_string())?;
+    delete(ctl, &id).await?;
+    eventually(c, "pvc-d gone", 60, Role::Agent(1), || async {
+        volume(c, "pvc-d").await.is_none()
+    })
+    .await?;
+    let t = Instant::now();
+    release(node, csi, &id, staging, target).await?;
+    println!(
+        "a volume deleted under its mount: unpublished and unstaged in {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Unpublish and unstage; nothing of the volume is left on the guest.
+async fn release(
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    id: &str,
+    staging: &str,
+    target: &str,
+) -> Result<(), String> {
+    csi.node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.to_string(),
+            target_path: target.into(),
+        })
+        .await
+        .map_err(|e| format!("unpublish {id}: {}", e.message()))?;
+    csi.node
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: id.to_string(),
+            staging_target_path: staging.into(),
+        })
+        .await
+        .map_err(|e| format!("unstage {id}: {}", e.message()))?;
+    let left = leftovers(node, &[staging, target]).await;
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unstaging {id} left: {left}"))
+    }
+}
+
+async fn delete(ctl: &mut CsiClient, id: &str) -> Result<(), String> {
+    ctl.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("delete {id}: {}", e.message()))
 }
 
 #[test]
@@ -117,7 +569,7 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 .await
                 .unwrap_err();
             println!("no key: {:?}: {}", e.code(), e.message());
-            assert_ne!(e.code(), Code::Ok);
+            assert_eq!(e.code(), Code::Unauthenticated, "{}", e.message());
             let mut wrong = secrets.clone();
             let other = liteio_api::auth::VolumeKeys::generate(false)
                 .unwrap()
@@ -131,7 +583,7 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 .await
                 .unwrap_err();
             println!("wrong key: {:?}: {}", e.code(), e.message());
-            assert_ne!(e.code(), Code::Ok);
+            assert_eq!(e.code(), Code::Unauthenticated, "{}", e.message());
             let left = leftovers(&mut node, &[staging]).await;
             assert!(left.is_empty(), "refused attempts left: {left}");
 
@@ -271,6 +723,8 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 .map_or(0, |u| u.total);
             assert!(total as u64 > 400 * MIB as u64, "{stats:?}");
 
+            rotation(c, &mut node, &mut csi, &publish, &secrets).await?;
+
             // The storage node's agent (and its NVMe/TCP target) SIGKILLed and started again
             // under fio writing with verification on the mounted ext4: the kernel reconnects
             // (reconnect-delay 2 s, ctrl-loss-tmo 10 s), fio sees no error, verify passes.
@@ -315,13 +769,12 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 .map_err(|e| e.message().to_string())?;
             let left = leftovers(&mut node, &[staging, target]).await;
             assert!(left.is_empty(), "the final unstage left: {left}");
-            ctl.controller
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| e.message().to_string())?;
+            delete(&mut ctl, &id).await?;
+
+            xfs_volume(c, &mut node, &mut csi, &mut ctl).await?;
+            block_volume(c, &mut node, &mut csi, &mut ctl).await?;
+            another_hosts_volume(c, &mut node, &mut csi, &mut ctl).await?;
+            deleted_while_staged(c, &mut node, &mut csi, &mut ctl).await?;
             node.vm.shutdown().await;
             Ok(())
         })

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use liteio_csi::client::CsiClient;
 use liteio_csi::csi::volume_capability::access_mode::Mode;
-use liteio_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use liteio_csi::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use liteio_csi::csi::{
     CapacityRange, CreateVolumeRequest, DeleteVolumeRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, Topology,
@@ -35,6 +35,16 @@ pub fn mount_capability(fs: &str) -> VolumeCapability {
             fs_type: fs.into(),
             ..Default::default()
         })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// A raw block capability, single-node writer.
+pub fn block_capability() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
         access_mode: Some(AccessMode {
             mode: Mode::SingleNodeWriter as i32,
         }),

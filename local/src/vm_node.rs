@@ -13,9 +13,13 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::PostParams;
+
+use liteio_agent::config::{Config as AgentConfig, LvmPv, PoolingMode};
+use liteio_api::{StoragePool, keys};
 
 use crate::LocalError;
 use crate::cluster::Cluster;
@@ -23,8 +27,11 @@ use crate::vm::{Kernel, Vm, VmNet, VmOptions};
 
 /// The guest port the CSI node plugin is reached at.
 pub const CSI_PORT: u16 = 10_000;
-/// Where the plugin keeps its socket, host NQN and log inside the guest.
+/// Where the plugin keeps its socket, host NQN and log inside the guest (and a storage
+/// VM's agent its config, log and PV files).
 pub const GUEST_DIR: &str = "/tmp/liteio";
+/// The volume group of a storage VM's KernelLVM pool (the pool's name).
+pub const LVM_VG: &str = "liteio-vg";
 
 /// A compute node in a microVM.
 #[derive(Debug)]
@@ -35,6 +42,8 @@ pub struct VmNode {
     pub address: Ipv4Addr,
     /// The guest.
     pub vm: Vm,
+    /// Whether a disk-agent runs in the guest ([`Cluster::add_vm_storage_node`]).
+    pub storage: bool,
 }
 
 impl VmNode {
@@ -51,6 +60,37 @@ impl VmNode {
             .await
             .map_err(|e| LocalError::Network(e.to_string()))?;
         Ok(out.trim().to_string())
+    }
+
+    /// The disk-agent's log in a storage VM (its last `lines`).
+    pub async fn agent_log(&mut self, lines: usize) -> String {
+        self.vm
+            .sh(
+                &format!("tail -n {lines} {GUEST_DIR}/disk-agent.log"),
+                Duration::from_secs(30),
+            )
+            .await
+            .map(|o| o.output)
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    /// SIGKILLs a storage VM's disk-agent and starts it again with the same config (a crash
+    /// and its restart); returns once it has re-registered its pool.
+    pub async fn restart_agent(&mut self, c: &Cluster) -> Result<(), LocalError> {
+        let launched = k8s_openapi::jiff::Timestamp::now();
+        let script = format!(
+            "pkill -KILL -x disk-agent; while pgrep -x disk-agent >/dev/null; do sleep 0.1; done\n\
+             setsid {bin} --kubeconfig {kc} --config {GUEST_DIR}/agent.yaml --node-id {name} --host-nqn-file {GUEST_DIR}/hostnqn --log-format json >>{GUEST_DIR}/disk-agent.log 2>&1 </dev/null 3>&- &\n\
+             exit 0",
+            bin = c.bin_dir.join("disk-agent").display(),
+            kc = c.kubeconfig().display(),
+            name = self.name,
+        );
+        self.vm
+            .sh_ok(&script, Duration::from_secs(60))
+            .await
+            .map_err(|e| LocalError::Network(e.to_string()))?;
+        c.wait_for_vm_pool(self, Some(launched)).await
     }
 
     /// The CSI node plugin's log in the guest (its last `lines`).
@@ -107,7 +147,12 @@ impl Cluster {
         vm.sh_ok(&start, Duration::from_secs(60))
             .await
             .map_err(net_err)?;
-        let mut node = VmNode { name, address, vm };
+        let mut node = VmNode {
+            name,
+            address,
+            vm,
+            storage: false,
+        };
         let endpoint = node.csi_endpoint();
         let ready = tokio::time::timeout(Duration::from_secs(120), async {
             loop {
@@ -133,8 +178,91 @@ impl Cluster {
         Ok(node)
     }
 
-    /// The Node object of a VM node, as kubelet would register it.
-    async fn register_node(&self, name: &str, address: Ipv4Addr) -> Result<(), LocalError> {
+    /// Boots storage node `n` as a microVM ([`Self::add_vm_node`]) whose disk-agent runs
+    /// inside with LiteIO's KernelLVM pool: volume group `liteio-vg` on two loop-backed PVs
+    /// of `pv_bytes` each, backing files in the guest's own /tmp (LiteIO's agent config:
+    /// `filePath`, `size`, `createIfNotExist`). No SPDK: its volumes are local to the VM,
+    /// staged by the VM's CSI node plugin from the logical volume's device. Ready when the
+    /// agent has registered its StoragePool with the VG's size.
+    pub async fn add_vm_storage_node(
+        &mut self,
+        n: u8,
+        kernel: Kernel,
+        pv_bytes: u64,
+    ) -> Result<VmNode, LocalError> {
+        let mut node = self.add_vm_node(n, kernel).await?;
+        let mut cfg = AgentConfig::file_pool(LVM_VG, GUEST_DIR);
+        cfg.storage.pooling.mode = PoolingMode::KernelLvm;
+        cfg.storage.file = None;
+        cfg.storage.pvs = (0..2)
+            .map(|i| LvmPv {
+                device_path: String::new(),
+                size: pv_bytes,
+                file_path: format!("{GUEST_DIR}/pv{i}.img"),
+                create_if_not_exist: true,
+            })
+            .collect();
+        cfg.nvmf.listen_address = Some(node.address.into());
+        let yaml = serde_yaml::to_string(&cfg)
+            .map_err(|e| LocalError::Config(format!("agent config: {e}")))?;
+        let start = format!(
+            "modprobe dm-snapshot; cat > {GUEST_DIR}/agent.yaml <<'LITEIO_EOF'\n{yaml}LITEIO_EOF\n\
+             setsid {bin} --kubeconfig {kc} --config {GUEST_DIR}/agent.yaml --node-id {name} --host-nqn-file {GUEST_DIR}/hostnqn --log-format json >>{GUEST_DIR}/disk-agent.log 2>&1 </dev/null 3>&- &\n\
+             exit 0",
+            bin = self.bin_dir.join("disk-agent").display(),
+            kc = self.kubeconfig().display(),
+            name = node.name,
+        );
+        node.vm
+            .sh_ok(&start, Duration::from_secs(60))
+            .await
+            .map_err(|e| LocalError::Network(e.to_string()))?;
+        node.storage = true;
+        self.wait_for_vm_pool(&mut node, None).await?;
+        Ok(node)
+    }
+
+    /// Waits up to 120 s for the StoragePool of `node`'s agent to have a size (and, with
+    /// `since`, for its Lease to be renewed after it: an agent started then is up).
+    async fn wait_for_vm_pool(
+        &self,
+        node: &mut VmNode,
+        since: Option<k8s_openapi::jiff::Timestamp>,
+    ) -> Result<(), LocalError> {
+        let client = self.kube().await?;
+        let pools: Api<StoragePool> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+        let leases: Api<Lease> = Api::namespaced(client, keys::DEFAULT_NAMESPACE);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let sized = pools
+                .get_opt(&node.name)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| p.total_bytes() > 0);
+            let renewed = match since {
+                None => true,
+                Some(t) => crate::cluster::lease_renewed(&leases, &node.name)
+                    .await
+                    .is_some_and(|r| r >= t),
+            };
+            if sized && renewed {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                let log = node.agent_log(40).await;
+                return Err(LocalError::Network(format!(
+                    "the disk-agent of {} registered no pool within 120 s:\n{log}",
+                    node.name
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Registers Node `name` at `address` as kubelet would (nothing when it exists); a test
+    /// can name a consumer node that never runs.
+    pub async fn register_node(&self, name: &str, address: Ipv4Addr) -> Result<(), LocalError> {
         let client = self.kube().await?;
         let nodes: Api<Node> = Api::all(client);
         if nodes.get_opt(name).await?.is_some() {

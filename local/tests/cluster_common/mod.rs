@@ -226,23 +226,29 @@ pub async fn migration_of(c: &Cluster, vol: &str) -> Option<liteio_api::VolumeMi
         .find(|m| m.spec.source_volume.name == vol)
 }
 
-/// `kubectl liteio migrate <volume>` with the cluster's kubeconfig.
-pub async fn kubectl_migrate(c: &Cluster, volume: &str) -> Result<String, String> {
+/// `kubectl liteio <args>` with the cluster's kubeconfig; its output.
+pub async fn kubectl_liteio(c: &Cluster, args: &[&str]) -> Result<String, String> {
     let out = tokio::process::Command::new(bin_dir().join("kubectl-liteio"))
         .arg("--kubeconfig")
         .arg(c.kubeconfig())
-        .args(["migrate", volume])
+        .args(args)
         .output()
         .await
         .map_err(err("run kubectl-liteio"))?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     if !out.status.success() {
         return Err(format!(
-            "kubectl liteio migrate failed: {text}{}",
+            "kubectl liteio {} failed: {text}{}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         ));
     }
     Ok(text)
+}
+
+/// `kubectl liteio migrate <volume>` with the cluster's kubeconfig.
+pub async fn kubectl_migrate(c: &Cluster, volume: &str) -> Result<String, String> {
+    kubectl_liteio(c, &["migrate", volume]).await
 }
 
 /// The node-stage secret kubelet hands the consumer's CSI node for volume `name`: the data
