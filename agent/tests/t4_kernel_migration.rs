@@ -6,6 +6,10 @@
 //! CSI node does the host's part itself (second path with the first path's keys, report,
 //! old path dropped). Afterwards: no I/O error, verify passes, the kernel's subsystem has
 //! the destination's path live and the source's gone; the longest write is printed.
+//! Before that, under the same fio, a first migration's destination agent is SIGKILLed
+//! mid-copy: the migration ends in `Error`, the source serves on, deleting the migration
+//! drops the kernel's path to the destination, and the destination's volume goes once its
+//! agent is back.
 //!
 //! Needs SPDK, root, network namespaces and a bootable VM; elsewhere one `SKIP` line.
 #![cfg(feature = "spdk")]
@@ -18,15 +22,159 @@ use std::time::{Duration, Instant};
 
 use cluster_common::*;
 use kube::Api;
+use kube::ResourceExt;
+use liteio_api::VolumeMigration;
 use liteio_api::keys;
 use liteio_api::migration::MigrationPhase;
 use liteio_csi::csi::*;
 use liteio_local::Engine;
-use liteio_local::cluster::{ClusterOptions, Role};
+use liteio_local::cluster::{Cluster, ClusterOptions, Role};
 use liteio_local::demo::mount_capability;
 use liteio_local::vm::Kernel;
+use liteio_local::vm_node::VmNode;
 
 const STEP: Duration = Duration::from_secs(120);
+
+/// Two busy-polling reactors take both cores of this machine and starve the VM's emulated
+/// CPU: the agent of node `k`'s threads yield to it (a test-bench setting; a storage node's
+/// reactor polls a core of its own).
+fn yield_to_the_vm(c: &Cluster, k: usize) -> Result<(), String> {
+    let pid = c.pid(Role::Agent(k)).ok_or("no agent pid")?;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).map_err(err("tasks"))? {
+        let tid = task
+            .map_err(err("task"))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        let _ = std::process::Command::new("renice")
+            .args(["-n", "15", "-p", &tid])
+            .output();
+    }
+    Ok(())
+}
+
+/// The guest's NVMe controllers: `<address> <state>` per line.
+async fn kernel_paths(node: &mut VmNode) -> Result<String, String> {
+    node.vm
+        .sh_ok("for c in /sys/class/nvme/nvme*; do echo \"$(cat $c/address) $(cat $c/state)\"; done; true", STEP)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A migration whose destination's agent is SIGKILLed while the copy runs: it ends in
+/// `Error`, the source serves on (fio, writing all along, sees no error), the operator
+/// deletes the migration, the CSI node drops the path to the destination, and once the
+/// destination's agent is back its half-made volume goes; one volume of the uuid is left.
+async fn destination_killed_mid_copy(
+    c: &mut Cluster,
+    node: &mut VmNode,
+    vol: &str,
+) -> Result<(), String> {
+    println!("{}", kubectl_migrate(c, vol).await?);
+    let m = migration_of(c, vol).await.ok_or("no migration")?;
+    let name = m.name_any();
+    eventually(
+        c,
+        "the copy under way",
+        300,
+        Role::Controller(0),
+        || async {
+            migration_of(c, vol).await.is_some_and(|m| {
+                let j = &m.spec.migration_info.job_progress;
+                j.status == "Copying" && j.total_write_pages > 0
+            })
+        },
+    )
+    .await?;
+    let m = migration_of(c, vol).await.ok_or("migration gone")?;
+    let dest_node = m.spec.dest_volume.target_node_id.clone();
+    let k = (1..=2)
+        .find(|&k| c.node_name(k) == dest_node)
+        .ok_or("the destination node is not in the run")?;
+    c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
+    eventually(
+        c,
+        "the migration in Error",
+        120,
+        Role::Controller(0),
+        || async {
+            migration_of(c, vol)
+                .await
+                .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
+        },
+    )
+    .await?;
+    let m = migration_of(c, vol).await.ok_or("migration gone")?;
+    println!(
+        "destination killed mid-copy: {} {:?}; kernel paths:\n{}",
+        m.status.as_ref().map_or("", |st| st.message.as_str()),
+        m.spec.migration_info.job_progress,
+        kernel_paths(node).await?
+    );
+    if !fio_running(node).await? {
+        return Err("fio ended while the destination was down".into());
+    }
+    let client = c.kube().await.map_err(err("kube"))?;
+    Api::<VolumeMigration>::namespaced(client.clone(), keys::DEFAULT_NAMESPACE)
+        .delete(&name, &Default::default())
+        .await
+        .map_err(err("delete the migration"))?;
+    let src = volume(c, vol).await.ok_or("the source is gone")?;
+    let src_target = src.spec.spdk_target.clone().ok_or("no export")?;
+    let src_path = format!(
+        "traddr={},trsvcid={}",
+        src_target.address, src_target.svc_id
+    );
+    // The CSI node drops the path to the destination; the source's stays live.
+    let t = std::time::Instant::now();
+    loop {
+        let paths = kernel_paths(node).await?;
+        if paths.lines().count() == 1 && paths.contains(&src_path) && paths.contains("live") {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err(format!(
+                "the path to the destination is still there: {paths}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
+    yield_to_the_vm(c, k)?;
+    eventually(
+        c,
+        "the migration and its volume gone",
+        180,
+        Role::Controller(0),
+        || async {
+            let vols = Api::<liteio_api::AntstorVolume>::namespaced(
+                client.clone(),
+                keys::DEFAULT_NAMESPACE,
+            );
+            migration_of(c, vol).await.is_none()
+                && vols
+                    .list(&kube::api::ListParams::default())
+                    .await
+                    .is_ok_and(|l| !l.items.iter().any(|v| v.name_any().starts_with("mig-")))
+        },
+    )
+    .await?;
+    let src = volume(c, vol).await.ok_or("the source volume is gone")?;
+    if !is_ready(&src)
+        || src
+            .annotations()
+            .contains_key(keys::annotations::MIGRATE_ANA_STATE)
+    {
+        return Err(format!(
+            "the source is not serving as before: {:?}",
+            src.metadata.annotations
+        ));
+    }
+    if !fio_running(node).await? {
+        return Err("fio ended during the cancelled migration".into());
+    }
+    Ok(())
+}
 
 #[test]
 fn a_hot_migration_seen_by_the_kernels_multipath() {
@@ -39,21 +187,8 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
     opts.spdk_polling = vec![1, 2];
     with_cluster(&dir, opts, Duration::from_secs(1500), |c| {
         Box::pin(async move {
-            // Two busy-polling reactors take both cores of this machine and starve the VM's
-            // emulated CPU: the agents' threads yield to it (a test-bench setting; a storage
-            // node's reactor polls a core of its own).
             for k in 1..=2 {
-                let pid = c.pid(Role::Agent(k)).ok_or("no agent pid")?;
-                for task in std::fs::read_dir(format!("/proc/{pid}/task")).map_err(err("tasks"))? {
-                    let tid = task
-                        .map_err(err("task"))?
-                        .file_name()
-                        .to_string_lossy()
-                        .into_owned();
-                    let _ = std::process::Command::new("renice")
-                        .args(["-n", "15", "-p", &tid])
-                        .output();
-                }
+                yield_to_the_vm(c, k)?;
             }
             let mut node = c
                 .add_vm_node(1, Kernel::Backports)
@@ -68,7 +203,8 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
             let mut csi = liteio_csi::client::connect(&node.csi_endpoint())
                 .await
                 .map_err(|e| e.to_string())?;
-            let id = remote_volume_for(c, "pvc-m", &node.name, 256 * MIB).await?;
+            // 1 GiB: the copy runs for a while, for the destination to be killed during it.
+            let id = remote_volume_for(c, "pvc-m", &node.name, 1024 * MIB).await?;
             let v = volume(c, "pvc-m").await.ok_or("pvc-m gone")?;
             let source = v.spec.spdk_target.clone().ok_or("no export")?;
             let secrets = stage_secrets(c, "pvc-m").await?;
@@ -95,8 +231,10 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
                 .await
                 .map_err(|e| format!("publish: {}", e.message()))?;
 
-            // fio with verification, long enough to span the whole migration.
-            start_fio(&mut node, &format!("{target}/fio.dat"), 600).await?;
+            // fio with verification, long enough to span both migrations.
+            start_fio(&mut node, &format!("{target}/fio.dat"), 1200).await?;
+
+            destination_killed_mid_copy(c, &mut node, "pvc-m").await?;
 
             let t = Instant::now();
             println!("{}", kubectl_migrate(c, "pvc-m").await?);
