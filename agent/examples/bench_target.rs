@@ -119,6 +119,7 @@ mod bench {
                 hosts: vec![a.host.clone()],
                 keys: Default::default(),
                 secure_channel: false,
+                keyless_hosts: Vec::new(),
                 multipath: None,
             })
             .await?;

@@ -47,6 +47,10 @@ pub struct ExportRequest {
     pub size_bytes: u64,
     /// Host NQNs allowed to connect: exactly these, nobody else.
     pub allowed_hosts: Vec<String>,
+    /// Hosts of `allowed_hosts` admitted by their NQN alone, without DH-HMAC-CHAP keys: the
+    /// volume's `spec.hostAuth` allows it for them (see `liteio_api::host_auth`). Every other
+    /// host authenticates with `keys`.
+    pub keyless_hosts: Vec<String>,
     /// The target recorded on the volume by an earlier export, if any.
     pub preset: Option<SpdkTarget>,
     /// The keys the allowed hosts authenticate with (DH-HMAC-CHAP, bidirectional; TLS when

@@ -167,6 +167,8 @@ async fn waits_for_in_state_and_refuses_bad_objects() {
 struct FakeExporter {
     exports: Mutex<Vec<ExportRequest>>,
     removed: Mutex<Vec<UnexportRequest>>,
+    /// Exports need keys (the SPDK target's `nvmf.auth: dhchap`).
+    auth: bool,
 }
 
 impl Exporter for FakeExporter {
@@ -197,6 +199,9 @@ impl Exporter for FakeExporter {
             self.removed.lock().unwrap().push(req.clone());
             Ok(())
         })
+    }
+    fn authenticates(&self) -> bool {
+        self.auth
     }
 }
 
@@ -514,6 +519,190 @@ async fn a_volume_expanded_before_it_was_recorded_is_grown_not_stuck() {
         assert!(
             v.status.as_ref().is_none_or(|s| s.message.is_empty()),
             "{v:?}"
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// `liteio.io/host-auth` at the export: under `preferred` the consumer whose Node says its
+/// kernel cannot authenticate is admitted by its NQN alone (only its entry), which is
+/// recorded on the volume, logged and evented; under `required` (the default) the same host
+/// keeps the keys; a host that can authenticate keeps them under `preferred`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeExporter {
+            auth: true,
+            ..FakeExporter::default()
+        });
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let api = vols(&env);
+        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        for (node, nqn, can) in [
+            ("node-old", "nqn.host-old", "none"),
+            ("node-new", "nqn.host-new", "dhchap,tls"),
+        ] {
+            let mut p = StoragePool::new(node, Default::default());
+            p.metadata.annotations = Some(BTreeMap::from([(
+                annotations::HOST_NQN.to_string(),
+                nqn.to_string(),
+            )]));
+            p.spec.node_info.id = node.into();
+            p.spec.kernel_lvm.name = "vg".into();
+            pools.create(&PostParams::default(), &p).await.unwrap();
+            let mut n = k8s_openapi::api::core::v1::Node::default();
+            n.metadata.name = Some(node.into());
+            n.metadata.annotations = Some(BTreeMap::from([
+                (annotations::NODE_HOST_AUTH.to_string(), can.to_string()),
+                (
+                    annotations::NODE_KERNEL_RELEASE.to_string(),
+                    "6.1.0-57-amd64".to_string(),
+                ),
+            ]));
+            nodes.create(&PostParams::default(), &n).await.unwrap();
+        }
+        let export_of = |name: &'static str| {
+            let fake = fake.clone();
+            move || {
+                fake.exports
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .rev()
+                    .find(|r| r.volume == name)
+                    .cloned()
+                    .unwrap()
+            }
+        };
+        let make = |name: &'static str, node: &str, policy: Option<&str>| {
+            let mut v = volume(name, 8 * MIB);
+            v.spec.host_node = Some(NodeInfo {
+                id: node.into(),
+                ..NodeInfo::default()
+            });
+            v.spec.host_auth =
+                policy.map(|p| liteio_api::host_auth::HostAuthPolicy::parse("test", p).unwrap());
+            v
+        };
+        // preferred, a host that cannot: NQN-only for it, recorded and evented.
+        api.create(
+            &PostParams::default(),
+            &make("pvc-pref-old", "node-old", Some("preferred")),
+        )
+        .await
+        .unwrap();
+        let v = wait_ready(&api, "pvc-pref-old").await;
+        let v = eventually("hosts-without-auth", Duration::from_secs(5), || {
+            let api = api.clone();
+            let v = v.clone();
+            async move {
+                let v = api.get(&v.name_any()).await.unwrap();
+                v.annotations()
+                    .contains_key(annotations::HOSTS_WITHOUT_AUTH)
+                    .then_some(v)
+            }
+        })
+        .await;
+        assert_eq!(
+            v.annotations()[annotations::HOSTS_WITHOUT_AUTH],
+            "nqn.host-old"
+        );
+        let req = export_of("pvc-pref-old")();
+        assert_eq!(req.allowed_hosts, vec!["nqn.host-old".to_string()]);
+        assert_eq!(req.keyless_hosts, vec!["nqn.host-old".to_string()]);
+        assert!(req.keys.is_some(), "the volume's keys are still loaded");
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let ev = eventually(
+            "ServedWithoutAuthentication event",
+            Duration::from_secs(5),
+            || {
+                let events = events.clone();
+                async move {
+                    events
+                        .list(&Default::default())
+                        .await
+                        .unwrap()
+                        .items
+                        .into_iter()
+                        .find(|e| {
+                            e.reason.as_deref() == Some("ServedWithoutAuthentication")
+                                && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                    == Some("pvc-pref-old")
+                        })
+                }
+            },
+        )
+        .await;
+        assert_eq!(ev.type_.as_deref(), Some("Warning"));
+        let note = ev.note.unwrap_or_default();
+        for part in [
+            "pvc-pref-old",
+            "nqn.host-old",
+            "node-old",
+            "6.1.0-57-amd64",
+            "liteio.io/host-auth: preferred",
+        ] {
+            assert!(note.contains(part), "{part} missing: {note}");
+        }
+        // required (absent), the same host: keys.
+        api.create(
+            &PostParams::default(),
+            &make("pvc-req-old", "node-old", None),
+        )
+        .await
+        .unwrap();
+        let v = wait_ready(&api, "pvc-req-old").await;
+        assert!(
+            !v.annotations()
+                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
+        );
+        let req = export_of("pvc-req-old")();
+        assert!(req.keyless_hosts.is_empty() && req.keys.is_some());
+        // preferred, a host that can: keys.
+        api.create(
+            &PostParams::default(),
+            &make("pvc-pref-new", "node-new", Some("preferred")),
+        )
+        .await
+        .unwrap();
+        let v = wait_ready(&api, "pvc-pref-new").await;
+        assert!(
+            !v.annotations()
+                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
+        );
+        assert!(export_of("pvc-pref-new")().keyless_hosts.is_empty());
+        // none, a host that can: NQN-only, with a Normal event.
+        api.create(
+            &PostParams::default(),
+            &make("pvc-none-new", "node-new", Some("none")),
+        )
+        .await
+        .unwrap();
+        wait_ready(&api, "pvc-none-new").await;
+        eventually(
+            "hosts-without-auth of pvc-none-new",
+            Duration::from_secs(5),
+            || {
+                let api = api.clone();
+                async move {
+                    let v = api.get("pvc-none-new").await.unwrap();
+                    (v.annotations()
+                        .get(annotations::HOSTS_WITHOUT_AUTH)
+                        .map(String::as_str)
+                        == Some("nqn.host-new"))
+                    .then_some(())
+                }
+            },
+        )
+        .await;
+        assert_eq!(
+            export_of("pvc-none-new")().keyless_hosts,
+            vec!["nqn.host-new".to_string()]
         );
         agent.shutdown(Duration::from_secs(5)).await;
     })

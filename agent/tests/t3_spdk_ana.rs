@@ -215,6 +215,7 @@ fn spec(nqn: &str, bdev: &str, address: &str, port: u16, mp: Multipath) -> Subsy
         hosts: vec![HOST.into()],
         keys: HostKeys::default(),
         secure_channel: false,
+        keyless_hosts: Vec::new(),
         multipath: Some(mp),
     }
 }

@@ -46,6 +46,7 @@ fn spec(nqn: &str, bdev: &str, uuid: &str, port: u16, host: &str, keys: HostKeys
         port,
         hosts: vec![host.into()],
         secure_channel: keys.psk.is_some(),
+        keyless_hosts: Vec::new(),
         multipath: None,
         keys,
     }

@@ -39,6 +39,7 @@ fn request(name: &str, i: usize) -> ExportRequest {
         }),
         size_bytes: 4 * MIB,
         allowed_hosts: vec![HOST.into()],
+        keyless_hosts: Vec::new(),
         preset: None,
         keys: None,
         path_state: Default::default(),

@@ -78,6 +78,7 @@ async fn remote(lvs: &str, name: &str, ctrlr: &str) -> String {
         hosts: vec![HOST.into()],
         keys: Default::default(),
         secure_channel: false,
+        keyless_hosts: Vec::new(),
         multipath: None,
     })
     .await

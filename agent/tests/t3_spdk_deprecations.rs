@@ -96,6 +96,7 @@ async fn scenario() {
         }),
         size_bytes: 8 * MIB,
         allowed_hosts: vec![H1.into()],
+        keyless_hosts: Vec::new(),
         preset: None,
         keys: None,
         path_state: Default::default(),
@@ -135,6 +136,7 @@ async fn scenario() {
         hosts: vec![H1.into()],
         keys: Default::default(),
         secure_channel: false,
+        keyless_hosts: Vec::new(),
         multipath: None,
     };
     let made = nvmf::create_subsystem(spec.clone()).await.unwrap();

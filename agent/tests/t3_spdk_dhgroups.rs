@@ -70,6 +70,7 @@ async fn scenario() {
         port,
         hosts: vec![HOST.into()],
         secure_channel: false,
+        keyless_hosts: Vec::new(),
         multipath: None,
         keys: keys.clone(),
     })

@@ -53,6 +53,7 @@ async fn scenario() {
             hosts: Vec::new(),
             keys: Default::default(),
             secure_channel: false,
+            keyless_hosts: Vec::new(),
             multipath: None,
         }
     };

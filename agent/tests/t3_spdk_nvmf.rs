@@ -75,6 +75,7 @@ async fn scenario() {
         hosts: vec![GOOD_HOST.into()],
         keys: Default::default(),
         secure_channel: false,
+        keyless_hosts: Vec::new(),
         multipath: None,
     };
     let ss = nvmf::create_subsystem(spec.clone()).await.unwrap();

@@ -230,6 +230,7 @@ fn spec(nqn: &str, port: u16) -> SubsystemSpec {
         hosts: vec![HOST.into()],
         keys: HostKeys::default(),
         secure_channel: false,
+        keyless_hosts: Vec::new(),
         multipath: Some(Multipath {
             ana_state: AnaState::Optimized,
             min_cntlid: 1,

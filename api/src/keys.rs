@@ -25,6 +25,9 @@ pub const SC_PARAM_MKFS_PARAMS: &str = "obnvmf/mkfsParams";
 /// StorageClass parameter: `"true"` to export the class's volumes over NVMe/TCP with TLS only
 /// (a PSK in each volume's Secret, beside its DH-HMAC-CHAP keys).
 pub const SC_PARAM_NVMF_TLS: &str = "nvmfTls";
+/// StorageClass parameter: how the class's volumes' hosts authenticate, `required` (the
+/// default), `preferred` or `none` (see [`crate::host_auth`]). Not in LiteIO.
+pub const SC_PARAM_HOST_AUTH: &str = "liteio.io/host-auth";
 /// Prefix of LiteIO's label and annotation keys.
 pub const PREFIX_OBNVMF: &str = "obnvmf";
 
@@ -184,6 +187,15 @@ pub mod annotations {
     /// Volume: `"true"` to export it over TLS only (a PSK in the volume's Secret). Set from
     /// the StorageClass parameter `nvmfTls`.
     pub const NVMF_TLS: &str = "obnvmf/nvmf-tls";
+    /// Volume: the host NQNs its export admits without DH-HMAC-CHAP keys (comma-separated;
+    /// absent: none), written by the disk-agent (see [`crate::host_auth`]). The CSI node
+    /// waits for its own NQN here before it connects without keys.
+    pub const HOSTS_WITHOUT_AUTH: &str = "obnvmf/hosts-without-auth";
+    /// Node: what the node's kernel can do for NVMe/TCP authentication (`dhchap`, `tls`,
+    /// both comma-separated, or `none`), written by the CSI node when it starts.
+    pub const NODE_HOST_AUTH: &str = "liteio.io/nvme-host-auth";
+    /// Node: the kernel release (`uname -r`) [`NODE_HOST_AUTH`] was found on.
+    pub const NODE_KERNEL_RELEASE: &str = "liteio.io/kernel-release";
     /// Migration: when the controller first saw the source agent enable the switch-over
     /// (`migrationInfo.autoSwitch.enabled`), RFC 3339.
     pub const MIGRATE_SWITCH_ENABLED_AT: &str = "migrate.obnvmf/switch-enabled-at";

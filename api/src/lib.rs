@@ -9,6 +9,7 @@ pub mod common;
 pub mod crd;
 pub mod datacontrol;
 pub mod group;
+pub mod host_auth;
 pub mod keys;
 pub mod meta;
 pub mod migration;

@@ -96,6 +96,10 @@ pub struct AntstorVolumeSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub spdk_target: Option<SpdkTarget>,
+    /// How the volume's hosts authenticate (`required`, `preferred`, `none`; absent:
+    /// `required`), from the StorageClass parameter `liteio.io/host-auth`. Not in LiteIO.
+    #[serde(default, rename = "hostAuth", skip_serializing_if = "Option::is_none")]
+    pub host_auth: Option<crate::host_auth::HostAuthPolicy>,
 }
 
 /// Device the host attached (unused by LiteIO).

@@ -944,7 +944,11 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     &["get", "list", "watch", "patch", "update"][..],
                     Ns,
                 ),
-                (CORE, "nodes", &["get"][..], Cluster),
+                // Its kernel's NVMe/TCP authentication support, on its own Node.
+                (CORE, "nodes", &["get", "patch"][..], Cluster),
+                // A Warning event on a volume it refuses to stage.
+                (CORE, "events", &["create"][..], Ns),
+                (EVENTS, "events", &["create"][..], Ns),
             ],
         ),
     ])

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use liteio_api::auth::{self, VolumeKeys};
+use liteio_api::host_auth::HostAuthPolicy;
 use liteio_api::keys::{self, annotations, labels};
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
 use liteio_api::{
@@ -105,6 +106,7 @@ fn topology_node(req: Option<&TopologyRequirement>) -> Option<String> {
 #[derive(Debug)]
 struct Wanted {
     tls: bool,
+    host_auth: Option<HostAuthPolicy>,
     size: u64,
     fs: String,
     volume_type: VolumeType,
@@ -147,6 +149,13 @@ fn differences(v: &AntstorVolume, w: &Wanted) -> Vec<String> {
         out.push(format!(
             "nvmfTls is {tls} but the request asks for {}",
             w.tls
+        ));
+    }
+    if v.spec.host_auth.unwrap_or_default() != w.host_auth.unwrap_or_default() {
+        out.push(format!(
+            "spec.hostAuth is {} but the request asks for {}",
+            v.spec.host_auth.unwrap_or_default(),
+            w.host_auth.unwrap_or_default()
         ));
     }
     let src = liteio_api::meta::source_snapshot(&v.metadata).map(|(_, name)| name.to_string());
@@ -404,6 +413,7 @@ impl ControllerService {
                 size_byte: w.size,
                 position_advice: position,
                 host_node,
+                host_auth: p.host_auth,
                 ..AntstorVolumeSpec::default()
             },
             status: None,
@@ -472,6 +482,7 @@ impl ControllerService {
         }
         let wanted = Wanted {
             tls: p.nvmf_tls,
+            host_auth: p.host_auth,
             size,
             fs,
             volume_type: p.volume_type,
@@ -1188,6 +1199,7 @@ mod tests {
         v.spec.size_byte = 8 << 20;
         let same = Wanted {
             tls: false,
+            host_auth: None,
             size: 8 << 20,
             fs: "xfs".into(),
             volume_type: VolumeType::Flexible,
@@ -1205,6 +1217,7 @@ mod tests {
         assert!(d[0].starts_with("spec.sizeByte"));
         let tls = Wanted {
             tls: true,
+            host_auth: None,
             size: 8 << 20,
             fs: "xfs".into(),
             volume_type: VolumeType::Flexible,
@@ -1214,6 +1227,25 @@ mod tests {
         assert_eq!(
             differences(&v, &tls),
             vec!["nvmfTls is false but the request asks for true".to_string()]
+        );
+        // An absent spec.hostAuth is required: asking for required again is the same volume.
+        let required = Wanted {
+            tls: false,
+            host_auth: Some(HostAuthPolicy::Required),
+            size: 8 << 20,
+            fs: "xfs".into(),
+            volume_type: VolumeType::Flexible,
+            position: VolumePosition::NoPreference,
+            snapshot: None,
+        };
+        assert!(differences(&v, &required).is_empty());
+        let preferred = Wanted {
+            host_auth: Some(HostAuthPolicy::Preferred),
+            ..required
+        };
+        assert_eq!(
+            differences(&v, &preferred),
+            vec!["spec.hostAuth is required but the request asks for preferred".to_string()]
         );
     }
 

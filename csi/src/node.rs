@@ -22,10 +22,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::Resource as _;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, ResourceExt};
 use liteio_api::auth::VolumeKeys;
-use liteio_api::keys::{labels, managers};
+use liteio_api::host_auth::{self, HostAuthCapability, HostAuthDecision, HostAuthPolicy};
+use liteio_api::keys::{self, labels, managers};
 use liteio_api::{AntstorVolume, CsiNodePubParams, SpdkTarget, VolumeStatus, naming};
 use serde_json::json;
 use tonic::{Request, Response, Status};
@@ -476,6 +480,50 @@ pub fn usage(path: &Path) -> std::io::Result<Vec<VolumeUsage>> {
     ])
 }
 
+/// Longest event note the API server takes.
+const EVENT_NOTE_MAX: usize = 1024;
+
+/// What `caps` says, in the api crate's terms.
+pub fn capability(caps: &nvme::HostCapabilities) -> HostAuthCapability {
+    HostAuthCapability {
+        dhchap: caps.dhchap,
+        tls: caps.tls,
+        kernel: caps.kernel.clone(),
+    }
+}
+
+/// Writes `caps` onto Node `node`'s annotations unless they say so already; `true` when it
+/// wrote.
+pub async fn publish_capabilities(
+    client: &Client,
+    node: &str,
+    caps: &nvme::HostCapabilities,
+) -> Result<bool> {
+    let nodes: Api<KubeNode> = Api::all(client.clone());
+    let current = nodes
+        .get(node)
+        .await
+        .map_err(|e| CsiError::kube(format!("get Node {node}"), e))?;
+    let want = capability(caps);
+    let have = HostAuthCapability::from_annotations(current.metadata.annotations.as_ref());
+    if have.as_ref() == Some(&want) {
+        return Ok(false);
+    }
+    let body = json!({"metadata": {"annotations": {
+        keys::annotations::NODE_HOST_AUTH: want.annotation(),
+        keys::annotations::NODE_KERNEL_RELEASE: want.kernel,
+    }}});
+    let pp = PatchParams {
+        field_manager: Some(managers::CSI.to_string()),
+        ..PatchParams::default()
+    };
+    nodes
+        .patch(node, &pp, &Patch::Merge(&body))
+        .await
+        .map_err(|e| CsiError::kube(format!("annotate Node {node}"), e))?;
+    Ok(true)
+}
+
 impl NodeService {
     /// A node service for `cfg.node_id`.
     pub fn new(
@@ -580,15 +628,12 @@ impl NodeService {
             Attach::Nvme(_) => stage_keys(&req.secrets)?,
             Attach::Local(_) => None,
         };
-        // A kernel without DH-HMAC-CHAP would fail the connect with a bare EIO: say why first.
-        if keys.is_some()
-            && let Some(why) = self.caps.auth_refusal()
-        {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {} is exported with host authentication (DH-HMAC-CHAP), and {why}; or export the storage node's volumes without keys (agent config nvmf.auth: none)",
-                vol.name_any()
-            )));
-        }
+        // The volume's policy and this kernel decide whether the connect carries keys; a
+        // kernel that cannot authenticate where it must is told so now, not by a bare EIO.
+        let (vol, keys) = match keys {
+            Some(k) => self.host_auth(vol, k).await?,
+            None => (vol, None),
+        };
         let clone = is_clone(&vol);
         let name = vol.name_any();
         blocking(move || {
@@ -606,6 +651,124 @@ impl NodeService {
             Ok(())
         })
         .await
+    }
+
+    /// What NodeStageVolume connects with, for a volume whose keys kubelet passed: the
+    /// [`host_auth::decide`] of the volume's `spec.hostAuth` and this kernel.
+    /// - keys: the keys;
+    /// - NQN-only (`preferred` on a kernel without DH-HMAC-CHAP, or `none`): no keys, once the
+    ///   volume's `obnvmf/hosts-without-auth` lists this host (the agent's export admits it
+    ///   without keys), waited for up to `ready_timeout`;
+    /// - refused: FAILED_PRECONDITION naming the kernel, the option it lacks and the
+    ///   StorageClass parameter, and a Warning event on the volume.
+    async fn host_auth(
+        &self,
+        vol: AntstorVolume,
+        keys: VolumeKeys,
+    ) -> Result<(AntstorVolume, Option<VolumeKeys>)> {
+        let policy = HostAuthPolicy::of(&vol);
+        let tls = keys.tls_psk.is_some()
+            || liteio_api::meta::annotation(&vol.metadata, keys::annotations::NVMF_TLS)
+                == Some("true");
+        let name = vol.name_any();
+        match host_auth::decide(policy, tls, Some(self.caps.dhchap)) {
+            HostAuthDecision::Keys => Ok((vol, Some(keys))),
+            HostAuthDecision::Refuse => {
+                let why = self.caps.auth_refusal().unwrap_or_else(|| {
+                    format!(
+                        "this node's kernel {} cannot do what the volume needs",
+                        self.caps.kernel
+                    )
+                });
+                let msg = format!(
+                    "{}; or export the storage node's volumes without keys (agent config nvmf.auth: none)",
+                    host_auth::refusal(&name, policy, tls, &why)
+                );
+                self.warn_volume(&vol, host_auth::EVENT_HOST_CANNOT_AUTHENTICATE, &msg)
+                    .await;
+                Err(CsiError::FailedPrecondition(msg))
+            }
+            HostAuthDecision::NqnOnly => {
+                let hostnqn = nvme::host_nqn(&self.cfg.hostnqn_path, &self.cfg.node_id)?;
+                if host_auth::hosts_without_auth(&vol).contains(&hostnqn) {
+                    info!(volume = %name, policy = %policy, kernel = %self.caps.kernel, dhchap = self.caps.dhchap, "connecting without authentication: the volume's policy admits this host by its NQN alone");
+                    return Ok((vol, None));
+                }
+                // The agent follows this Node's annotation: make sure it is there (a failure
+                // at start is retried here), then wait for the export to admit this host.
+                self.publish_capabilities().await;
+                let nqn = hostnqn.clone();
+                let waited = k8s::wait_for(
+                    self.volumes(),
+                    "AntstorVolume",
+                    &name,
+                    self.cfg.ready_timeout,
+                    move |v: &AntstorVolume| host_auth::hosts_without_auth(v).contains(&nqn),
+                )
+                .await?;
+                match waited {
+                    Waited::Done(v) => {
+                        info!(volume = %name, policy = %policy, kernel = %self.caps.kernel, dhchap = self.caps.dhchap, "connecting without authentication: the volume's policy admits this host by its NQN alone");
+                        Ok((v, None))
+                    }
+                    Waited::Gone => Err(CsiError::NotFound(format!("volume {name} was deleted"))),
+                    Waited::TimedOut => Err(CsiError::Pending(format!(
+                        "volume {name} ({}: {policy}) admits host {hostnqn} by its NQN alone because this node's kernel {} cannot authenticate, but its export does not yet (annotation {} on the volume); the storage node's agent changes it when it sees this Node's annotation {}; retry",
+                        keys::SC_PARAM_HOST_AUTH,
+                        self.caps.kernel,
+                        keys::annotations::HOSTS_WITHOUT_AUTH,
+                        keys::annotations::NODE_HOST_AUTH,
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// A Warning event on `vol` (best effort: a failure is logged).
+    async fn warn_volume(&self, vol: &AntstorVolume, reason: &str, note: &str) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: format!("{}-node", managers::CSI),
+                instance: Some(self.cfg.node_id.clone()),
+            },
+        );
+        let mut text = note.to_string();
+        if text.len() > EVENT_NOTE_MAX {
+            let mut end = EVENT_NOTE_MAX;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(text),
+            action: "NodeStageVolume".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &vol.object_ref(&())).await {
+            warn!(volume = %vol.name_any(), reason, error = %e, "cannot publish a Warning event");
+        }
+    }
+
+    /// Writes what this kernel can do onto this node's Node object
+    /// (`liteio.io/nvme-host-auth`, `liteio.io/kernel-release`), where the disk-agents read
+    /// it to decide which hosts a `preferred` volume admits without keys. Idempotent (nothing
+    /// is written when the annotations say so already); a failure is logged, not fatal: a
+    /// host that needs the annotation tries again at NodeStageVolume.
+    pub async fn publish_capabilities(&self) {
+        let node = &self.cfg.node_id;
+        match publish_capabilities(&self.client, node, &self.caps).await {
+            Ok(true) => {
+                info!(node = %node, host_auth = %capability(&self.caps).annotation(), kernel = %self.caps.kernel, "published this kernel's NVMe/TCP authentication support on the Node")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(node = %node, error = %e.chain(), "cannot publish this kernel's NVMe/TCP authentication support on the Node; volumes with liteio.io/host-auth: preferred keep their keys for this host until it is published")
+            }
+        }
     }
 
     async fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<()> {

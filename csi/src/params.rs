@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use liteio_api::host_auth::HostAuthPolicy;
 use liteio_api::keys::{self, annotations};
 use liteio_api::size::{self, GIB, MIN_VOLUME_SIZE, VOLUME_UNIT};
 use liteio_api::{VolumePosition, VolumeType};
@@ -46,6 +47,9 @@ pub struct VolumeParams {
     pub pv_name: Option<String>,
     /// Export over TLS only (`nvmfTls: "true"`).
     pub nvmf_tls: bool,
+    /// How the volume's hosts authenticate (`liteio.io/host-auth`); `None` when the class
+    /// does not say (the volume then has no `spec.hostAuth`, which means `required`).
+    pub host_auth: Option<HostAuthPolicy>,
 }
 
 fn nonempty(p: &HashMap<String, String>, key: &str) -> Option<String> {
@@ -103,8 +107,27 @@ impl VolumeParams {
                 ));
             }
         };
+        let host_auth = nonempty(p, keys::SC_PARAM_HOST_AUTH)
+            .map(|v| {
+                HostAuthPolicy::parse(&format!("parameters.{}", keys::SC_PARAM_HOST_AUTH), &v)
+                    .map_err(|e| CsiError::invalid(e.field, e.reason))
+            })
+            .transpose()?;
+        // A TLS listener takes only hosts that hold the volume's PSK: "no authentication"
+        // cannot be had on it.
+        if nvmf_tls && host_auth == Some(HostAuthPolicy::None) {
+            return Err(CsiError::invalid(
+                format!("parameters.{}", keys::SC_PARAM_HOST_AUTH),
+                format!(
+                    "\"none\" cannot go with {}: \"true\" (a TLS export admits only hosts holding the volume's key); use required or preferred, or drop {}",
+                    keys::SC_PARAM_NVMF_TLS,
+                    keys::SC_PARAM_NVMF_TLS
+                ),
+            ));
+        }
         Ok(VolumeParams {
             nvmf_tls,
+            host_auth,
             fs_type,
             volume_type,
             position,
@@ -384,6 +407,44 @@ mod tests {
         assert_eq!(v.mkfs_params, "-b 4096");
         assert_eq!(v.pvc_name.as_deref(), Some("data"));
         assert_eq!(v.pvc_namespace.as_deref(), Some("app"));
+    }
+
+    #[test]
+    fn host_auth_policy_is_parsed_and_validated() {
+        assert_eq!(
+            VolumeParams::parse(&HashMap::new()).unwrap().host_auth,
+            None
+        );
+        for (v, want) in [
+            ("required", HostAuthPolicy::Required),
+            ("preferred", HostAuthPolicy::Preferred),
+            ("none", HostAuthPolicy::None),
+        ] {
+            let got = VolumeParams::parse(&p(&[("liteio.io/host-auth", v)])).unwrap();
+            assert_eq!(got.host_auth, Some(want));
+        }
+        let e = VolumeParams::parse(&p(&[("liteio.io/host-auth", "optional")])).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
+        assert_eq!(
+            e.to_string(),
+            "parameters.liteio.io/host-auth: \"optional\" is not one of required, preferred, none"
+        );
+        // No authentication and TLS-only contradict each other.
+        let e = VolumeParams::parse(&p(&[("liteio.io/host-auth", "none"), ("nvmfTls", "true")]))
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string()
+                .starts_with("parameters.liteio.io/host-auth: "),
+            "{e}"
+        );
+        assert!(e.to_string().contains("nvmfTls"), "{e}");
+        let v = VolumeParams::parse(&p(&[
+            ("liteio.io/host-auth", "preferred"),
+            ("nvmfTls", "true"),
+        ]))
+        .unwrap();
+        assert!(v.nvmf_tls && v.host_auth == Some(HostAuthPolicy::Preferred));
     }
 
     #[test]

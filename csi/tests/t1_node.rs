@@ -711,6 +711,9 @@ async fn a_host_that_cannot_authenticate_is_told_why_at_once() {
             "6.1.0-57-amd64",
             "CONFIG_NVME_AUTH",
             "CONFIG_NVME_HOST_AUTH",
+            // The StorageClass parameter that would let this host in, and the policy now.
+            "liteio.io/host-auth: required",
+            "liteio.io/host-auth: preferred",
             "nvmf.auth: none",
         ] {
             assert!(
@@ -720,10 +723,185 @@ async fn a_host_that_cannot_authenticate_is_told_why_at_once() {
             );
         }
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // A Warning event on the volume says the same, and holds no key.
+        let evs = warnings(&env.client, "pvc-a", "HostCannotAuthenticate").await;
+        assert_eq!(evs.len(), 1, "{evs:?}");
+        let note = evs[0].note.clone().unwrap_or_default();
+        assert!(
+            note.contains("6.1.0-57-amd64") && note.contains("liteio.io/host-auth"),
+            "{note}"
+        );
         assert!(
             !staging.exists() || std::fs::read_dir(&staging).unwrap().next().is_none(),
             "nothing staged"
         );
+        env.stop().await;
+    })
+    .await;
+}
+
+/// Warning events about object `name` with `reason`.
+async fn warnings(
+    client: &kube::Client,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .collect()
+}
+
+fn kernel_without_auth() -> liteio_csi::nvme::HostCapabilities {
+    liteio_csi::nvme::HostCapabilities {
+        kernel: "6.1.0-57-amd64".into(),
+        dhchap: false,
+        tls: false,
+        dhchap_evidence: "built without CONFIG_NVME_AUTH (/boot/config-6.1.0-57-amd64)".into(),
+    }
+}
+
+/// The CSI node tells the control plane what its kernel can do, on its Node, once.
+#[tokio::test]
+async fn the_kernel_capability_is_published_on_the_node_once() {
+    bounded(async {
+        let env = start(false, true, |_| {}).await;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        let mut n = k8s_openapi::api::core::v1::Node::default();
+        n.metadata.name = Some("node-cap".into());
+        nodes.create(&PostParams::default(), &n).await.unwrap();
+        let caps = kernel_without_auth();
+        let wrote = liteio_csi::node::publish_capabilities(&env.client, "node-cap", &caps)
+            .await
+            .unwrap();
+        assert!(wrote);
+        let a = nodes
+            .get("node-cap")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap();
+        assert_eq!(a["liteio.io/nvme-host-auth"], "none");
+        assert_eq!(a["liteio.io/kernel-release"], "6.1.0-57-amd64");
+        let again = liteio_csi::node::publish_capabilities(&env.client, "node-cap", &caps)
+            .await
+            .unwrap();
+        assert!(!again, "nothing to write the second time");
+        let mut better = caps.clone();
+        better.kernel = "6.12.9-amd64".into();
+        better.dhchap = true;
+        better.tls = true;
+        assert!(
+            liteio_csi::node::publish_capabilities(&env.client, "node-cap", &better)
+                .await
+                .unwrap()
+        );
+        let a = nodes
+            .get("node-cap")
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap();
+        assert_eq!(a["liteio.io/nvme-host-auth"], "dhchap,tls");
+        // A Node that does not exist is an error naming it (the caller logs it).
+        let e = liteio_csi::node::publish_capabilities(&env.client, "no-such-node", &caps)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no-such-node"), "{e}");
+        env.stop().await;
+    })
+    .await;
+}
+
+/// `liteio.io/host-auth: preferred` on a kernel without DH-HMAC-CHAP: NodeStage is not
+/// refused; it waits until the agent's export admits this host by its NQN alone
+/// (`obnvmf/hosts-without-auth`), then connects without keys. Meanwhile it has published
+/// the Node's annotation the agent decides from.
+#[tokio::test]
+async fn a_preferred_volume_is_connected_without_keys_once_the_export_admits_the_host() {
+    bounded(async {
+        let mut env = start(false, true, |c| {
+            c.host_capabilities = Some(kernel_without_auth());
+            c.ready_timeout = std::time::Duration::from_millis(500);
+        })
+        .await;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        let mut n = k8s_openapi::api::core::v1::Node::default();
+        n.metadata.name = Some(NODE.into());
+        nodes.create(&PostParams::default(), &n).await.unwrap();
+        let api = env.volumes();
+        nvme_volume(&api, "pvc-p", "p-1").await;
+        api.patch(
+            "pvc-p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hostAuth": "preferred"}})),
+        )
+        .await
+        .unwrap();
+        api.patch_status(
+            "pvc-p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"status": "ready"}})),
+        )
+        .await
+        .unwrap();
+        let staging = env.dir.path().join("staging/pvc-p");
+        let keys = VolumeKeys::generate(false).unwrap();
+        let mut r = stage_req("p-1", &staging, mount_cap("xfs"));
+        r.secrets = secrets(&keys);
+        let e = env.csi.node.node_stage_volume(r.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{}", e.message());
+        for part in [
+            "pvc-p",
+            "obnvmf/hosts-without-auth",
+            "liteio.io/nvme-host-auth",
+            "6.1.0-57-amd64",
+        ] {
+            assert!(
+                e.message().contains(part),
+                "{part} missing: {}",
+                e.message()
+            );
+        }
+        assert!(
+            warnings(&env.client, "pvc-p", "HostCannotAuthenticate")
+                .await
+                .is_empty()
+        );
+        // The Node says what this kernel can do (published again at NodeStage: the Node did
+        // not exist when the driver started).
+        let a = nodes.get(NODE).await.unwrap().metadata.annotations.unwrap();
+        assert_eq!(a["liteio.io/nvme-host-auth"], "none");
+        // The agent admits this host without keys: the stage goes on to connect, without keys.
+        let hostnqn = liteio_csi::nvme::host_nqn(&env.dir.path().join("hostnqn"), NODE).unwrap();
+        api.patch(
+            "pvc-p",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"obnvmf/hosts-without-auth": hostnqn}}}),
+            ),
+        )
+        .await
+        .unwrap();
+        let e = env.csi.node.node_stage_volume(r).await.unwrap_err();
+        // This machine has no NVMe/TCP host: the plain `nvme connect` (no keys, no
+        // /dev/nvme-fabrics write) is what fails, not a refusal.
+        assert_ne!(e.code(), Code::FailedPrecondition, "{}", e.message());
+        assert!(e.message().contains("nvme connect"), "{}", e.message());
+        for key in [keys.host.expose(), keys.ctrl.expose()] {
+            assert!(!e.message().contains(key));
+        }
         env.stop().await;
     })
     .await;

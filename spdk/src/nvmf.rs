@@ -156,6 +156,12 @@ impl KeyNames {
         k.c_names().map(Self)
     }
 
+    /// The same without the DH-HMAC-CHAP keys (the PSK stays).
+    fn without_dhchap(&self) -> Self {
+        let [_, _, p] = &self.0;
+        Self([None, None, p.clone()])
+    }
+
     /// Allow `host` on `ss` with these keys.
     ///
     /// # Safety
@@ -246,6 +252,9 @@ pub struct SubsystemSpec {
     pub hosts: Vec<String>,
     /// How those hosts authenticate.
     pub keys: HostKeys,
+    /// Hosts of `hosts` whose entries get no DH-HMAC-CHAP keys (admitted by their NQN
+    /// alone; a PSK in `keys` still applies to them).
+    pub keyless_hosts: Vec<String>,
     /// TLS: the listener takes secure channels only (the hosts need `keys.psk`).
     pub secure_channel: bool,
     /// ANA reporting and a controller-ID range, for exports that may become one of several
@@ -650,7 +659,7 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
                 detail: format!("exporting {:?} on {:?}", cur.bdevs, cur.listeners),
             });
         }
-        return set_hosts(&spec.nqn, &spec.hosts, &spec.keys).await;
+        return set_hosts_with(&spec.nqn, &spec.hosts, &spec.keys, &spec.keyless_hosts).await;
     }
     exec_on(move |r, reply| {
         let setup = || -> Result<(*mut spdk_nvmf_subsystem, spdk_sys::spdk_nvme_transport_id)> {
@@ -710,8 +719,10 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
                         reason: format!("cannot add {} as a namespace with uuid {:?} (claimed by another subsystem, or a bad uuid)", spec.bdev, spec.ns_uuid),
                     }));
                 }
+                let keyless = keys.without_dhchap();
                 for (h, name) in hosts.iter().zip(&spec.hosts) {
-                    let rc = keys.add_host(ss, h);
+                    let k = if spec.keyless_hosts.contains(name) { &keyless } else { &keys };
+                    let rc = k.add_host(ss, h);
                     if rc != 0 {
                         return Err(fail(SpdkError::errno("add host", name.clone(), rc)));
                     }
@@ -753,15 +764,33 @@ pub async fn create_subsystem(spec: SubsystemSpec) -> Result<SubsystemInfo> {
 /// new connections fail and its existing ones are closed; a host whose DH-HMAC-CHAP keys
 /// change stays connected, and its next connection needs the new keys).
 pub async fn set_hosts(nqn: &str, hosts: &[String], keys: &HostKeys) -> Result<SubsystemInfo> {
+    set_hosts_with(nqn, hosts, keys, &[]).await
+}
+
+/// [`set_hosts`], except that the entries of the hosts in `keyless` get no DH-HMAC-CHAP keys
+/// (a host's keys are taken away or given live, as a rotation does).
+pub async fn set_hosts_with(
+    nqn: &str,
+    hosts: &[String],
+    keys: &HostKeys,
+    keyless: &[String],
+) -> Result<SubsystemInfo> {
     keys.c_names()?;
-    let (nqn, hosts, keys) = (nqn.to_string(), hosts.to_vec(), keys.clone());
+    let (nqn, hosts, keys, keyless) = (
+        nqn.to_string(),
+        hosts.to_vec(),
+        keys.clone(),
+        keyless.to_vec(),
+    );
     on_reactor_with(move |r| {
         let ss = subsystem(r, &nqn)?;
-        let names = KeyNames::new(&keys)?;
+        let all = KeyNames::new(&keys)?;
+        let without = all.without_dhchap();
         // SAFETY: `ss` was just returned by the lookup on this thread.
         let cur = unsafe { info(ss) };
         for h in &hosts {
             let c = cstr("hosts", h)?;
+            let names = if keyless.contains(h) { &without } else { &all };
             let rc = if cur.hosts.contains(h) {
                 // SAFETY: on the reactor; `ss` live; every string valid or NULL, copied.
                 unsafe {

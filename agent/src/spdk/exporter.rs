@@ -371,6 +371,12 @@ impl Exporter for SpdkExporter {
                 hosts: req.allowed_hosts.clone(),
                 keys: keys.clone(),
                 secure_channel,
+                // Only with authentication on: without it every entry is keyless already.
+                keyless_hosts: if self.auth {
+                    req.keyless_hosts.clone()
+                } else {
+                    Vec::new()
+                },
                 // Every export can become one of two paths of a hot migration: ANA reporting
                 // must be on, and the controller IDs this node's range, before it starts.
                 multipath: Some(Multipath {

@@ -40,8 +40,12 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Node;
+use kube::Resource as _;
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, ResourceExt};
+use liteio_api::host_auth::{self, HostAuthCapability, HostAuthPolicy};
 use liteio_api::keys::{annotations, finalizers, labels};
 use liteio_api::snapshot::SnapshotStatusName;
 use liteio_api::{
@@ -449,16 +453,119 @@ async fn record_provisioned(
     patch_guarded(ctx, api, vol, body).await
 }
 
-async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<Vec<String>> {
+async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<AllowedHosts> {
     let Some(host) = vol.spec.host_node.as_ref().filter(|h| !h.id.is_empty()) else {
-        return Ok(Vec::new());
+        return Ok(AllowedHosts::default());
     };
-    let mut hosts = vec![node_host_nqn(ctx, &host.id).await?];
+    let consumer = node_host_nqn(ctx, &host.id).await?;
+    let mut hosts = vec![consumer.clone()];
+    // The consumer's entry follows the volume's policy and what its kernel can do. The
+    // source node of a migration connects with SPDK's initiator, which always
+    // authenticates: its entry always has the keys.
+    let mut keyless = Vec::new();
+    let mut capability = None;
+    if ctx.exporter.authenticates() {
+        let policy = HostAuthPolicy::of(vol);
+        capability = host_capability(ctx, &host.id).await?;
+        if host_auth::export_without_keys(
+            policy,
+            is_tls(vol),
+            capability.as_ref().map(|c| c.dhchap),
+        ) {
+            keyless.push(consumer);
+        }
+    }
     if let Some(source) = migration_source_node(ctx, vol).await? {
-        hosts.push(node_host_nqn(ctx, &source).await?);
+        let pipe = node_host_nqn(ctx, &source).await?;
+        // One entry per NQN: a pipe host that is also the consumer keeps the keys.
+        keyless.retain(|h| *h != pipe);
+        hosts.push(pipe);
     }
     hosts.dedup();
-    Ok(hosts)
+    Ok(AllowedHosts {
+        hosts,
+        keyless,
+        consumer: host.id.clone(),
+        capability,
+    })
+}
+
+/// The hosts of a volume's export, and those of them admitted without keys.
+#[derive(Debug, Default)]
+struct AllowedHosts {
+    hosts: Vec<String>,
+    keyless: Vec<String>,
+    /// The consumer's node, for messages.
+    consumer: String,
+    /// What its kernel can do, as its Node says (`None`: unknown).
+    capability: Option<HostAuthCapability>,
+}
+
+/// Whether the volume is exported over TLS only.
+fn is_tls(vol: &AntstorVolume) -> bool {
+    annotation(&vol.metadata, annotations::NVMF_TLS) == Some("true")
+}
+
+/// What the kernel of `node` can do for NVMe/TCP authentication, from the annotations its
+/// CSI node writes on the Node (`None`: no Node, or it says nothing).
+async fn host_capability(ctx: &Ctx, node: &str) -> Result<Option<HostAuthCapability>> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let found = ctx
+        .timed("get", format!("Node {node}"), nodes.get_metadata_opt(node))
+        .await?;
+    Ok(found.and_then(|n| HostAuthCapability::from_annotations(n.metadata.annotations.as_ref())))
+}
+
+/// Tells that the volume is now served to `allowed.keyless` without authentication (log and
+/// event: Warning under `preferred`, a downgrade; Normal under `none`, which asked for it).
+async fn tell_keyless(ctx: &Ctx, vol: &AntstorVolume, allowed: &AllowedHosts) {
+    let policy = HostAuthPolicy::of(vol);
+    let kernel = allowed
+        .capability
+        .as_ref()
+        .map(|c| c.kernel.as_str())
+        .filter(|k| !k.is_empty())
+        .unwrap_or("unknown");
+    let note = match policy {
+        HostAuthPolicy::None => format!(
+            "volume {} is served to host {} (node {}) without authentication: its StorageClass sets {}: none",
+            vol.name_any(),
+            allowed.keyless.join(", "),
+            allowed.consumer,
+            keys::SC_PARAM_HOST_AUTH
+        ),
+        _ => format!(
+            "volume {} is served to host {} (node {}) without authentication because its kernel {kernel} cannot authenticate (Node annotation {}), and its StorageClass sets {}: {policy}",
+            vol.name_any(),
+            allowed.keyless.join(", "),
+            allowed.consumer,
+            annotations::NODE_HOST_AUTH,
+            keys::SC_PARAM_HOST_AUTH
+        ),
+    };
+    warn!(hosts = %allowed.keyless.join(","), node = %allowed.consumer, policy = %policy, kernel, "{note}");
+    let type_ = if policy == HostAuthPolicy::None {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    let recorder = Recorder::new(
+        ctx.client.clone(),
+        Reporter {
+            controller: keys::managers::AGENT.into(),
+            instance: Some(ctx.node.clone()),
+        },
+    );
+    let ev = Event {
+        type_,
+        reason: host_auth::EVENT_SERVED_WITHOUT_AUTH.into(),
+        note: Some(note),
+        action: "Export".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &vol.object_ref(&())).await {
+        warn!(error = %e, "cannot publish the event that the volume is served without authentication");
+    }
 }
 
 /// The host NQN of `node` (its StoragePool's, else the one derived from its name).
@@ -532,6 +639,7 @@ async fn export_request(
         },
         size_bytes: info.size_bytes,
         allowed_hosts: hosts,
+        keyless_hosts: Vec::new(),
         preset: vol.spec.spdk_target.clone(),
         keys,
         path_state: desired_path_state(vol),
@@ -553,7 +661,7 @@ async fn ensure_export(
             ctx.engine_call("find", ename, move |e| e.device_path(&n)),
         )
         .await?;
-    let hosts = pass.time(Step::Api, allowed_hosts(ctx, vol)).await?;
+    let allowed = pass.time(Step::Api, allowed_hosts(ctx, vol)).await?;
     let info = VolumeInfo {
         name: ename.to_string(),
         uuid: None,
@@ -576,7 +684,8 @@ async fn ensure_export(
     } else {
         None
     };
-    let req = export_request(ctx, vol, &info, hosts, keys).await;
+    let mut req = export_request(ctx, vol, &info, allowed.hosts.clone(), keys).await;
+    req.keyless_hosts = allowed.keyless.clone();
     let target: SpdkTarget = pass
         .time(Step::Export, ctx.exporter.ensure_export(&req))
         .await
@@ -614,6 +723,19 @@ async fn ensure_export(
             json!(req.path_state.as_str()),
         );
     }
+    // Who the export admits without keys, for the CSI node (which waits for its host here
+    // before it connects without keys) and for people.
+    let recorded: Vec<String> = host_auth::hosts_without_auth(vol);
+    if recorded != req.keyless_hosts {
+        notes.insert(
+            annotations::HOSTS_WITHOUT_AUTH.into(),
+            if req.keyless_hosts.is_empty() {
+                Value::Null
+            } else {
+                json!(req.keyless_hosts.join(","))
+            },
+        );
+    }
     // Rotated keys are in the subsystem now: acknowledge the rotation.
     if req.keys.is_some()
         && let Some(at) = annotation(&vol.metadata, annotations::KEYS_ROTATED_AT)
@@ -639,6 +761,13 @@ async fn ensure_export(
     let v = pass
         .time(Step::Api, patch_guarded(ctx, api, vol, body))
         .await?;
+    if recorded != req.keyless_hosts {
+        if req.keyless_hosts.is_empty() {
+            info!(hosts = %recorded.join(","), "hosts that were admitted without keys now authenticate");
+        } else {
+            tell_keyless(ctx, &v, &allowed).await;
+        }
+    }
     info!(nqn = %target.subsys_nqn, port = %target.svc_id, "volume exported");
     Ok(v)
 }

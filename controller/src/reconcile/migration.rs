@@ -42,13 +42,16 @@ const NOT_INHERITED_LABELS: [&str; 4] = [
 /// Annotations of the source volume that the destination does not inherit: the forced
 /// node, what the controller and the agent write for the node the data is on, and the
 /// switch-over state of an earlier migration (a destination starts inaccessible).
-const NOT_INHERITED_ANNOTATIONS: [&str; 6] = [
+const NOT_INHERITED_ANNOTATIONS: [&str; 7] = [
     annotations::SELECTED_TGT_NODE,
     annotations::ALLOCATED_BYTES,
     annotations::LOCAL_ONLY,
     annotations::MIGRATE_ANA_STATE,
     annotations::MIGRATE_ANA_APPLIED,
     annotations::MIGRATE_PIPE_SVC_ID,
+    // What the source's export admits without keys: the destination's agent decides it
+    // for its own export, with the same policy (`spec.hostAuth`) and host.
+    annotations::HOSTS_WITHOUT_AUTH,
 ];
 
 /// The key of the source volume of `mig`.
@@ -166,7 +169,7 @@ fn status_name(s: VolumeStatus) -> String {
 /// what is node-specific, plus `obnvmf/csi-name` = the source's CSI name (so the agent on
 /// the destination node loads the same authentication Secret). Spec: the same uuid (so the
 /// serial number and model derived from it are the same), type, size, thinness, position
-/// advice, affinities and host node; `spdkTarget` preset with the source's NQN, serial and
+/// advice, affinities, host node and host-authentication policy; `spdkTarget` preset with the source's NQN, serial and
 /// namespace UUID, which the agent keeps, so the host sees one namespace with two paths.
 pub fn dest_volume(
     mig: &VolumeMigration,
@@ -227,6 +230,8 @@ pub fn dest_volume(
             kernel_lvol: None,
             spdk_lvol: None,
             spdk_target: Some(preset),
+            // The destination admits the host as the source does (same policy, same host).
+            host_auth: src.spec.host_auth,
         },
     );
     vol.metadata.namespace = src.metadata.namespace.clone();
@@ -1148,7 +1153,12 @@ mod tests {
 
     #[test]
     fn the_destination_is_the_same_namespace_on_another_node() {
-        let src = ready_source();
+        let mut src = ready_source();
+        src.spec.host_auth = Some(liteio_api::host_auth::HostAuthPolicy::Preferred);
+        src.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(annotations::HOSTS_WITHOUT_AUTH.into(), "nqn.host".into());
         let m = mig(MigrationPhase::Pending);
         let d = dest_volume(&m, &src, "mig-u1", "n2");
         let l = d.labels();
@@ -1163,6 +1173,12 @@ mod tests {
         assert_eq!(d.spec.size_byte, src.spec.size_byte);
         assert_eq!(d.spec.target_node_id, "n2");
         assert_eq!(d.spec.host_node, src.spec.host_node);
+        // The same policy; what the source's export admits without keys is its own.
+        assert_eq!(d.spec.host_auth, src.spec.host_auth);
+        assert!(
+            !d.annotations()
+                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
+        );
         let t = d.spec.spdk_target.unwrap();
         let s = src.spec.spdk_target.clone().unwrap();
         assert_eq!(

@@ -166,17 +166,23 @@ async fn main() -> Result<()> {
             }
         });
     }
+    let node_service = if node {
+        let svc = NodeService::new(
+            client.clone(),
+            Arc::clone(&cfg),
+            Arc::new(SystemRunner::new()),
+            metrics.clone(),
+        );
+        // What this kernel can do goes onto the Node (for the agents' host-auth decisions).
+        svc.publish_capabilities().await;
+        Some(svc)
+    } else {
+        None
+    };
     let services = Services {
         identity: IdentityService::new(cfg.version.clone(), controller),
         controller: controller.then(|| ControllerService::new(client.clone(), Arc::clone(&cfg))),
-        node: node.then(|| {
-            NodeService::new(
-                client.clone(),
-                Arc::clone(&cfg),
-                Arc::new(SystemRunner::new()),
-                metrics.clone(),
-            )
-        }),
+        node: node_service,
     };
     let listener = server::bind(&args.endpoint)?;
     // One shutdown for the gRPC server and, in node mode, the watch over this node's

@@ -246,17 +246,23 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
     tweak(&mut cfg);
     let cfg = Arc::new(cfg);
     let endpoint = format!("unix://{}", dir.path().join("csi.sock").display());
+    let node_service = if node {
+        let svc = NodeService::new(
+            client.clone(),
+            Arc::clone(&cfg),
+            Arc::new(SystemRunner::new()),
+            None,
+        );
+        // What this kernel can do goes onto the Node (for the agents' host-auth decisions).
+        svc.publish_capabilities().await;
+        Some(svc)
+    } else {
+        None
+    };
     let services = Services {
         identity: IdentityService::new("test", controller),
         controller: controller.then(|| ControllerService::new(client.clone(), Arc::clone(&cfg))),
-        node: node.then(|| {
-            NodeService::new(
-                client.clone(),
-                Arc::clone(&cfg),
-                Arc::new(SystemRunner::new()),
-                None,
-            )
-        }),
+        node: node_service,
     };
     let listener = server::bind(&endpoint).expect("bind");
     let (stop, rx) = oneshot::channel::<()>();
