@@ -526,16 +526,7 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
     opts.pool_bytes = 2 << 30;
     with_cluster(&dir, opts, Duration::from_secs(1200), |c| {
         Box::pin(async move {
-            let mut node = c
-                .add_vm_node(1, Kernel::Backports)
-                .await
-                .map_err(|e| e.to_string())?;
-            println!(
-                "VM node {} at {} (boot {:.1}s)",
-                node.name,
-                node.address,
-                node.vm.booted_in().as_secs_f64()
-            );
+            let mut node = vm_node(c, 1, Kernel::Backports).await?;
             let mut csi = liteio_csi::client::connect(&node.csi_endpoint())
                 .await
                 .map_err(|e| e.to_string())?;

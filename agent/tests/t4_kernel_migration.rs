@@ -190,16 +190,7 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
             for k in 1..=2 {
                 yield_to_the_vm(c, k)?;
             }
-            let mut node = c
-                .add_vm_node(1, Kernel::Backports)
-                .await
-                .map_err(|e| e.to_string())?;
-            println!(
-                "VM node {} at {} (boot {:.1}s)",
-                node.name,
-                node.address,
-                node.vm.booted_in().as_secs_f64()
-            );
+            let mut node = vm_node(c, 1, Kernel::Backports).await?;
             let mut csi = liteio_csi::client::connect(&node.csi_endpoint())
                 .await
                 .map_err(|e| e.to_string())?;

@@ -119,18 +119,7 @@ fn csi_node_on_debian_61_in_a_vm() {
         Duration::from_secs(900),
         |c| {
             Box::pin(async move {
-                let started = std::time::Instant::now();
-                let mut node = c
-                    .add_vm_node(1, Kernel::Stock)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                println!(
-                    "VM node {} at {} ready after {:.1}s (boot {:.1}s)",
-                    node.name,
-                    node.address,
-                    started.elapsed().as_secs_f64(),
-                    node.vm.booted_in().as_secs_f64()
-                );
+                let mut node = cluster_common::vm_node(c, 1, Kernel::Stock).await?;
                 let mut csi = liteio_csi::client::connect(&node.csi_endpoint())
                     .await
                     .map_err(|e| e.to_string())?;

@@ -292,6 +292,25 @@ pub fn skip_vm(test: &str, kernel: &liteio_local::vm::Kernel) -> bool {
     false
 }
 
+/// Boots compute node `n` as a microVM with `kernel` ([`Cluster::add_vm_node`]) and prints
+/// its boot and readiness times.
+pub async fn vm_node(
+    c: &mut Cluster,
+    n: u8,
+    kernel: liteio_local::vm::Kernel,
+) -> Result<liteio_local::vm_node::VmNode, String> {
+    let started = std::time::Instant::now();
+    let node = c.add_vm_node(n, kernel).await.map_err(|e| e.to_string())?;
+    println!(
+        "VM node {} at {} ready after {:.1}s (boot {:.1}s)",
+        node.name,
+        node.address,
+        started.elapsed().as_secs_f64(),
+        node.vm.booted_in().as_secs_f64()
+    );
+    Ok(node)
+}
+
 /// Creates `name` (`bytes`) through CSI for consumer `node` with `positionAdvice:
 /// MustRemote` (stored on a storage node, exported to the consumer) and waits until it is
 /// ready; returns its volume id.
