@@ -1,8 +1,14 @@
-//! T1: the node's half of a migration switch-over on recorded host state (this kernel has no
-//! `nvme_tcp`): a sysfs tree of a host with the source path, the destination path and
-//! another volume's controller, and `nvme list-subsys -o json` of nvme-cli 1 and 2 (fixtures
-//! under `tests/fixtures/multipath/`). The fabrics device is a fake that records the options
-//! string it was given.
+//! T1: the node's half of a migration switch-over on recorded host state: a sysfs tree of a
+//! host with the source path, the destination path and another volume's controller, and
+//! `nvme list-subsys -o json` of nvme-cli 1 and 2 (fixtures under `tests/fixtures/multipath/`).
+//! The fabrics device is a fake that records the options string it was given.
+//!
+//! The switch-over itself runs against the real kernel in `agent/tests/t4_kernel_migration.rs`
+//! (Debian's 6.12 in a VM: second path with the volume's keys, the source's path dropped).
+//! What stays here is what that kernel cannot be made to show on cue: nvme-cli 1's output
+//! (Debian 12 ships nvme-cli 2), a path caught in the kernel's `deleting` state at the moment
+//! of a connect, the guard that never deletes a subsystem's last path, and a refused connect's
+//! message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "common/sysfs.rs"]
@@ -87,34 +93,6 @@ impl Fabrics for FakeFabrics {
         self.seen.lock().unwrap().push(options.expose().to_string());
         Ok(format!("instance={},cntlid=36865\n", self.instance))
     }
-}
-
-#[test]
-fn sysfs_shows_each_path_of_a_subsystem() {
-    let dir = sysfs(&[]);
-    let paths = multipath::sysfs_paths(dir.path(), NQN);
-    let got: Vec<(&str, &str, &str, &str)> = paths
-        .iter()
-        .map(|p| {
-            (
-                p.controller.as_str(),
-                p.traddr.as_str(),
-                p.trsvcid.as_str(),
-                p.state.as_str(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        got,
-        [
-            ("nvme0", "10.0.0.12", "4421", "live"),
-            ("nvme2", "10.0.0.13", "4430", "live")
-        ]
-    );
-    assert!(paths.iter().all(|p| p.transport == "tcp"));
-    assert_eq!(multipath::sysfs_paths(dir.path(), OTHER).len(), 1);
-    assert!(multipath::sysfs_paths(dir.path(), "nqn.none").is_empty());
-    assert!(multipath::sysfs_paths(Path::new("/nonexistent"), NQN).is_empty());
 }
 
 #[test]

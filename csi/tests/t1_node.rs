@@ -1,7 +1,8 @@
 //! T1: the Node service on a file-engine volume (a sparse file behind a real loop device),
-//! with real mkfs and mounts. Needs root; prints `SKIP ...` otherwise. The NVMe/TCP path is
-//! covered by T0 tests on recorded `nvme` output and a fake sysfs; it runs for real only
-//! where the kernel has `nvme_tcp`.
+//! with real mkfs and mounts. Needs root; prints `SKIP ...` otherwise. The NVMe/TCP path runs
+//! against real kernels in the T4 tests (`agent/tests/t4_kernel_host.rs`: connect with keys,
+//! ext4 and xfs, raw block, online grow, key rotation, refusals); the NVMe tests here give
+//! the node a fake fabrics device and sysfs for what those kernels cannot show on cue.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -653,25 +654,6 @@ async fn republish_gives_rotated_keys_to_the_connected_controller() {
         env.stop().await;
     })
     .await;
-}
-
-#[tokio::test]
-async fn nvme_tcp_for_real_when_the_kernel_has_it() {
-    if !Path::new("/sys/module/nvme_tcp").exists() {
-        println!(
-            "SKIP nvme_tcp: the kernel has no nvme_tcp module (the NVMe path is tested on recorded output in T0)"
-        );
-        return;
-    }
-    // A real target needs the agent's embedded SPDK; that is covered by the cross-component
-    // tests. Here we only check that nvme-cli is usable.
-    let ok = std::process::Command::new("nvme")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        println!("SKIP nvme_tcp: nvme-cli is not installed");
-    }
 }
 
 /// A node whose kernel cannot authenticate NVMe/TCP connections (Debian 12's 6.1) is told so

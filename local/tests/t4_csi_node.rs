@@ -62,8 +62,13 @@ async fn exported_volume(
     )]));
     v.spec.uuid = uuid.into();
     v.spec.size_byte = 64 << 20;
-    // A storage node that is not part of this run: no agent touches the object.
+    // A storage node that is not part of this run: no agent touches the object. Exported
+    // to the VM node, as the volume of a pod there would be.
     v.spec.target_node_id = "storage-elsewhere".into();
+    v.spec.host_node = Some(liteio_api::NodeInfo {
+        id: "vm-1".into(),
+        ..Default::default()
+    });
     v.spec.spdk_target = Some(SpdkTarget {
         subsys_nqn: naming::subsys_nqn(uuid),
         svc_id: port.to_string(),
