@@ -151,7 +151,7 @@ pub(crate) fn volume_triggers(
                 .flat_map(|node| {
                     let refs = consumed_on(&store, node);
                     if !refs.is_empty() {
-                        info!(node = %node, volumes = refs.len(), annotation = annotations::NODE_HOST_AUTH, "host authentication support changed; reconciling the volumes consumed there");
+                        info!(node = %node, volumes = refs.len(), annotation = annotations::NODE_HOST_AUTH, "the Node's host authentication support is new or changed; reconciling the volumes consumed there");
                     }
                     refs
                 })
