@@ -340,6 +340,10 @@ async fn supervise(
         sync::volume::RESOURCE,
         labels::TARGET_NODE_ID,
         sync::volume::reconcile,
+        {
+            let ctx = Arc::clone(&ctx);
+            move |store| sync::node_auth::volume_triggers(&ctx, store)
+        },
         shutdown.subscribe(),
     ));
     set.spawn(sync::run_controller(
@@ -347,6 +351,7 @@ async fn supervise(
         "antstorsnapshot",
         labels::TARGET_NODE_ID,
         sync::snapshot::reconcile,
+        sync::no_triggers,
         shutdown.subscribe(),
     ));
     // Only a target that can copy and switch over takes part in migrations as a source.
@@ -356,6 +361,7 @@ async fn supervise(
             sync::migration::RESOURCE,
             labels::MIGRATE_SOURCE_NODE_ID,
             sync::migration::reconcile,
+            sync::no_triggers,
             shutdown.subscribe(),
         ));
     }

@@ -709,3 +709,112 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
     .await
     .unwrap();
 }
+
+/// The agent follows a Node's capability, not only the volume: a `preferred` volume exported
+/// while its host's Node says nothing keeps the keys (unknown never downgrades); then the
+/// CSI node writes `none` on its Node and, with nothing else changing (the resync is 10 min
+/// here), the export's entry for that host goes keyless and the volume lists the host; a
+/// kernel that can authenticate (`dhchap`) gets the keys back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_capability_change_reaches_the_export_without_a_volume_change() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeExporter {
+            auth: true,
+            ..FakeExporter::default()
+        });
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let api = vols(&env);
+        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        let mut p = StoragePool::new("node-late", Default::default());
+        p.metadata.annotations = Some(BTreeMap::from([(
+            annotations::HOST_NQN.to_string(),
+            "nqn.host-late".to_string(),
+        )]));
+        p.spec.node_info.id = "node-late".into();
+        p.spec.kernel_lvm.name = "vg".into();
+        pools.create(&PostParams::default(), &p).await.unwrap();
+        // The host's Node, before its CSI node has said anything.
+        let mut n = k8s_openapi::api::core::v1::Node::default();
+        n.metadata.name = Some("node-late".into());
+        nodes.create(&PostParams::default(), &n).await.unwrap();
+        let last_export = || {
+            fake.exports
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|r| r.volume == "pvc-late")
+                .cloned()
+                .unwrap()
+        };
+
+        let mut v = volume("pvc-late", 8 * MIB);
+        v.spec.host_node = Some(NodeInfo {
+            id: "node-late".into(),
+            ..NodeInfo::default()
+        });
+        v.spec.host_auth = Some(liteio_api::host_auth::HostAuthPolicy::Preferred);
+        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = wait_ready(&api, "pvc-late").await;
+        assert!(
+            !v.annotations()
+                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
+        );
+        let req = last_export();
+        assert_eq!(req.allowed_hosts, vec!["nqn.host-late".to_string()]);
+        assert!(req.keyless_hosts.is_empty() && req.keys.is_some());
+        let spec_before = serde_json::to_value(&v.spec).unwrap();
+
+        let set_capability = |can: &'static str| {
+            let nodes = nodes.clone();
+            async move {
+                let body = json!({"metadata": {"annotations": {
+                    annotations::NODE_HOST_AUTH: can,
+                    annotations::NODE_KERNEL_RELEASE: "6.1.0-57-amd64",
+                }}});
+                nodes
+                    .patch("node-late", &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .unwrap();
+            }
+        };
+        let listed = |want: Option<&'static str>| {
+            let api = api.clone();
+            async move {
+                eventually(
+                    &format!("hosts-without-auth to be {want:?}"),
+                    Duration::from_secs(5),
+                    || async {
+                        let v = api.get("pvc-late").await.unwrap();
+                        (v.annotations()
+                            .get(annotations::HOSTS_WITHOUT_AUTH)
+                            .map(String::as_str)
+                            == want)
+                            .then_some(v)
+                    },
+                )
+                .await
+            }
+        };
+
+        // The kernel cannot authenticate: only the Node changed.
+        set_capability("none").await;
+        let v = listed(Some("nqn.host-late")).await;
+        let req = last_export();
+        assert_eq!(req.allowed_hosts, vec!["nqn.host-late".to_string()]);
+        assert_eq!(req.keyless_hosts, vec!["nqn.host-late".to_string()]);
+        assert!(req.keys.is_some(), "the volume's keys are still loaded");
+        assert_eq!(serde_json::to_value(&v.spec).unwrap(), spec_before);
+
+        // Rebooted into a kernel that can: keys again.
+        set_capability("dhchap").await;
+        listed(None).await;
+        let req = last_export();
+        assert!(req.keyless_hosts.is_empty() && req.keys.is_some());
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}

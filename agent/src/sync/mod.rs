@@ -4,7 +4,8 @@
 //!
 //! A failed object is retried with per-object exponential back-off and jitter
 //! ([`backoff`]); a change of the object, or of the pool while some object waits for a
-//! retry, reconciles at once (freed space, a repaired disk), whatever the back-off says. A
+//! retry, reconciles at once (freed space, a repaired disk), whatever the back-off says; so
+//! does, for a volume, a change of what its consumer's kernel can do ([`node_auth`]). A
 //! permanent failure ([`crate::error::Retry::OnChange`]: the pool cannot do it, the object is
 //! invalid) is written to the object's status by its reconcile and told once by a Warning
 //! event `<Kind>Failed`; it is never retried on a timer, only on such a change.
@@ -12,6 +13,7 @@
 pub mod auth;
 pub mod backoff;
 pub mod migration;
+pub mod node_auth;
 pub mod provision;
 pub mod snapshot;
 pub mod volume;
@@ -20,12 +22,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use liteio_api::keys::{self, managers};
@@ -297,12 +300,15 @@ fn object_ref<K: Resource<DynamicType = ()>>(key: &str) -> ObjectRef<K> {
 }
 
 /// Runs a controller for `K` over the objects whose label `node_label` names this node,
-/// until `shutdown`.
-pub(crate) async fn run_controller<K, F, Fut>(
+/// until `shutdown`. `triggers`, given the controller's cache, returns the objects to
+/// reconcile because something other than themselves or the pool changed (see
+/// [`node_auth`]); [`no_triggers`] for none.
+pub(crate) async fn run_controller<K, F, Fut, T>(
     ctx: Arc<Ctx>,
     resource: &'static str,
     node_label: &'static str,
     reconcile: F,
+    triggers: T,
     mut shutdown: watch::Receiver<bool>,
 ) where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -315,6 +321,7 @@ pub(crate) async fn run_controller<K, F, Fut>(
         + 'static,
     F: FnMut(Arc<K>, Arc<Ctx>) -> Fut,
     Fut: std::future::Future<Output = Result<Action>> + Send + 'static,
+    T: FnOnce(Store<K>) -> BoxStream<'static, ObjectRef<K>>,
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
     let wc = watcher::Config::default().labels(&format!("{node_label}={}", ctx.node));
@@ -377,6 +384,7 @@ pub(crate) async fn run_controller<K, F, Fut>(
     // cache (deleted, or moved to another node) are forgotten first: they wait for nothing
     // any more.
     let store = controller.store();
+    let triggers = triggers(store.clone());
     let waiting = Arc::clone(&retries);
     let warned = Arc::clone(&ctx);
     let pool_changes = futures::stream::unfold(ctx.pool_epoch.subscribe(), move |mut rx| {
@@ -399,6 +407,7 @@ pub(crate) async fn run_controller<K, F, Fut>(
     .flatten();
     let controller = controller
         .reconcile_on(pool_changes)
+        .reconcile_on(triggers)
         .graceful_shutdown_on(async move {
             let _ = stop_rx.await;
         })
@@ -439,6 +448,15 @@ pub(crate) async fn run_controller<K, F, Fut>(
             tokio::time::sleep(DRAIN).await;
         } => debug!(resource, "controller did not drain in time; dropping it"),
     }
+}
+
+/// No triggers besides the objects' own changes and the pool's (see [`run_controller`]).
+pub(crate) fn no_triggers<K>(_: Store<K>) -> BoxStream<'static, ObjectRef<K>>
+where
+    K: Resource + 'static,
+    K::DynamicType: std::hash::Hash + Eq,
+{
+    futures::stream::empty().boxed()
 }
 
 /// How long running reconciles may take to finish after shutdown.

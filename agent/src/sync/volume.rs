@@ -24,6 +24,9 @@
 //! 8. Export when the volume is an SPDK lvol or its consumer runs on another node: the
 //!    exporter re-asserts it on every pass (so exports come back after a restart and follow a
 //!    change of host); `spec.spdkTarget` and `spdk-tgt` are written when they differ.
+//!    The consumer's entry has no DH-HMAC-CHAP keys where `spec.hostAuth` and its Node's
+//!    `liteio.io/nvme-host-auth` say so (read on every pass; a change of that annotation
+//!    reconciles the volumes consumed there at once, see [`super::node_auth`]).
 //!    A hot migration's destination (labels `migrate.obnvmf/migration-name` and
 //!    `…/source-volume-name`) also admits the source node's host NQN, starts with its
 //!    listener ANA-inaccessible and gets a second, optimized listener for the source
