@@ -18,7 +18,8 @@
 //! - A volume deleted on the storage side under its mount: unpublish and unstage still
 //!   succeed and leave nothing.
 //! - The storage node's agent SIGKILLed and restarted under fio (verified random writes on
-//!   the mounted ext4): the kernel reconnects, fio sees no error; the stall is printed.
+//!   the mounted ext4): the kernel reconnects, fio sees no error; the stall is printed. Then
+//!   the agent down for 15 s: the kernel holds the I/O (ctrl-loss-tmo 600 s) and goes on.
 //! - NodeUnpublish/NodeUnstage leave no controller, no mount, no `/dev/nvme*`.
 //!
 //! Needs SPDK (the agent's `spdk` feature), root, network namespaces and a bootable VM;
@@ -468,10 +469,14 @@ async fn deleted_while_staged(
     .await?;
     let t = Instant::now();
     release(node, csi, &id, staging, target).await?;
+    let took = t.elapsed();
     println!(
         "a volume deleted under its mount: unpublished and unstaged in {:.2}s",
-        t.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
+    // The kernel would hold the unmount's writes for ctrl-loss-tmo (600 s): the CSI node
+    // deletes the gone volume's controllers first.
+    assert!(took < Duration::from_secs(60), "unstaging took {took:?}");
     Ok(())
 }
 
@@ -744,6 +749,39 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 fio.log
             );
             assert!(fio.writes > 0);
+            assert!(
+                !fio.log.contains("verify: bad") && !fio.log.contains("verify failed"),
+                "{}",
+                fio.log
+            );
+
+            // Down longer than the 10 s the CSI node used to give the kernel (after which fio
+            // saw EIO and ext4 aborted): the kernel holds the I/O and reconnects.
+            start_fio(&mut node, &format!("{target}/fio2.dat"), 45).await?;
+            c.kill(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            // The outage itself, not a synchronisation.
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            c.launch(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+            let down = t.elapsed();
+            let fio = fio_result(&mut node, Duration::from_secs(180)).await?;
+            println!(
+                "fio across {:.1}s without the agent: error {}, {} writes, longest write {:.0} ms",
+                down.as_secs_f64(),
+                fio.error,
+                fio.writes,
+                fio.max_write_ms
+            );
+            assert_eq!(
+                fio.error, 0,
+                "fio saw an I/O error across the outage: {}",
+                fio.log
+            );
+            assert!(
+                fio.max_write_ms >= 15_000.0,
+                "the outage held no write: {}",
+                fio.max_write_ms
+            );
             assert!(
                 !fio.log.contains("verify: bad") && !fio.log.contains("verify failed"),
                 "{}",

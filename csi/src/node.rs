@@ -778,7 +778,18 @@ impl NodeService {
         let vol = k8s::volume_by_uuid(&self.volumes(), id).await?;
         let host = self.host.clone();
         let node = self.cfg.node_id.clone();
+        let gone = vol.is_none().then(|| liteio_api::naming::subsys_nqn(id));
+        let sysfs = self.cfg.sysfs_root.clone();
         blocking(move || {
+            // The volume is gone (deleted on the storage side): its target will not come
+            // back, and the kernel would hold the unmount's writes until ctrl-loss-tmo.
+            // Delete its controllers first: the held I/O fails, the unmount goes through.
+            if let Some(nqn) = gone {
+                let deleted = nvme::delete_controllers(&sysfs, &nqn)?;
+                if !deleted.is_empty() {
+                    info!(nqn = %nqn, controllers = ?deleted, "the volume is gone: deleted its NVMe controllers before unmounting");
+                }
+            }
             let unmounted = host.unmount(&staging)?;
             let plan = match vol.as_ref().map(|v| attach_plan(v, &node)) {
                 Some(Ok(p)) => Some(p),
@@ -1329,7 +1340,7 @@ mod tests {
         assert_eq!(
             lines[0],
             format!(
-                "nvme connect -t tcp -a 10.0.0.9 -s 4421 -n {} --hostnqn nqn.2021-03.com.alipay.host:uuid:node-1 --reconnect-delay 2 --ctrl-loss-tmo 10",
+                "nvme connect -t tcp -a 10.0.0.9 -s 4421 -n {} --hostnqn nqn.2021-03.com.alipay.host:uuid:node-1 --reconnect-delay 2 --ctrl-loss-tmo 600",
                 naming::subsys_nqn(&vol.spec.uuid)
             )
         );
