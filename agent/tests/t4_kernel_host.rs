@@ -62,18 +62,6 @@ async fn leftovers(node: &mut VmNode, paths: &[&str]) -> String {
         .to_string()
 }
 
-/// The size of the file system mounted at `path` in the guest, in bytes.
-async fn fs_size(node: &mut VmNode, path: &str) -> Result<u64, String> {
-    let out = node
-        .vm
-        .sh_ok(&format!("df --output=size -B1 {path} | tail -n 1"), STEP)
-        .await
-        .map_err(|e| e.to_string())?;
-    out.trim()
-        .parse()
-        .map_err(|e| format!("df said {out:?}: {e}"))
-}
-
 /// The guest's one NVMe controller (`nvme0`, …): the phases run one volume at a time.
 async fn the_controller(node: &mut VmNode) -> Result<String, String> {
     let out = node
@@ -272,31 +260,8 @@ async fn xfs_volume(
         )
         .await
         .map_err(|e| e.to_string())?;
-    let before = fs_size(node, target).await?;
-    let grow = CapacityRange {
-        required_bytes: 768 * MIB,
-        limit_bytes: 0,
-    };
-    ctl.controller
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(grow),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("controller expand: {}", e.message()))?;
-    csi.node
-        .node_expand_volume(NodeExpandVolumeRequest {
-            volume_id: id.clone(),
-            volume_path: target.into(),
-            staging_target_path: staging.into(),
-            capacity_range: Some(grow),
-            volume_capability: Some(mount_capability("xfs")),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("node expand xfs: {}", e.message()))?;
-    let after = fs_size(node, target).await?;
+    let (before, after, _) =
+        grow_online(node, ctl, csi, &id, staging, target, "xfs", 768 * MIB).await?;
     println!("xfs grown online {before} → {after} bytes");
     assert!(after > before + 200 * MIB as u64, "{before} → {after}");
     node.vm
@@ -661,37 +626,20 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
 
             // Online growth: the controller's expand, the storage node grows the lvol, the
             // kernel sees the namespace grow, resize2fs grows the mounted ext4.
-            let before = fs_size(&mut node, target).await?;
-            ctl.controller
-                .controller_expand_volume(ControllerExpandVolumeRequest {
-                    volume_id: id.clone(),
-                    capacity_range: Some(CapacityRange {
-                        required_bytes: 512 * MIB,
-                        limit_bytes: 0,
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("controller expand: {}", e.message()))?;
-            let t = Instant::now();
-            csi.node
-                .node_expand_volume(NodeExpandVolumeRequest {
-                    volume_id: id.clone(),
-                    volume_path: target.into(),
-                    staging_target_path: staging.into(),
-                    capacity_range: Some(CapacityRange {
-                        required_bytes: 512 * MIB,
-                        limit_bytes: 0,
-                    }),
-                    volume_capability: Some(mount_capability("ext4")),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("node expand: {}", e.message()))?;
-            let after = fs_size(&mut node, target).await?;
+            let (before, after, took) = grow_online(
+                &mut node,
+                &mut ctl,
+                &mut csi,
+                &id,
+                staging,
+                target,
+                "ext4",
+                512 * MIB,
+            )
+            .await?;
             println!(
                 "ext4 grown online {before} → {after} bytes in {:.2}s",
-                t.elapsed().as_secs_f64()
+                took.as_secs_f64()
             );
             assert!(after > before + 200 * MIB as u64, "{before} → {after}");
             node.vm

@@ -49,14 +49,6 @@ async fn guest(node: &mut VmNode, script: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The size of the file system mounted at `path`, in bytes.
-async fn fs_size(node: &mut VmNode, path: &str) -> Result<u64, String> {
-    let out = guest(node, &format!("df -B1 --output=size {path} | tail -n 1")).await?;
-    out.trim()
-        .parse()
-        .map_err(|e| format!("df said {out:?}: {e}"))
-}
-
 async fn snapshot_status(
     c: &liteio_local::cluster::Cluster,
     name: &str,
@@ -245,31 +237,17 @@ fn the_lvm_engine_under_the_whole_stack() {
                 println!("merge-restore: the snapshot's data is back, the later write gone");
 
                 // Online growth of the mounted ext4.
-                let before = fs_size(&mut node, target).await?;
-                let grow = CapacityRange {
-                    required_bytes: 256 * MIB,
-                    limit_bytes: 0,
-                };
-                ctl.controller
-                    .controller_expand_volume(ControllerExpandVolumeRequest {
-                        volume_id: id.clone(),
-                        capacity_range: Some(grow),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| format!("controller expand: {}", e.message()))?;
-                csi.node
-                    .node_expand_volume(NodeExpandVolumeRequest {
-                        volume_id: id.clone(),
-                        volume_path: target.into(),
-                        staging_target_path: staging.into(),
-                        capacity_range: Some(grow),
-                        volume_capability: Some(mount_capability("ext4")),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| format!("node expand: {}", e.message()))?;
-                let after = fs_size(&mut node, target).await?;
+                let (before, after, _) = grow_online(
+                    &mut node,
+                    &mut ctl,
+                    &mut csi,
+                    &id,
+                    staging,
+                    target,
+                    "ext4",
+                    256 * MIB,
+                )
+                .await?;
                 println!("ext4 on the LV grown online {before} → {after} bytes");
                 assert!(after > before + 100 * MIB as u64, "{before} → {after}");
 

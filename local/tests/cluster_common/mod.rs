@@ -13,7 +13,10 @@ use kube::Api;
 use liteio_api::common::VolumeStatus;
 use liteio_api::pool::PoolStatus;
 use liteio_api::{AntstorVolume, StoragePool, keys};
-use liteio_csi::csi::{CapacityRange, CreateVolumeRequest, Topology, TopologyRequirement};
+use liteio_csi::csi::{
+    CapacityRange, ControllerExpandVolumeRequest, CreateVolumeRequest, NodeExpandVolumeRequest,
+    Topology, TopologyRequirement,
+};
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
 use liteio_local::demo::mount_capability;
 use liteio_local::netns;
@@ -309,6 +312,65 @@ pub async fn vm_node(
         node.vm.booted_in().as_secs_f64()
     );
     Ok(node)
+}
+
+/// The size of the file system mounted at `path` in the guest of `node`, in bytes.
+pub async fn fs_size(node: &mut liteio_local::vm_node::VmNode, path: &str) -> Result<u64, String> {
+    let out = node
+        .vm
+        .sh_ok(
+            &format!("df --output=size -B1 {path} | tail -n 1"),
+            std::time::Duration::from_secs(120),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    out.trim()
+        .parse()
+        .map_err(|e| format!("df said {out:?}: {e}"))
+}
+
+/// Grows volume `id`, published at `target` with file system `fs`, to `bytes` online as the
+/// CO does (ControllerExpandVolume, then NodeExpandVolume on the node); returns the file
+/// system's size before and after, and how long the node's part took.
+#[allow(clippy::too_many_arguments)]
+pub async fn grow_online(
+    node: &mut liteio_local::vm_node::VmNode,
+    ctl: &mut liteio_csi::client::CsiClient,
+    csi: &mut liteio_csi::client::CsiClient,
+    id: &str,
+    staging: &str,
+    target: &str,
+    fs: &str,
+    bytes: i64,
+) -> Result<(u64, u64, std::time::Duration), String> {
+    let before = fs_size(node, target).await?;
+    let grow = CapacityRange {
+        required_bytes: bytes,
+        limit_bytes: 0,
+    };
+    ctl.controller
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: id.to_string(),
+            capacity_range: Some(grow),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("controller expand: {}", e.message()))?;
+    let t = std::time::Instant::now();
+    csi.node
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: id.to_string(),
+            volume_path: target.into(),
+            staging_target_path: staging.into(),
+            capacity_range: Some(grow),
+            volume_capability: Some(mount_capability(fs)),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("node expand {fs}: {}", e.message()))?;
+    let took = t.elapsed();
+    let after = fs_size(node, target).await?;
+    Ok((before, after, took))
 }
 
 /// Creates `name` (`bytes`) through CSI for consumer `node` with `positionAdvice:
