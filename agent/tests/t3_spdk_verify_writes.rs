@@ -31,8 +31,13 @@ const HOST: &str = "nqn.2021-03.com.alipay.host:uuid:verify-writes-host";
 const UUID: &str = "7a1f3c2e-4b5d-4e6f-8a90-b1c2d3e4f5a6";
 const SRC: &str = "127.0.0.2";
 const DST: &str = "127.0.0.3";
-/// Longest wait for any one line of the tool.
+/// Longest wait for any one line of the tool once it is connected.
 const LINE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for its first line: SPDK's start in the child, then the connect, whose
+/// admin requests the tool itself bounds at 30 s each. Longer than that bound, so that a
+/// slow or failed connect shows the tool's own error line, not this test's timeout (seen:
+/// no line in 30 s while the rest of the test suite loaded both cores).
+const FIRST_LINE_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn free_port_on(address: &str) -> u16 {
     std::net::TcpListener::bind((address, 0))
@@ -104,14 +109,14 @@ impl Tool {
 
     /// The next line of output, tick or not; `None` at its end.
     async fn raw_line(&mut self) -> Option<String> {
-        tokio::time::timeout(LINE_TIMEOUT, self.lines.next_line())
+        let limit = if self.seen.is_empty() && self.ticks.is_empty() {
+            FIRST_LINE_TIMEOUT
+        } else {
+            LINE_TIMEOUT
+        };
+        tokio::time::timeout(limit, self.lines.next_line())
             .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "no line from nvmf-check in {LINE_TIMEOUT:?}: {:?}",
-                    self.seen
-                )
-            })
+            .unwrap_or_else(|_| panic!("no line from nvmf-check in {limit:?}: {:?}", self.seen))
             .unwrap()
     }
 
