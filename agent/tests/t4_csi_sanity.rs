@@ -33,13 +33,14 @@ use liteio_local::vm::{Kernel, which};
 /// The controller service's TCP port on the bridge address.
 const CONTROLLER_PORT: u16 = 10_001;
 /// Specs that create their volume without accessibility requirements and stage it on the
-/// node under test anyway. The controller binds such a volume local to the storage node it
-/// lands on and returns that node as the volume's accessible topology (a CO puts the pod
-/// there: the PV's node affinity); csi-sanity ignores it and stages on the VM, which the
-/// driver refuses (FAILED_PRECONDITION naming both nodes). On a one-node stack they pass
-/// (`t1_csi_sanity_main`). A host-less remote volume claimed by the node that stages it
-/// would let them run here.
-const SKIPPED_WITHOUT_TOPOLOGY: &str = "should remove target path|should fail when volume does not exist on the specified path|should work if node-expand is called after node-publish";
+/// node under test anyway: the controller binds such a volume to the storage node it lands
+/// on, and ControllerPublishVolume (which csi-sanity calls first, as the CO's attach would)
+/// moves its consumer to the VM. They must run and pass here.
+const PUBLISH_MOVES: [&str; 3] = [
+    "should remove target path",
+    "should fail when volume does not exist on the specified path",
+    "should work if node-expand is called after node-publish",
+];
 /// The whole csi-sanity run in the guest (TCG: a few minutes).
 const SANITY_LIMIT: Duration = Duration::from_secs(1500);
 
@@ -81,7 +82,7 @@ fn csi_sanity_in_a_debian_12_vm_on_the_spdk_engine() {
                  --csi.stagingdir=/tmp/sanity/staging --csi.mountdir=/tmp/sanity/mount \
                  --csi.testvolumesize=536870912 --csi.testvolumeexpandsize=805306368 \
                  --csi.testvolumeparameters=/tmp/sanity/params.yaml \
-                 --ginkgo.timeout={timeout}s --ginkgo.no-color --ginkgo.skip='{SKIPPED_WITHOUT_TOPOLOGY}' --ginkgo.json-report=/tmp/sanity/report.json \
+                 --ginkgo.timeout={timeout}s --ginkgo.no-color --ginkgo.json-report=/tmp/sanity/report.json \
                  > /tmp/sanity/out 2>&1; echo exit $?; tail -n 60 /tmp/sanity/out",
                 bin = bin.display(),
                 timeout = SANITY_LIMIT.as_secs() - 60
@@ -123,6 +124,14 @@ fn csi_sanity_in_a_debian_12_vm_on_the_spdk_engine() {
             assert_eq!(failed, 0, "csi-sanity: {summary}");
             assert!(run.output.contains("exit 0"), "csi-sanity exited non-zero");
             assert!(passed >= 60, "too few specs ran: {summary}");
+            for spec in PUBLISH_MOVES {
+                assert!(
+                    specs
+                        .lines()
+                        .any(|l| l.starts_with("passed ") && l.ends_with(&format!(":: {spec}"))),
+                    "spec {spec:?} did not pass:\n{specs}"
+                );
+            }
             // The Node Service specs ran (the host-only run skips all of them).
             assert!(
                 node_passed >= 10,

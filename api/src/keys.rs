@@ -191,6 +191,15 @@ pub mod annotations {
     /// absent: none), written by the disk-agent (see [`crate::host_auth`]). The CSI node
     /// waits for its own NQN here before it connects without keys.
     pub const HOSTS_WITHOUT_AUTH: &str = "obnvmf/hosts-without-auth";
+    /// Volume: the node the volume is published to by ControllerPublishVolume (the CO's
+    /// attach; absent: none). Its access modes admit one node: a publish to another node is
+    /// refused until ControllerUnpublishVolume clears it.
+    pub const PUBLISHED_NODE: &str = "liteio.io/published-node";
+    /// Volume: the consumer node whose host NQN the volume's NVMe-oF export admits, written
+    /// by the disk-agent once the subsystem's host list says so (absent: no export yet, or
+    /// an agent older than the annotation). After the consumer (`spec.hostNode`) changes,
+    /// ControllerPublishVolume and NodeStageVolume wait for it to name the new node.
+    pub const EXPORTED_TO: &str = "liteio.io/exported-to";
     /// Node: what the node's kernel can do for NVMe/TCP authentication (`dhchap`, `tls`,
     /// both comma-separated, or `none`), written by the CSI node when it starts.
     pub const NODE_HOST_AUTH: &str = "liteio.io/nvme-host-auth";

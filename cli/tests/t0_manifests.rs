@@ -614,7 +614,12 @@ fn workloads_have_the_shape_liteio_needs() {
     for a in ["--extra-create-metadata", "--feature-gates=Topology=true"] {
         assert!(prov.contains(&a.to_string()), "{prov:?}");
     }
-    for name in ["csi-resizer", "csi-snapshotter", "liveness-probe"] {
+    for name in [
+        "csi-attacher",
+        "csi-resizer",
+        "csi-snapshotter",
+        "liveness-probe",
+    ] {
         find_container(&csi, name);
     }
 
@@ -645,7 +650,9 @@ fn storage_objects_match_liteio() {
     let o = load();
     let d = &o.csi_drivers[0];
     assert_eq!(d.metadata.name.as_deref(), Some(DRIVER));
-    assert_eq!(d.spec.attach_required, Some(false));
+    // Unlike LiteIO's (false): ControllerPublishVolume records the one node a volume is used
+    // on and moves its consumer there (csi-attacher).
+    assert_eq!(d.spec.attach_required, Some(true));
     assert_eq!(d.spec.pod_info_on_mount, Some(true));
     assert_eq!(d.spec.fs_group_policy.as_deref(), Some("File"));
     // kubelet republishes mounted volumes with the current node-publish Secret: how rotated
@@ -894,6 +901,14 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     &["get", "list"][..],
                     Cluster,
                 ),
+                // external-attacher.
+                (
+                    STORAGE,
+                    "volumeattachments",
+                    &["get", "list", "watch", "patch"][..],
+                    Cluster,
+                ),
+                (STORAGE, "volumeattachments/status", &["patch"][..], Cluster),
                 // external-resizer.
                 (CORE, "persistentvolumes", &["patch"][..], Cluster),
                 (
@@ -921,7 +936,7 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     &["update", "patch"][..],
                     Cluster,
                 ),
-                // Leader election of the three sidecars.
+                // Leader election of the four sidecars.
                 (
                     COORD,
                     "leases",

@@ -31,10 +31,12 @@ use crate::csi::*;
 use crate::error::{CsiError, Result};
 use crate::k8s::{self, Inflight, Waited};
 use crate::params::{self, VolumeParams};
+use crate::publish;
 
 /// Capabilities the controller advertises.
-pub const CONTROLLER_CAPABILITIES: [RpcType; 6] = [
+pub const CONTROLLER_CAPABILITIES: [RpcType; 7] = [
     RpcType::CreateDeleteVolume,
+    RpcType::PublishUnpublishVolume,
     RpcType::ExpandVolume,
     RpcType::CreateDeleteSnapshot,
     RpcType::ListSnapshots,
@@ -621,6 +623,157 @@ impl ControllerService {
         }
     }
 
+    /// ControllerPublishVolume: see [`publish`].
+    async fn publish_inner(
+        &self,
+        req: &ControllerPublishVolumeRequest,
+    ) -> Result<ControllerPublishVolumeResponse> {
+        let id = require("volume_id", &req.volume_id)?;
+        let node = require("node_id", &req.node_id)?;
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
+        params::check_capability("volume_capability", cap)?;
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        if k8s::get_opt(&nodes, "Node", node).await?.is_none() {
+            return Err(CsiError::NotFound(format!("node {node} does not exist")));
+        }
+        let name = 'retry: {
+            for attempt in 0..5 {
+                let mut v = self.find_volume(id).await?;
+                let name = v.name_any();
+                let migration = self.migration_of(&v).await?;
+                let plan = publish::plan(&v, node, migration.as_deref())?;
+                let recorded = publish::published_node(&v) == Some(node);
+                if plan == publish::Plan::Stay && recorded {
+                    return Ok(ControllerPublishVolumeResponse::default());
+                }
+                let annos = v.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                annos.insert(annotations::PUBLISHED_NODE.into(), node.into());
+                if let publish::Plan::Move { from } = &plan {
+                    // Reached over NVMe-oF from now on (or used on its own node): no longer
+                    // bound to the node it was placed on.
+                    annos.remove(annotations::LOCAL_ONLY);
+                    v.spec.host_node = Some(self.node_info(node).await?);
+                    info!(volume = %name, from = %from, to = node, "volume's consumer moves to the node it is published to");
+                }
+                match self
+                    .volumes()
+                    .replace(&name, &PostParams::default(), &v)
+                    .await
+                {
+                    Ok(_) if plan == publish::Plan::Stay => {
+                        info!(volume = %name, node, "volume published");
+                        return Ok(ControllerPublishVolumeResponse::default());
+                    }
+                    Ok(_) => break 'retry name,
+                    Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return Err(CsiError::Busy(format!(
+                            "volume {name} changed while publishing; retry"
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(CsiError::kube(format!("update AntstorVolume {name}"), e));
+                    }
+                }
+            }
+            return Err(CsiError::Busy(format!(
+                "volume {id} kept changing while publishing; retry"
+            )));
+        };
+        // The consumer moved: wait until the storage node's agent admits the new node.
+        let who = node.to_string();
+        match k8s::wait_for(
+            self.volumes(),
+            "AntstorVolume",
+            &name,
+            self.cfg.schedule_timeout,
+            move |v: &AntstorVolume| publish::exported_to(v, &who),
+        )
+        .await?
+        {
+            Waited::Done(_) => {
+                info!(volume = %name, node, "volume published; its export admits the node");
+                Ok(ControllerPublishVolumeResponse::default())
+            }
+            Waited::Gone => Err(CsiError::NotFound(format!("volume {name} was deleted"))),
+            Waited::TimedOut => Err(CsiError::Pending(format!(
+                "volume {name} is published to node {node}, but its storage node's agent has not admitted that node to the volume's export after {}s (annotation {}); retry",
+                self.cfg.schedule_timeout.as_secs(),
+                annotations::EXPORTED_TO
+            ))),
+        }
+    }
+
+    /// ControllerUnpublishVolume: clears the publish record of the node (of any node when the
+    /// request names none). A volume that does not exist is unpublished (OK).
+    async fn unpublish_inner(
+        &self,
+        req: &ControllerUnpublishVolumeRequest,
+    ) -> Result<ControllerUnpublishVolumeResponse> {
+        let id = require("volume_id", &req.volume_id)?;
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
+        for attempt in 0..5 {
+            let Some(mut v) = k8s::volume_by_uuid(&self.volumes(), id).await? else {
+                return Ok(ControllerUnpublishVolumeResponse::default());
+            };
+            let name = v.name_any();
+            match publish::published_node(&v) {
+                Some(p) if req.node_id.is_empty() || p == req.node_id => {}
+                _ => return Ok(ControllerUnpublishVolumeResponse::default()),
+            }
+            if let Some(a) = v.metadata.annotations.as_mut() {
+                a.remove(annotations::PUBLISHED_NODE);
+            }
+            match self
+                .volumes()
+                .replace(&name, &PostParams::default(), &v)
+                .await
+            {
+                Ok(_) => {
+                    info!(volume = %name, node = %req.node_id, "volume unpublished");
+                    return Ok(ControllerUnpublishVolumeResponse::default());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Ok(ControllerUnpublishVolumeResponse::default());
+                }
+                Err(e) => return Err(CsiError::kube(format!("update AntstorVolume {name}"), e)),
+            }
+        }
+        Err(CsiError::Busy(format!(
+            "volume {id} kept changing while unpublishing; retry"
+        )))
+    }
+
+    /// The running migration of `vol`, by name: a destination volume names its source
+    /// (label `migrate.obnvmf/source-volume-name`) while the migration runs.
+    async fn migration_of(&self, vol: &AntstorVolume) -> Result<Option<String>> {
+        if let Some(m) = vol.labels().get(labels::MIGRATE_MIGRATION_NAME) {
+            return Ok(Some(m.clone()));
+        }
+        let name = vol.name_any();
+        if !k8s::is_label_value(&name) {
+            return Ok(None);
+        }
+        let lp =
+            ListParams::default().labels(&format!("{}={name}", labels::MIGRATE_SOURCE_VOLUME_NAME));
+        let dests = self
+            .volumes()
+            .list(&lp)
+            .await
+            .map_err(|e| CsiError::kube("list AntstorVolumes being migrated to", e))?;
+        Ok(dests.items.first().map(|d| {
+            d.labels()
+                .get(labels::MIGRATE_MIGRATION_NAME)
+                .cloned()
+                .unwrap_or_else(|| d.name_any())
+        }))
+    }
+
     async fn expand_inner(
         &self,
         req: &ControllerExpandVolumeRequest,
@@ -1027,22 +1180,26 @@ impl Controller for ControllerService {
         Ok(Response::new(DeleteVolumeResponse {}))
     }
 
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id, node = %request.get_ref().node_id))]
     async fn controller_publish_volume(
         &self,
-        _request: Request<ControllerPublishVolumeRequest>,
+        request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerPublishVolume: PUBLISH_UNPUBLISH_VOLUME is not advertised; the node service attaches",
-        ))
+        self.publish_inner(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(|e| fail("ControllerPublishVolume", e))
     }
 
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id, node = %request.get_ref().node_id))]
     async fn controller_unpublish_volume(
         &self,
-        _request: Request<ControllerUnpublishVolumeRequest>,
+        request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerUnpublishVolume: PUBLISH_UNPUBLISH_VOLUME is not advertised",
-        ))
+        self.unpublish_inner(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(|e| fail("ControllerUnpublishVolume", e))
     }
 
     #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]

@@ -26,6 +26,7 @@ pub mod multipath;
 pub mod node;
 pub mod nvme;
 pub mod params;
+pub mod publish;
 pub mod server;
 
 pub use config::DriverConfig;

@@ -609,6 +609,10 @@ impl NodeService {
         let vol = self.wait_ready(vol).await?;
         check_host(&vol, &self.cfg.node_id)?;
         let plan = attach_plan(&vol, &self.cfg.node_id)?;
+        let vol = match &plan {
+            Attach::Nvme(_) => self.wait_exported_here(vol).await?,
+            Attach::Local(_) => vol,
+        };
         let host = self.host.clone();
         let fs = match &access {
             Access::Mount { fs_type, .. } if !fs_type.is_empty() => fs_type.clone(),
@@ -651,6 +655,41 @@ impl NodeService {
             Ok(())
         })
         .await
+    }
+
+    /// The volume once its export admits this node: right after its consumer moved here
+    /// (ControllerPublishVolume), the storage node's agent may not have changed the export's
+    /// host list yet, and a connect then would fail with the kernel's bare EIO. Waits, up to
+    /// `ready_timeout`, while [`keys::annotations::EXPORTED_TO`] names another node; a volume
+    /// without the annotation (an agent older than it) is not waited for.
+    async fn wait_exported_here(&self, vol: AntstorVolume) -> Result<AntstorVolume> {
+        let node = self.cfg.node_id.clone();
+        let exported = |v: &AntstorVolume, node: &str| {
+            liteio_api::meta::annotation(&v.metadata, keys::annotations::EXPORTED_TO)
+                .is_none_or(|n| n == node)
+        };
+        if exported(&vol, &node) {
+            return Ok(vol);
+        }
+        let name = vol.name_any();
+        let me = node.clone();
+        match k8s::wait_for(
+            self.volumes(),
+            "AntstorVolume",
+            &name,
+            self.cfg.ready_timeout,
+            move |v: &AntstorVolume| exported(v, &me),
+        )
+        .await?
+        {
+            Waited::Done(v) => Ok(v),
+            Waited::Gone => Err(CsiError::NotFound(format!("volume {name} was deleted"))),
+            Waited::TimedOut => Err(CsiError::Pending(format!(
+                "volume {name}'s export does not admit node {node} yet after {}s (annotation {} names another node); its storage node's agent changes it when it sees the volume's spec.hostNode; retry",
+                self.cfg.ready_timeout.as_secs(),
+                keys::annotations::EXPORTED_TO
+            ))),
+        }
     }
 
     /// What NodeStageVolume connects with, for a volume whose keys kubelet passed: the

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::{NODE, bounded, pool, start};
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use liteio_api::keys::annotations;
 use liteio_api::keys::labels;
 use liteio_api::size::MIB;
 use liteio_api::{AntstorSnapshot, StoragePool};
@@ -77,7 +78,7 @@ async fn identity_reports_name_and_capabilities() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(c.capabilities.len(), 6);
+        assert_eq!(c.capabilities.len(), 7);
         // The node service is not served in controller mode.
         let e = env
             .csi
@@ -605,6 +606,177 @@ async fn capacity_of_huge_pools_saturates() {
             .unwrap()
             .into_inner();
         assert_eq!(cap.available_capacity, i64::MAX);
+        env.stop().await;
+    })
+    .await;
+}
+
+fn publish_req(volume_id: &str, node: &str) -> ControllerPublishVolumeRequest {
+    ControllerPublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: node.into(),
+        volume_capability: Some(cap(Mode::SingleNodeWriter)),
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(volume_id: &str, node: &str) -> ControllerUnpublishVolumeRequest {
+    ControllerUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: node.into(),
+        ..Default::default()
+    }
+}
+
+/// ControllerPublishVolume records the one node a volume is published to and moves the
+/// volume's consumer there when the volume can be reached from it; Unpublish clears the
+/// record. The storage node's part (its export admitting the new node, which the publish
+/// waits for) is played here by the test writing the agent's annotation, as the file engine
+/// has no NVMe-oF export; the real agent does it in the T4 csi-sanity run.
+#[tokio::test]
+async fn publish_moves_the_consumer_and_admits_one_node() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(1 << 40);
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        for n in [NODE, "node-2"] {
+            let mut node = k8s_openapi::api::core::v1::Node::default();
+            node.metadata.name = Some(n.into());
+            nodes.create(&PostParams::default(), &node).await.unwrap();
+        }
+        let id = env
+            .csi
+            .controller
+            .create_volume(create_req("pvc-p", 8 * MIB_I))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let c = &mut env.csi.controller;
+
+        // Bad requests name the field; unknown volumes and nodes are NOT_FOUND.
+        for (req, field) in [
+            (publish_req("", NODE), "volume_id"),
+            (publish_req(&id, ""), "node_id"),
+            (
+                ControllerPublishVolumeRequest {
+                    volume_capability: None,
+                    ..publish_req(&id, NODE)
+                },
+                "volume_capability",
+            ),
+        ] {
+            let e = c.controller_publish_volume(req).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+            assert!(e.message().contains(field), "{}", e.message());
+        }
+        let e = c
+            .controller_publish_volume(publish_req("no-such-volume", NODE))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+        let e = c
+            .controller_publish_volume(publish_req(&id, "no-such-node"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+        assert!(e.message().contains("no-such-node"), "{}", e.message());
+
+        // On the node the volume lives on: its consumer, recorded; twice is the same.
+        for _ in 0..2 {
+            c.controller_publish_volume(publish_req(&id, NODE))
+                .await
+                .unwrap();
+        }
+        let v = env.volumes().get("pvc-p").await.unwrap();
+        assert_eq!(v.spec.host_node.as_ref().map(|h| h.id.as_str()), Some(NODE));
+        assert_eq!(
+            v.annotations().get(annotations::PUBLISHED_NODE).map(String::as_str),
+            Some(NODE)
+        );
+        // One node at a time.
+        let c = &mut env.csi.controller;
+        let e = c
+            .controller_publish_volume(publish_req(&id, "node-2"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+        assert!(e.message().contains("published to node node-1"), "{}", e.message());
+        // Unpublished (twice: idempotent), then the file volume, which no node but its own
+        // can reach, is still refused elsewhere, for that reason.
+        for _ in 0..2 {
+            c.controller_unpublish_volume(unpublish_req(&id, NODE))
+                .await
+                .unwrap();
+        }
+        let e = c
+            .controller_publish_volume(publish_req(&id, "node-2"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+        assert!(e.message().contains("does not export it"), "{}", e.message());
+        let v = env.volumes().get("pvc-p").await.unwrap();
+        assert!(!v.annotations().contains_key(annotations::PUBLISHED_NODE));
+        assert_eq!(v.spec.host_node.as_ref().map(|h| h.id.as_str()), Some(NODE));
+
+        // Exported over NVMe-oF (as an SPDK agent records it): the consumer moves to node-2,
+        // and the publish returns once the export admits node-2.
+        env.volumes()
+            .patch(
+                "pvc-p",
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {"annotations": {
+                        annotations::EXPORTED_TO: NODE,
+                        annotations::LOCAL_ONLY: "true",
+                    }},
+                    "spec": {"spdkTarget": {"subsysNqn": "nqn.2021-03.com.alipay.ob:uuid:x", "svcID": "4420", "transType": "TCP", "nsUuid": id, "sn": "s"}},
+                })),
+            )
+            .await
+            .unwrap();
+        let mut c2 = env.csi.controller.clone();
+        let id2 = id.clone();
+        let publish = tokio::spawn(async move {
+            c2.controller_publish_volume(publish_req(&id2, "node-2"))
+                .await
+        });
+        let moved = kube::runtime::wait::await_condition(
+            env.volumes(),
+            "pvc-p",
+            |v: Option<&liteio_api::AntstorVolume>| {
+                v.and_then(|v| v.spec.host_node.as_ref())
+                    .is_some_and(|h| h.id == "node-2")
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(!publish.is_finished(), "the publish waits for the export");
+        assert!(!moved.annotations().contains_key(annotations::LOCAL_ONLY));
+        env.volumes()
+            .patch(
+                "pvc-p",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {annotations::EXPORTED_TO: "node-2"}}})),
+            )
+            .await
+            .unwrap();
+        publish.await.unwrap().unwrap();
+        let v = env.volumes().get("pvc-p").await.unwrap();
+        assert_eq!(
+            v.annotations().get(annotations::PUBLISHED_NODE).map(String::as_str),
+            Some("node-2")
+        );
+
+        // Unpublishing a volume that does not exist is done already.
+        env.csi
+            .controller
+            .controller_unpublish_volume(unpublish_req("no-such-volume", NODE))
+            .await
+            .unwrap();
         env.stop().await;
     })
     .await;

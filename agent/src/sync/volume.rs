@@ -739,6 +739,12 @@ async fn ensure_export(
             },
         );
     }
+    // Whose host NQN the export admits now, for ControllerPublishVolume and NodeStageVolume
+    // (which wait for it after the consumer moved to another node).
+    let exported_to = Some(allowed.consumer.as_str()).filter(|c| !c.is_empty());
+    if annotation(&vol.metadata, annotations::EXPORTED_TO) != exported_to {
+        notes.insert(annotations::EXPORTED_TO.into(), json!(exported_to));
+    }
     // Rotated keys are in the subsystem now: acknowledge the rotation.
     if req.keys.is_some()
         && let Some(at) = annotation(&vol.metadata, annotations::KEYS_ROTATED_AT)
