@@ -101,9 +101,15 @@ mod bench {
                     if lvol::lvstore("bench_lvs").await?.is_none() {
                         lvol::create_lvstore("bench_aio", "bench_lvs", 4 << 20).await?;
                     }
-                    lvol::create_lvol("bench_lvs", "bench_vol", a.size_mib * mib / 2, false)
-                        .await?
-                        .alias()
+                    lvol::create_lvol(
+                        "bench_lvs",
+                        "bench_vol",
+                        a.size_mib * mib / 2,
+                        false,
+                        lvol::Clear::WriteZeroes,
+                    )
+                    .await?
+                    .alias()
                 }
                 other => anyhow::bail!("--case {other:?} is not one of null, lvol"),
             };

@@ -229,7 +229,9 @@ async fn copy_under_load() {
     let dir = tempfile::tempdir().unwrap();
     lvstore(dir.path(), "src", SIZE + 64 * MIB).await;
     lvstore(dir.path(), "dst", 2 * SIZE + 64 * MIB).await;
-    let src = lvol::create_lvol("src", "vol", SIZE, false).await.unwrap();
+    let src = lvol::create_lvol("src", "vol", SIZE, false, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     prefill(&src.alias(), SIZE).await;
     let g = gate::create_gate(&src.alias()).await.unwrap();
     assert_eq!(g, gate::gate_name(&src.bdev_name));
@@ -246,7 +248,9 @@ async fn copy_under_load() {
     assert!(io::write_at(&src.alias(), 0, vec![0; 4096]).await.is_err());
 
     // Idle: the whole thick volume is copied.
-    lvol::create_lvol("dst", "idle", SIZE, true).await.unwrap();
+    lvol::create_lvol("dst", "idle", SIZE, true, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     let m1 = remote("dst", "idle", "idle").await;
     let h = gate::start_copy(&g, &m1, CopyOptions::default())
         .await
@@ -273,7 +277,9 @@ async fn copy_under_load() {
     verify("dst/idle", SIZE, |b| Some(block_data(b, 0))).await;
 
     // Under load: a consumer writes through the gate before, during and after the copy.
-    lvol::create_lvol("dst", "load", SIZE, true).await.unwrap();
+    lvol::create_lvol("dst", "load", SIZE, true, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     let m2 = remote("dst", "load", "load").await;
     let mut consumer = Consumer::start(&g, SIZE / BLOCK);
     consumer.reached(500).await;
@@ -326,7 +332,9 @@ async fn thin() {
     let dir = tempfile::tempdir().unwrap();
     lvstore(dir.path(), "tsrc", 128 * MIB).await;
     lvstore(dir.path(), "tdst", 128 * MIB).await;
-    let src = lvol::create_lvol("tsrc", "thin", SIZE, true).await.unwrap();
+    let src = lvol::create_lvol("tsrc", "thin", SIZE, true, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     // 8 regions of 2 MiB spread over the volume, cluster-aligned and not.
     let offsets: Vec<u64> = (0..8u64).map(|i| i * 60 * MIB + (i % 3) * 4096).collect();
     for &o in &offsets {
@@ -341,7 +349,9 @@ async fn thin() {
         .unwrap()
         .allocated_bytes;
     let g = gate::create_gate(&src.alias()).await.unwrap();
-    lvol::create_lvol("tdst", "thin", SIZE, true).await.unwrap();
+    lvol::create_lvol("tdst", "thin", SIZE, true, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     let m = remote("tdst", "thin", "thin").await;
     let p = gate::start_copy(&g, &m, CopyOptions::default())
         .await
@@ -386,7 +396,9 @@ async fn cancel() {
     let dir = tempfile::tempdir().unwrap();
     lvstore(dir.path(), "csrc", SIZE + 64 * MIB).await;
     lvstore(dir.path(), "cdst", 2 * SIZE + 64 * MIB).await;
-    let src = lvol::create_lvol("csrc", "vol", SIZE, false).await.unwrap();
+    let src = lvol::create_lvol("csrc", "vol", SIZE, false, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     let g = gate::create_gate(&src.alias()).await.unwrap();
     // Small chunks, one at a time: the copy is slow enough to be caught in the middle.
     let slow = CopyOptions {
@@ -395,7 +407,9 @@ async fn cancel() {
     };
 
     // Cancel mid-copy.
-    lvol::create_lvol("cdst", "c", SIZE, true).await.unwrap();
+    lvol::create_lvol("cdst", "c", SIZE, true, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     let m = remote("cdst", "c", "c").await;
     let h = gate::start_copy(&g, &m, slow).await.unwrap();
     common::eventually("the copy to start", Duration::from_secs(30), || async {
@@ -422,7 +436,9 @@ async fn cancel() {
     initiator::detach("c").await.unwrap();
 
     // Mirror failure: the destination goes away mid-copy, under load.
-    lvol::create_lvol("cdst", "f", SIZE, true).await.unwrap();
+    lvol::create_lvol("cdst", "f", SIZE, true, lvol::Clear::WriteZeroes)
+        .await
+        .unwrap();
     let m = remote("cdst", "f", "f").await;
     let mut consumer = Consumer::start(&g, SIZE / BLOCK);
     consumer.reached(200).await;

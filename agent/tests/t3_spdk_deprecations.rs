@@ -81,7 +81,7 @@ async fn scenario() {
     let exp = SpdkExporter::new("127.0.0.1", range, TcpTransportOptions::default());
     bdev::create_malloc("dm", 64 * MIB, 512).await.unwrap();
     lvol::create_lvstore("dm", "dlvs", 1 << 20).await.unwrap();
-    lvol::create_lvol("dlvs", "pvc-1", 8 * MIB, false)
+    lvol::create_lvol("dlvs", "pvc-1", 8 * MIB, false, lvol::Clear::WriteZeroes)
         .await
         .unwrap();
     let uuid = "3c2b1a09-8f7e-4d6c-9b5a-4f3e2d1c0b9a";

@@ -66,12 +66,18 @@ fn malloc_lvstore_lvol_lifecycle() {
             lvs.uuid
         );
 
-        let thick = lvol::create_lvol("lvs0", "vol1", 10 * MIB + 1, false)
-            .await
-            .unwrap();
+        let thick = lvol::create_lvol(
+            "lvs0",
+            "vol1",
+            10 * MIB + 1,
+            false,
+            lvol::Clear::WriteZeroes,
+        )
+        .await
+        .unwrap();
         assert_eq!(thick.size_bytes, 11 * MIB, "rounded up to whole clusters");
         assert!(!thick.thin);
-        let thin = lvol::create_lvol("lvs0", "vol2", 20 * MIB, true)
+        let thin = lvol::create_lvol("lvs0", "vol2", 20 * MIB, true, lvol::Clear::WriteZeroes)
             .await
             .unwrap();
         assert!(thin.thin);
@@ -82,11 +88,11 @@ fn malloc_lvstore_lvol_lifecycle() {
             "thick allocates, thin does not"
         );
         // Idempotent create; different size conflicts.
-        lvol::create_lvol("lvs0", "vol1", 11 * MIB, false)
+        lvol::create_lvol("lvs0", "vol1", 11 * MIB, false, lvol::Clear::WriteZeroes)
             .await
             .unwrap();
         assert_eq!(
-            lvol::create_lvol("lvs0", "vol1", 12 * MIB, false)
+            lvol::create_lvol("lvs0", "vol1", 12 * MIB, false, lvol::Clear::WriteZeroes)
                 .await
                 .unwrap_err()
                 .kind(),
@@ -94,7 +100,7 @@ fn malloc_lvstore_lvol_lifecycle() {
         );
         // Too big for a thick lvol.
         assert_eq!(
-            lvol::create_lvol("lvs0", "huge", 1 << 40, false)
+            lvol::create_lvol("lvs0", "huge", 1 << 40, false, lvol::Clear::WriteZeroes)
                 .await
                 .unwrap_err()
                 .kind(),
@@ -180,7 +186,7 @@ fn bad_input_is_refused_cleanly() {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-        let e = lvol::create_lvol("no-such-lvs", "v", MIB, false)
+        let e = lvol::create_lvol("no-such-lvs", "v", MIB, false, lvol::Clear::WriteZeroes)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
@@ -224,7 +230,7 @@ fn aio_file_lvstore_and_rescan() {
         assert_eq!(b.size_bytes(), 64 * MIB);
         let lvs = lvol::create_lvstore("t3aio", "aiolvs", 0).await.unwrap();
         assert_eq!(lvs.base_bdev, "t3aio");
-        lvol::create_lvol("aiolvs", "v", 8 * MIB, false)
+        lvol::create_lvol("aiolvs", "v", 8 * MIB, false, lvol::Clear::WriteZeroes)
             .await
             .unwrap();
         f.set_len(128 * MIB).unwrap();

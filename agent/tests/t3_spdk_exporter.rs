@@ -37,7 +37,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
 
             bdev::create_malloc("xm", 64 * MIB, 512).await.unwrap();
             lvol::create_lvstore("xm", "xlvs", 1 << 20).await.unwrap();
-            let lv = lvol::create_lvol("xlvs", "pvc-1", 8 * MIB, false).await.unwrap();
+            let lv = lvol::create_lvol("xlvs", "pvc-1", 8 * MIB, false, lvol::Clear::WriteZeroes).await.unwrap();
             let uuid = "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a11";
             let mut req = ExportRequest {
                 volume: "pvc-1".into(),
@@ -101,7 +101,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             // A migration destination: a host listener (inaccessible until the switch-over)
             // and the pipe's (always optimized). Before its first export is recorded, a pass
             // must still tell the two apart (SPDK lists the newer listener first).
-            lvol::create_lvol("xlvs", "pvc-3", 4 * MIB, false).await.unwrap();
+            lvol::create_lvol("xlvs", "pvc-3", 4 * MIB, false, lvol::Clear::WriteZeroes).await.unwrap();
             let dest = ExportRequest {
                 volume: "pvc-3".into(),
                 uuid: "4c2a9e1b-7d3f-4a5e-8b6c-1f0e2d3c4b5a".into(),

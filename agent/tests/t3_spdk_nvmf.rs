@@ -50,7 +50,7 @@ async fn scenario() {
     let uuid = "6f1d2c3b-4a59-4e8f-9d0c-1b2a3c4d5e6f";
     bdev::create_malloc("m0", 128 * MIB, 512).await.unwrap();
     lvol::create_lvstore("m0", "lvs0", 1 << 20).await.unwrap();
-    let vol = lvol::create_lvol("lvs0", "pvc-1", 16 * MIB, false)
+    let vol = lvol::create_lvol("lvs0", "pvc-1", 16 * MIB, false, lvol::Clear::WriteZeroes)
         .await
         .unwrap();
     nvmf::ensure_tcp_transport(&TcpTransportOptions {

@@ -45,10 +45,10 @@ async fn populate(file: &Path) {
     lvol::create_lvstore("rbase", "rlvs", 1 << 20)
         .await
         .unwrap();
-    lvol::create_lvol("rlvs", "keep", 8 * MIB, false)
+    lvol::create_lvol("rlvs", "keep", 8 * MIB, false, lvol::Clear::WriteZeroes)
         .await
         .unwrap();
-    lvol::create_lvol("rlvs", "thin", 8 * MIB, true)
+    lvol::create_lvol("rlvs", "thin", 8 * MIB, true, lvol::Clear::WriteZeroes)
         .await
         .unwrap();
     io::write_at("rlvs/keep", 0, pattern(3)).await.unwrap();

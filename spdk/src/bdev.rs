@@ -302,6 +302,19 @@ pub const MIN_AIO_SIZE: u64 = 1 << 20;
 /// Create an aio bdev over a file or block device. Idempotent by name (an aio bdev of that
 /// name is taken as the same one).
 pub async fn create_aio(name: &str, path: &Path, block_size: u32) -> Result<BdevInfo> {
+    create_aio_with(name, path, block_size, false).await
+}
+
+/// [`create_aio`], with `fallocate`: the bdev then does unmaps and write-zeroes with
+/// `fallocate(2)` (a punched hole, a zeroed range) where without it it has neither, so an
+/// lvstore on it can clear the clusters its lvols give back (see [`super::lvol::Clear`]).
+/// The file system under a file must punch holes (xfs, ext4, btrfs, tmpfs do).
+pub async fn create_aio_with(
+    name: &str,
+    path: &Path,
+    block_size: u32,
+    fallocate: bool,
+) -> Result<BdevInfo> {
     check_name("name", name)?;
     let meta = std::fs::metadata(path).map_err(|e| SpdkError::InvalidArgument {
         field: "filename",
@@ -338,7 +351,7 @@ pub async fn create_aio(name: &str, path: &Path, block_size: u32) -> Result<Bdev
                 f.as_ptr(),
                 block_size,
                 false,
-                false,
+                fallocate,
                 std::ptr::null(),
                 false,
             )

@@ -352,9 +352,41 @@ fn lvol_reply(
     })
 }
 
-/// Create an lvol of at least `size` bytes (rounded up to whole clusters by SPDK).
+/// How the clusters an lvol gives back (deleted, shrunk) are cleared before another lvol can
+/// get them. A thick lvol reads whatever its clusters hold, so a cluster given back must
+/// read zeroes afterwards, or a new volume shows a deleted volume's data (seen: a new 512 MiB
+/// volume carried the XFS superblock of the 768 MiB volume deleted just before it). SPDK's
+/// default is an unmap, which the blobstore does not require to zero anything: a no-op on an
+/// aio bdev without `fallocate`, a deallocate that may read stale data on some NVMe drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clear {
+    /// Unmap: only where the base zeroes what it unmaps (an aio bdev over a regular file
+    /// with `fallocate`: a punched hole reads zeroes and keeps a sparse file sparse).
+    Unmap,
+    /// Write zeroes: the device's own command where it has one (NVMe Write Zeroes, malloc),
+    /// else SPDK writes zero buffers (time and writes in proportion to the lvol's size).
+    WriteZeroes,
+}
+
+impl Clear {
+    fn method(self) -> spdk_sys::lvol_clear_method {
+        match self {
+            Clear::Unmap => spdk_sys::LVOL_CLEAR_WITH_UNMAP,
+            Clear::WriteZeroes => spdk_sys::LVOL_CLEAR_WITH_WRITE_ZEROES,
+        }
+    }
+}
+
+/// Create an lvol of at least `size` bytes (rounded up to whole clusters by SPDK), whose
+/// clusters are cleared with `clear` when it gives them back.
 /// Idempotent: an lvol of that name with the same rounded size and provisioning is success.
-pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result<LvolInfo> {
+pub async fn create_lvol(
+    lvs: &str,
+    name: &str,
+    size: u64,
+    thin: bool,
+    clear: Clear,
+) -> Result<LvolInfo> {
     check_lvol_name("name", name)?;
     if size == 0 {
         return Err(SpdkError::InvalidArgument {
@@ -415,7 +447,7 @@ pub async fn create_lvol(lvs: &str, name: &str, size: u64, thin: bool) -> Result
                 c.as_ptr(),
                 size,
                 thin,
-                spdk_sys::LVOL_CLEAR_WITH_DEFAULT,
+                clear.method(),
                 Some(handle_cb::<spdk_lvol>),
                 ctx,
             )

@@ -108,6 +108,27 @@ impl BaseBdev {
         }
     }
 
+    /// Whether this is an aio bdev over a regular file (not a block device). A file that does
+    /// not exist yet is one the engine creates.
+    fn is_file(&self) -> bool {
+        match self {
+            Self::Aio { path, .. } => std::fs::metadata(path).map_or(true, |m| m.is_file()),
+            Self::Raid0 { members, .. } => members.iter().all(Self::is_file),
+            _ => false,
+        }
+    }
+
+    /// How the lvstore's lvols clear the clusters they give back, so that no new volume
+    /// reads a deleted one's data: a punched hole over files (zeroes, and the file stays
+    /// sparse; the aio bdev is created with `fallocate` for it), write-zeroes elsewhere.
+    pub fn clear(&self) -> lvol::Clear {
+        if self.is_file() {
+            lvol::Clear::Unmap
+        } else {
+            lvol::Clear::WriteZeroes
+        }
+    }
+
     /// The controller at `pci_address` named `ctrlr`; its namespace 1 is the bdev.
     pub fn nvme(ctrlr: &str, pci_address: &str) -> Self {
         Self::Nvme {
@@ -129,7 +150,10 @@ impl BaseBdev {
                 if !path.exists() && *create {
                     create_pool_file(path, *size)?;
                 }
-                block_on(bdev::create_aio(name, path, 512)).map_err(map)?;
+                // With fallocate over a file, so that its unmaps punch holes (see `clear`);
+                // a block device keeps SPDK's own write-zeroes.
+                let file = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+                block_on(bdev::create_aio_with(name, path, 512, file)).map_err(map)?;
             }
             Self::Malloc { name, size } => {
                 block_on(bdev::create_malloc(name, *size, 512)).map_err(map)?;
@@ -317,21 +341,25 @@ impl PoolEngine for SpdkLvsEngine {
     ) -> Result<VolumeInfo, EngineError> {
         check_name(name)?;
         let _g = self.shared();
-        let l =
-            block_on(lvol::create_lvol(&self.lvs, name, size, opts.thin)).map_err(|e| {
-                match e.kind() {
-                    SpdkKind::NoSpace => {
-                        let free = self.info().map(|i| i.free_bytes).unwrap_or(0);
-                        EngineError::NoSpace {
-                            pool: self.lvs.clone(),
-                            name: name.into(),
-                            free,
-                            needed: size,
-                        }
-                    }
-                    _ => map(e),
+        let l = block_on(lvol::create_lvol(
+            &self.lvs,
+            name,
+            size,
+            opts.thin,
+            self.base.clear(),
+        ))
+        .map_err(|e| match e.kind() {
+            SpdkKind::NoSpace => {
+                let free = self.info().map(|i| i.free_bytes).unwrap_or(0);
+                EngineError::NoSpace {
+                    pool: self.lvs.clone(),
+                    name: name.into(),
+                    free,
+                    needed: size,
                 }
-            })?;
+            }
+            _ => map(e),
+        })?;
         Ok(self.volume(&l))
     }
 
