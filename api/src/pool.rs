@@ -199,6 +199,17 @@ pub struct StoragePoolStatus {
 }
 
 impl StoragePool {
+    /// Whether the pool can serve volumes to other nodes: every remote volume is exported by
+    /// the node's SPDK target, whatever the pool's engine, so the pool's `Spdk` condition
+    /// must not be `Error` (an agent without SPDK reports it so).
+    pub fn can_export(&self) -> bool {
+        !self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == PoolConditionType::Spdk && c.status == ConditionStatus::Error)
+        })
+    }
+
     /// The pool's engine, from whichever spec section is filled in.
     pub fn mode(&self) -> Option<PoolMode> {
         if !self.spec.kernel_lvm.name.is_empty() {

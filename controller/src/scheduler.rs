@@ -38,7 +38,6 @@ use std::fmt;
 use k8s_openapi::api::core::v1::NodeAffinity;
 use liteio_api::common::{PoolMode, VolumePosition, VolumeType};
 use liteio_api::keys::annotations;
-use liteio_api::pool::{ConditionStatus, PoolConditionType};
 use liteio_api::{AntstorVolume, StoragePool};
 
 use crate::config::SchedulerConfig;
@@ -241,11 +240,9 @@ fn parse_selector(vol: &AntstorVolume, key: &str) -> Result<Option<Selector>, Sc
     }
 }
 
-/// Whether a pool can serve volumes to other nodes: every remote volume is exported by the
-/// node's SPDK target, whatever the pool's engine, so the pool's `Spdk` condition must not be
-/// `Error` (an agent without SPDK reports it so).
+/// Whether a pool can serve volumes to other nodes ([`StoragePool::can_export`]).
 pub fn can_export(pool: &StoragePool) -> bool {
-    !spdk_condition_error(pool)
+    pool.can_export()
 }
 
 /// Whether `vol` would be remote on `pool` (see the module documentation).
@@ -260,14 +257,6 @@ pub fn is_remote(vol: &AntstorVolume, pool: &StoragePool, pool_name: &str) -> bo
         Some(host) => host != pool_name,
         None => vol.spec.position_advice == VolumePosition::MustRemote && can_export(pool),
     }
-}
-
-fn spdk_condition_error(pool: &StoragePool) -> bool {
-    pool.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == PoolConditionType::Spdk && c.status == ConditionStatus::Error)
-    })
 }
 
 /// A stable 64-bit hash of (seed, name) for tie breaks (FNV-1a, then a SplitMix64 finaliser).
@@ -393,7 +382,7 @@ impl Scheduler {
         }
         let remote = is_remote(v.vol, p.pool, p.name);
         let spdk = p.pool.mode() == Some(PoolMode::SpdkLVStore);
-        if (spdk || remote) && spdk_condition_error(p.pool) {
+        if (spdk || remote) && !p.pool.can_export() {
             return Err(Reason::SpdkUnhealthy);
         }
         if remote && !v.ignored_as_remote && p.remote_count() >= self.cfg.max_remote_volume_count {

@@ -645,7 +645,14 @@ impl ControllerService {
                 let mut v = self.find_volume(id).await?;
                 let name = v.name_any();
                 let migration = self.migration_of(&v).await?;
-                let plan = publish::plan(&v, node, migration.as_deref())?;
+                let exportable = v.spec.spdk_target.is_some()
+                    || match v.target_node() {
+                        Some(t) => k8s::get_opt(&self.pools(), "StoragePool", t)
+                            .await?
+                            .is_some_and(|p| p.can_export()),
+                        None => false,
+                    };
+                let plan = publish::plan(&v, node, exportable, migration.as_deref())?;
                 let recorded = publish::published_node(&v) == Some(node);
                 if plan == publish::Plan::Stay && recorded {
                     return Ok(ControllerPublishVolumeResponse::default());

@@ -12,31 +12,30 @@ use crate::csi::*;
 #[derive(Debug, Clone)]
 pub struct IdentityService {
     version: String,
-    controller: bool,
 }
 
 impl IdentityService {
-    /// `controller` tells whether this process also serves the Controller service.
-    pub fn new(version: impl Into<String>, controller: bool) -> Self {
+    pub fn new(version: impl Into<String>) -> Self {
         IdentityService {
             version: version.into(),
-            controller,
         }
     }
 }
 
-/// Plug-in capabilities: the controller service (when served), topology constraints and
-/// online expansion.
-pub fn plugin_capabilities(controller: bool) -> Vec<PluginCapability> {
+/// Plug-in capabilities: those of the driver as a whole, the same from every instance: the
+/// controller service, topology constraints and online expansion. The controller service
+/// runs in the controller Deployment; a node instance (`--mode=node`) reports it too, since
+/// a CO or a test tool (csi-sanity with `--csi.controllerendpoint`) reads the plugin's
+/// capabilities from the node socket to learn, for one, that volumes are published
+/// (ControllerPublishVolume) before they are staged. Controller calls on a node-only socket
+/// are UNIMPLEMENTED.
+pub fn plugin_capabilities() -> Vec<PluginCapability> {
     let svc = |t: service::Type| PluginCapability {
         r#type: Some(plugin_capability::Type::Service(
             plugin_capability::Service { r#type: t as i32 },
         )),
     };
-    let mut caps = Vec::new();
-    if controller {
-        caps.push(svc(service::Type::ControllerService));
-    }
+    let mut caps = vec![svc(service::Type::ControllerService)];
     caps.push(svc(service::Type::VolumeAccessibilityConstraints));
     caps.push(PluginCapability {
         r#type: Some(plugin_capability::Type::VolumeExpansion(
@@ -68,7 +67,7 @@ impl Identity for IdentityService {
         _request: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: plugin_capabilities(self.controller),
+            capabilities: plugin_capabilities(),
         }))
     }
 

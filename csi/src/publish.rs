@@ -47,16 +47,25 @@ pub fn published_node(vol: &AntstorVolume) -> Option<&str> {
     annotation(&vol.metadata, annotations::PUBLISHED_NODE).filter(|n| !n.is_empty())
 }
 
-/// Whether the volume's export admits `node` (`true` for a volume without an export: nothing
-/// to wait for).
+/// Whether `node` can use the volume now: its export admits the node, or, without an
+/// export, the volume lives on that node.
 pub fn exported_to(vol: &AntstorVolume, node: &str) -> bool {
-    vol.spec.spdk_target.is_none()
-        || annotation(&vol.metadata, annotations::EXPORTED_TO) == Some(node)
+    if vol.spec.spdk_target.is_some() {
+        annotation(&vol.metadata, annotations::EXPORTED_TO) == Some(node)
+    } else {
+        vol.spec.target_node_id == node
+    }
 }
 
-/// What publishing `vol` to `node` does, or why it cannot; `migration` names a running
-/// migration of the volume.
-pub fn plan(vol: &AntstorVolume, node: &str, migration: Option<&str>) -> Result<Plan> {
+/// What publishing `vol` to `node` does, or why it cannot. `exportable`: the volume is
+/// exported over NVMe-oF or its pool can export it (its node's SPDK target works);
+/// `migration` names a running migration of the volume.
+pub fn plan(
+    vol: &AntstorVolume,
+    node: &str,
+    exportable: bool,
+    migration: Option<&str>,
+) -> Result<Plan> {
     let name = vol.metadata.name.as_deref().unwrap_or_default();
     if let Some(other) = published_node(vol).filter(|p| *p != node) {
         return Err(CsiError::FailedPrecondition(format!(
@@ -78,9 +87,9 @@ pub fn plan(vol: &AntstorVolume, node: &str, migration: Option<&str>) -> Result<
             "volume {name} is MustLocal on node {target} (positionAdvice): it cannot be used on node {node}"
         )));
     }
-    if vol.spec.spdk_target.is_none() && target != node {
+    if !exportable && target != node {
         return Err(CsiError::FailedPrecondition(format!(
-            "volume {name} lives on node {target}, whose pool does not export it over NVMe-oF (no spec.spdkTarget): it can be used on node {target} only, not on node {node}"
+            "volume {name} lives on node {target}, whose pool cannot export it over NVMe-oF (no working SPDK target there: its StoragePool's Spdk condition): it can be used on node {target} only, not on node {node}"
         )));
     }
     if let Some(m) = migration {
@@ -124,10 +133,13 @@ mod tests {
 
     #[test]
     fn the_consumer_stays() {
-        assert_eq!(plan(&vol("a", "s", true), "a", None).unwrap(), Plan::Stay);
+        assert_eq!(
+            plan(&vol("a", "s", true), "a", true, None).unwrap(),
+            Plan::Stay
+        );
         // Even a local-only volume, and while it migrates.
         assert_eq!(
-            plan(&vol("s", "s", false), "s", Some("m")).unwrap(),
+            plan(&vol("s", "s", false), "s", false, Some("m")).unwrap(),
             Plan::Stay
         );
     }
@@ -135,42 +147,48 @@ mod tests {
     #[test]
     fn an_exported_volume_moves_to_another_node() {
         assert_eq!(
-            plan(&vol("s", "s", true), "b", None).unwrap(),
+            plan(&vol("s", "s", true), "b", true, None).unwrap(),
             Plan::Move { from: "s".into() }
         );
         assert_eq!(
-            plan(&vol("", "s", true), "b", None).unwrap(),
+            plan(&vol("", "s", true), "b", true, None).unwrap(),
             Plan::Move {
                 from: String::new()
             }
         );
+        // Not exported yet (just created), on a pool that can export it: it moves, and the
+        // publish waits for the export.
+        assert_eq!(
+            plan(&vol("s", "s", false), "b", true, None).unwrap(),
+            Plan::Move { from: "s".into() }
+        );
         // A volume that is not exported may still move onto its own storage node.
         assert_eq!(
-            plan(&vol("a", "s", false), "s", None).unwrap(),
+            plan(&vol("a", "s", false), "s", false, None).unwrap(),
             Plan::Move { from: "a".into() }
         );
     }
 
     #[test]
     fn refusals_name_the_reason() {
-        let e = plan(&vol("s", "s", false), "b", None).unwrap_err();
+        let e = plan(&vol("s", "s", false), "b", false, None).unwrap_err();
         assert!(
-            matches!(e, CsiError::FailedPrecondition(ref m) if m.contains("node s only")),
+            matches!(e, CsiError::FailedPrecondition(ref m) if m.contains("on node s only")),
             "{e}"
         );
         let mut must = vol("s", "s", true);
         must.spec.position_advice = VolumePosition::MustLocal;
-        let e = plan(&must, "b", None).unwrap_err();
+        let e = plan(&must, "b", true, None).unwrap_err();
         assert!(
             matches!(e, CsiError::FailedPrecondition(ref m) if m.contains("MustLocal")),
             "{e}"
         );
-        let e = plan(&vol("s", "s", true), "b", Some("mig-1")).unwrap_err();
+        let e = plan(&vol("s", "s", true), "b", true, Some("mig-1")).unwrap_err();
         assert!(
             matches!(e, CsiError::Busy(ref m) if m.contains("mig-1")),
             "{e}"
         );
-        let e = plan(&vol("", "", true), "b", None).unwrap_err();
+        let e = plan(&vol("", "", true), "b", true, None).unwrap_err();
         assert!(matches!(e, CsiError::Pending(_)), "{e}");
     }
 
@@ -178,12 +196,12 @@ mod tests {
     fn a_volume_published_elsewhere_is_refused() {
         let mut v = vol("a", "s", true);
         annotate(&mut v, annotations::PUBLISHED_NODE, "a");
-        let e = plan(&v, "b", None).unwrap_err();
+        let e = plan(&v, "b", true, None).unwrap_err();
         assert!(
             matches!(e, CsiError::FailedPrecondition(ref m) if m.contains("published to node a")),
             "{e}"
         );
-        assert_eq!(plan(&v, "a", None).unwrap(), Plan::Stay);
+        assert_eq!(plan(&v, "a", true, None).unwrap(), Plan::Stay);
     }
 
     #[test]
@@ -194,6 +212,8 @@ mod tests {
         assert!(!exported_to(&v, "b"));
         annotate(&mut v, annotations::EXPORTED_TO, "b");
         assert!(exported_to(&v, "b"));
+        // Not exported (yet): usable on its own node only.
         assert!(exported_to(&vol("b", "b", false), "b"));
+        assert!(!exported_to(&vol("b", "s", false), "b"));
     }
 }

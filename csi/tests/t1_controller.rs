@@ -716,7 +716,7 @@ async fn publish_moves_the_consumer_and_admits_one_node() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
-        assert!(e.message().contains("does not export it"), "{}", e.message());
+        assert!(e.message().contains("cannot export it"), "{}", e.message());
         let v = env.volumes().get("pvc-p").await.unwrap();
         assert!(!v.annotations().contains_key(annotations::PUBLISHED_NODE));
         assert_eq!(v.spec.host_node.as_ref().map(|h| h.id.as_str()), Some(NODE));

@@ -180,7 +180,7 @@ async fn main() -> Result<()> {
         None
     };
     let services = Services {
-        identity: IdentityService::new(cfg.version.clone(), controller),
+        identity: IdentityService::new(cfg.version.clone()),
         controller: controller.then(|| ControllerService::new(client.clone(), Arc::clone(&cfg))),
         node: node_service,
     };

@@ -260,7 +260,7 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
         None
     };
     let services = Services {
-        identity: IdentityService::new("test", controller),
+        identity: IdentityService::new("test"),
         controller: controller.then(|| ControllerService::new(client.clone(), Arc::clone(&cfg))),
         node: node_service,
     };
