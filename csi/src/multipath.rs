@@ -6,7 +6,7 @@
 //!    identity, another address and port) as a second path, unless this host already has a
 //!    path to that address and port for that NQN. The connection goes through the kernel's
 //!    fabrics device with the same options string as the first connect (host NQN, host id,
-//!    the volume's DH-HMAC-CHAP keys when it has them, `reconnect_delay=2`,
+//!    the volume's DH-HMAC-CHAP keys when it has them, `reconnect_delay=1`,
 //!    `ctrl_loss_tmo=600`), so no secret ever reaches an argv.
 //! 2. The targets flip ANA states (source inaccessible, destination optimized); the kernel
 //!    requeues I/O and sends it on the optimized path. Nothing to do on the host.

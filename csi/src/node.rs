@@ -1379,7 +1379,7 @@ mod tests {
         assert_eq!(
             lines[0],
             format!(
-                "nvme connect -t tcp -a 10.0.0.9 -s 4421 -n {} --hostnqn nqn.2021-03.com.alipay.host:uuid:node-1 --reconnect-delay 2 --ctrl-loss-tmo 600",
+                "nvme connect -t tcp -a 10.0.0.9 -s 4421 -n {} --hostnqn nqn.2021-03.com.alipay.host:uuid:node-1 --reconnect-delay 1 --ctrl-loss-tmo 600",
                 naming::subsys_nqn(&vol.spec.uuid)
             )
         );

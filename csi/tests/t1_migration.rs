@@ -331,7 +331,7 @@ async fn setup_pipe_connects_the_second_path_once_with_the_first_paths_keys() {
             seen,
             [format!(
                 "nqn={NQN},transport=tcp,traddr={},trsvcid={},hostnqn={HOST_NQN},hostid={HOST_ID},\
-                 dhchap_secret={},dhchap_ctrl_secret={},reconnect_delay=2,ctrl_loss_tmo=600",
+                 dhchap_secret={},dhchap_ctrl_secret={},reconnect_delay=1,ctrl_loss_tmo=600",
                 DST.0,
                 DST.1,
                 keys.host.expose(),

@@ -155,7 +155,7 @@ fn second_path_connects_once_with_the_volume_keys() {
         seen[0],
         format!(
             "nqn={NQN},transport=tcp,traddr=10.0.0.13,trsvcid=4430,hostnqn={HOST},hostid={HOST_ID},\
-             dhchap_secret={host_secret},dhchap_ctrl_secret={ctrl_secret},reconnect_delay=2,ctrl_loss_tmo=600"
+             dhchap_secret={host_secret},dhchap_ctrl_secret={ctrl_secret},reconnect_delay=1,ctrl_loss_tmo=600"
         )
     );
     // What logs and errors show of it has no secret.
@@ -183,7 +183,7 @@ fn second_path_connects_once_with_the_volume_keys() {
     assert_eq!(
         fabrics.seen()[1],
         format!(
-            "nqn={NQN},transport=tcp,traddr=10.0.0.13,trsvcid=4430,hostnqn={HOST},reconnect_delay=2,ctrl_loss_tmo=600"
+            "nqn={NQN},transport=tcp,traddr=10.0.0.13,trsvcid=4430,hostnqn={HOST},reconnect_delay=1,ctrl_loss_tmo=600"
         )
     );
 
