@@ -250,6 +250,10 @@ impl Agent {
         let heartbeat = Arc::new(Heartbeat::new(Arc::clone(&ctx), opts.heartbeat));
         let hb_state = heartbeat.subscribe();
         let recovery = Arc::new(Recovery::new(Arc::clone(&ctx), opts.config.recovery));
+        tasks.spawn(crate::restore::wait_restored(
+            Arc::clone(&ctx),
+            shutdown.subscribe(),
+        ));
         let sup_ctx = Arc::clone(&ctx);
         let sup_shutdown = shutdown.clone();
         tasks.spawn(supervise(

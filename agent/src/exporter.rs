@@ -192,6 +192,13 @@ pub trait Exporter: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether the export recorded as `target` exists and listens (after a restart: served
+    /// again). A target without an NVMe-oF target answers `true`: it has nothing to restore.
+    fn is_listening<'a>(&'a self, target: &'a SpdkTarget) -> ExportFuture<'a, bool> {
+        let _ = target;
+        Box::pin(async { Ok(true) })
+    }
+
     /// Tells the export that the volume grew to `req.size_bytes`. No export (a restarted
     /// target) is success: the next `ensure_export` exports the grown volume.
     fn resize_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, ()> {

@@ -17,6 +17,7 @@ pub mod heartbeat;
 pub mod metrics;
 pub mod pool;
 pub mod recovery;
+pub mod restore;
 #[cfg(feature = "spdk")]
 pub mod spdk;
 pub mod sync;

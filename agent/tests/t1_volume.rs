@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -169,6 +170,8 @@ struct FakeExporter {
     removed: Mutex<Vec<UnexportRequest>>,
     /// Exports need keys (the SPDK target's `nvmf.auth: dhchap`).
     auth: bool,
+    /// Recorded exports do not listen (a target that is still coming back after a restart).
+    closed: AtomicBool,
 }
 
 impl Exporter for FakeExporter {
@@ -203,6 +206,81 @@ impl Exporter for FakeExporter {
     fn authenticates(&self) -> bool {
         self.auth
     }
+    fn is_listening<'a>(&'a self, _target: &'a SpdkTarget) -> ExportFuture<'a, bool> {
+        Box::pin(async move { Ok(!self.closed.load(Ordering::SeqCst)) })
+    }
+}
+
+/// After a restart the agent is not ready until every export the node had listens again,
+/// so that a DaemonSet rollout does not go on to the next storage node too early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_only_once_the_nodes_exports_listen_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeExporter::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let api = vols(&env);
+        let mut v = volume("pvc-gate", 8 * MIB);
+        v.spec.host_node = Some(NodeInfo {
+            id: "node-b".into(),
+            ..NodeInfo::default()
+        });
+        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = wait_ready(&api, "pvc-gate").await;
+        assert!(
+            v.finalizers()
+                .contains(&finalizers::SPDK_TARGET.to_string())
+        );
+        let addr = agent.metrics_addr().unwrap();
+        eventually(
+            "ready with the export listening",
+            Duration::from_secs(5),
+            || async {
+                let (status, _) = http_get(addr, "/readyz").await;
+                status.contains("200").then_some(())
+            },
+        )
+        .await;
+        agent.shutdown(Duration::from_secs(5)).await;
+
+        // The target comes back without the export: registered, but not ready.
+        fake.closed.store(true, Ordering::SeqCst);
+        let seen = fake.exports.lock().unwrap().len();
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let addr = agent.metrics_addr().unwrap();
+        eventually("pool registered again", Duration::from_secs(5), || async {
+            let (status, body) = http_get(addr, "/readyz").await;
+            (status.contains("503") && body.contains("restoring this node's NVMe-oF exports"))
+                .then_some(())
+        })
+        .await;
+        // Still not ready once the reconciler has exported again (the export does not listen).
+        eventually(
+            "the reconciler to export again",
+            Duration::from_secs(5),
+            || async { (fake.exports.lock().unwrap().len() > seen).then_some(()) },
+        )
+        .await;
+        let (status, _) = http_get(addr, "/readyz").await;
+        assert!(
+            status.contains("503"),
+            "ready before its export listens: {status}"
+        );
+
+        fake.closed.store(false, Ordering::SeqCst);
+        eventually(
+            "ready once the export listens",
+            Duration::from_secs(5),
+            || async {
+                let (status, _) = http_get(addr, "/readyz").await;
+                status.contains("200").then_some(())
+            },
+        )
+        .await;
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, PathState,
 use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{self, AnaState, TcpTransportOptions};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, gate, io, lvol};
-use liteio_api::{SpdkLvol, naming};
+use liteio_api::{SpdkLvol, SpdkTarget, naming};
 
 const MIB: u64 = 1 << 20;
 const H1: &str = "nqn.2021-03.com.alipay.host:uuid:node-1";
@@ -71,6 +71,13 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             assert_eq!(io::read_at(&t.bdev_name, 8 * MIB, 4096).await.unwrap(), vec![0; 4096], "the gate serves after the snapshot");
             let port: u16 = t.svc_id.parse().unwrap();
             assert!(range.contains(&port));
+            // What readiness after a restart waits for: the recorded target listens; one on
+            // another port, or of a subsystem that does not exist, does not.
+            assert!(exp.is_listening(&t).await.unwrap());
+            let elsewhere = SpdkTarget { svc_id: (port + 1).to_string(), ..t.clone() };
+            assert!(!exp.is_listening(&elsewhere).await.unwrap());
+            let gone = SpdkTarget { subsys_nqn: naming::subsys_nqn("00000000-0000-4000-8000-00000000dead"), ..t.clone() };
+            assert!(!exp.is_listening(&gone).await.unwrap());
 
             // Idempotent, same port; the allow-list follows the request live.
             req.allowed_hosts = vec![H2.into()];
@@ -120,7 +127,8 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             let dport: u16 = d.svc_id.parse().unwrap();
             assert_eq!(nvmf::ana_state(&d.subsys_nqn, "127.0.0.1", dport, 1).await.unwrap(), AnaState::Inaccessible);
             assert_eq!(nvmf::ana_state(&d.subsys_nqn, "127.0.0.1", pipe, 1).await.unwrap(), AnaState::Optimized);
-            exp.remove_export(&UnexportRequest { volume: "pvc-3".into(), uuid: dest.uuid.clone(), target: Some(again) }).await.unwrap();
+            exp.remove_export(&UnexportRequest { volume: "pvc-3".into(), uuid: dest.uuid.clone(), target: Some(again.clone()) }).await.unwrap();
+            assert!(!exp.is_listening(&again).await.unwrap(), "removed: not listening");
 
             // An LVM / file volume is exported through an aio bdev named after its serial, on
             // another port of the range.

@@ -21,14 +21,14 @@ async fn respond(metrics: &Arc<Metrics>, req: &Request<Incoming>) -> Response<Fu
             "text/plain; version=0.0.4",
         ),
         ("GET", "/healthz") => (StatusCode::OK, "ok\n".to_string(), "text/plain"),
-        ("GET", "/readyz") if metrics.is_ready() => {
-            (StatusCode::OK, "ok\n".to_string(), "text/plain")
-        }
-        ("GET", "/readyz") => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "pool not registered yet\n".to_string(),
-            "text/plain",
-        ),
+        ("GET", "/readyz") => match metrics.not_ready() {
+            None => (StatusCode::OK, "ok\n".to_string(), "text/plain"),
+            Some(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{why}\n"),
+                "text/plain",
+            ),
+        },
         _ => (
             StatusCode::NOT_FOUND,
             "not found\n".to_string(),

@@ -3,7 +3,8 @@
 //! A private registry per agent (so several agents can run in one test process) with the
 //! constant label `node`. Labels are bounded: volume names and error *kinds*, never error
 //! text. [`serve`] answers `GET /metrics` (Prometheus text), `GET /healthz` (the process
-//! serves requests) and `GET /readyz` (the pool is registered).
+//! serves requests) and `GET /readyz` (the pool is registered and the node's exports are
+//! restored).
 //!
 //! **Collected at scrape time.** Besides the metrics the control loop sets, each scrape asks
 //! the registered [`ScrapeSource`]s (the pool engine's per-volume I/O counters, the SPDK
@@ -186,6 +187,9 @@ pub struct Metrics {
     node: String,
     started: SystemTime,
     ready: AtomicBool,
+    /// Every export this node had when the agent started is listening again (see
+    /// `crate::restore`).
+    restored: AtomicBool,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(
@@ -300,6 +304,7 @@ impl Metrics {
             node: node.to_string(),
             started: SystemTime::now(),
             ready: AtomicBool::new(false),
+            restored: AtomicBool::new(false),
         })
     }
 
@@ -386,9 +391,27 @@ impl Metrics {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
-    /// Whether the agent is ready.
+    /// Marks the exports this node had at start as listening again.
+    pub fn set_restored(&self) {
+        self.restored.store(true, Ordering::Relaxed);
+    }
+
+    /// Why the agent is not ready (`None`: ready): its pool is registered and every export
+    /// the node had when the agent started listens again. A DaemonSet rollout waits for
+    /// this before it restarts the next node's agent.
+    pub fn not_ready(&self) -> Option<&'static str> {
+        if !self.ready.load(Ordering::Relaxed) {
+            Some("pool not registered yet")
+        } else if !self.restored.load(Ordering::Relaxed) {
+            Some("restoring this node's NVMe-oF exports")
+        } else {
+            None
+        }
+    }
+
+    /// Whether the agent is ready (see [`Metrics::not_ready`]).
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.not_ready().is_none()
     }
 
     /// Asks every source for samples, in this thread (blocking).

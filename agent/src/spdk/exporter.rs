@@ -437,6 +437,9 @@ impl Exporter for SpdkExporter {
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(nqn.clone(), port);
+                        // Hosts can connect from now on: after a restart, the moment a
+                        // volume is served again (the restart benchmark reads it).
+                        tracing::info!(nqn = %nqn, port, "NVMe-oF subsystem listening");
                         return Ok(self.target(bdev_name, info, port, ns_uuid));
                     }
                     // Another program holds the port: try the next one.
@@ -452,6 +455,20 @@ impl Exporter for SpdkExporter {
 
     fn authenticates(&self) -> bool {
         self.auth
+    }
+
+    fn is_listening<'a>(&'a self, target: &'a SpdkTarget) -> ExportFuture<'a, bool> {
+        Box::pin(async move {
+            let port: Option<u16> = target.svc_id.parse().ok();
+            Ok(nvmf::find_subsystem(&target.subsys_nqn)
+                .await
+                .map_err(target_err)?
+                .is_some_and(|s| {
+                    s.listeners
+                        .iter()
+                        .any(|(a, p)| *a == self.address && Some(*p) == port)
+                }))
+        })
     }
 
     fn ensure_pipe<'a>(

@@ -1,0 +1,110 @@
+//! Readiness after a restart: the agent is ready (`/readyz`) once every NVMe-oF export the
+//! node had when it started listens again, not merely once its pool is registered. A
+//! DaemonSet rollout (`maxUnavailable: 1`) waits for a restarted pod to be ready before it
+//! restarts the next node's agent, so an upgrade goes one storage node at a time and never
+//! takes a second node's exports away while the first one's are still coming back.
+//!
+//! The exports to wait for: this node's volumes (label `obnvmf/target-node-id`) that this
+//! agent exported (finalizer `obnvmf/spdk-target`) and that are not being deleted. They are
+//! listed once at start (retried until the API server answers) and again every
+//! [`RELIST`], so that a volume deleted or moved meanwhile is not waited for. The volume
+//! reconcilers restore the exports; this only watches them come back, through the exporter.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use liteio_api::AntstorVolume;
+use liteio_api::common::SpdkTarget;
+use liteio_api::keys::{finalizers, labels};
+use liteio_api::meta::has_finalizer;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::context::Ctx;
+
+/// How often the exports still missing are looked at.
+const POLL: Duration = Duration::from_millis(100);
+/// How often the list of exports to wait for is read again (and the missing ones logged).
+const RELIST: Duration = Duration::from_secs(30);
+
+/// The exports of this node to wait for: (volume, recorded target).
+async fn exports(ctx: &Ctx) -> crate::error::Result<Vec<(String, SpdkTarget)>> {
+    let api: Api<AntstorVolume> = Api::all(ctx.client.clone());
+    let lp = ListParams::default().labels(&format!("{}={}", labels::TARGET_NODE_ID, ctx.node));
+    let list = ctx
+        .timed(
+            "list",
+            format!("AntstorVolumes of node {}", ctx.node),
+            api.list(&lp),
+        )
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|v| {
+            v.metadata.deletion_timestamp.is_none()
+                && v.spec.target_node_id == ctx.node
+                && has_finalizer(&v.metadata, finalizers::SPDK_TARGET)
+        })
+        .filter_map(|v| {
+            let name = v.name_any();
+            v.spec.spdk_target.map(|t| (name, t))
+        })
+        .collect())
+}
+
+/// Waits until every export this node had listens again, then marks the agent restored
+/// (ready, once its pool is registered too). Ends early on shutdown.
+pub async fn wait_restored(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
+    let started = Instant::now();
+    let mut delay = ctx.retry;
+    let mut pending = loop {
+        match exports(&ctx).await {
+            Ok(p) => break p,
+            Err(e) => {
+                warn!(error = %e.chain(), ?delay, "cannot list this node's exports to restore; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+                delay = (delay * 2).min(ctx.retry_max);
+            }
+        }
+    };
+    let total = pending.len();
+    let mut relisted = Instant::now();
+    while !pending.is_empty() {
+        let mut missing = Vec::with_capacity(pending.len());
+        for (name, t) in pending {
+            if !ctx.exporter.is_listening(&t).await.unwrap_or(false) {
+                missing.push((name, t));
+            }
+        }
+        pending = missing;
+        if pending.is_empty() {
+            break;
+        }
+        if relisted.elapsed() >= RELIST {
+            relisted = Instant::now();
+            let names: Vec<&str> = pending.iter().map(|(n, _)| n.as_str()).take(10).collect();
+            warn!(missing = pending.len(), of = total, first = ?names, "exports of this node not listening yet; not ready");
+            // Still this node's and still exported: a deleted or moved volume's export is
+            // not coming back here.
+            if let Ok(now) = exports(&ctx).await {
+                pending.retain(|(n, _)| now.iter().any(|(m, _)| m == n));
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+    ctx.metrics.set_restored();
+    info!(
+        exports = total,
+        took_ms = started.elapsed().as_secs_f64() * 1e3,
+        "every export of this node listens again"
+    );
+}
