@@ -189,9 +189,11 @@ async fn run(
     // liteio_spdk::runtime::STOP_TIMEOUT).
     #[cfg(feature = "spdk")]
     if let Some(spdk) = spdk {
+        let t = std::time::Instant::now();
         tokio::task::spawn_blocking(move || spdk.stop())
             .await
             .context("the SPDK stop task failed")?;
+        tracing::info!(took_ms = t.elapsed().as_secs_f64() * 1e3, "SPDK stopped");
         // Deprecated SPDK features this run used (SPDK 26.05 still makes some itself): they
         // go in the next SPDK release, so say which, once, in our own log.
         for d in liteio_agent::spdk::deprecation::deprecation_hits() {
@@ -245,7 +247,12 @@ async fn serve(
     let _ = spdk_running;
     let sig = wait_for_signal().await?;
     tracing::info!(signal = sig, "shutting down");
+    let t = std::time::Instant::now();
     agent.shutdown(Duration::from_secs(15)).await;
+    tracing::info!(
+        took_ms = t.elapsed().as_secs_f64() * 1e3,
+        "reconcilers stopped"
+    );
     Ok(())
 }
 

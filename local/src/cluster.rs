@@ -115,6 +115,9 @@ pub struct ClusterOptions {
     /// the others run in interrupt mode (a polling reactor takes a whole core). SPDK's
     /// NVMe/TCP initiator, which a hot migration's source uses, needs polling.
     pub spdk_polling: Vec<usize>,
+    /// The scheduler's `maxRemoteVolumeCount` (remote volumes per storage node); `None`
+    /// keeps the controller's default (3).
+    pub max_remote_volumes: Option<u32>,
 }
 
 impl ClusterOptions {
@@ -129,6 +132,7 @@ impl ClusterOptions {
             election: None,
             heartbeat: None,
             spdk_polling: Vec::new(),
+            max_remote_volumes: None,
         }
     }
 }
@@ -467,6 +471,9 @@ impl Cluster {
         }
         .scheduler_config();
         let mut body = serde_json::json!({ "scheduler": scheduler });
+        if let Some(n) = self.opts.max_remote_volumes {
+            body["scheduler"]["maxRemoteVolumeCount"] = serde_json::json!(n);
+        }
         if let Some(l) = self.opts.liveness {
             body["liveness"] = serde_json::json!({
                 "unknownAfter": ms(l.unknown_after),
