@@ -188,7 +188,7 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
 /// writes stall, resume once the agent is back (the export returns with the same NQN, port
 /// and namespace), and every block written before and after reads back.
 #[test]
-fn a_consumer_rides_out_an_agent_kill_on_the_storage_node() {
+fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
     if skip("agent kill under I/O") {
         return;
     }
@@ -201,89 +201,100 @@ fn a_consumer_rides_out_an_agent_kill_on_the_storage_node() {
                 .await
                 .map_err(err("keys"))?
                 .ok_or("the agent made no Secret for pvc-kill")?;
-            // The restarted agent must export with the same keys (read back from the Secret),
-            // or the consumer's reconnect is refused.
-            let mut child = check_cmd(
-                c,
-                2,
-                &before,
-                &hostnqn_file(c, 2),
-                Some(&keys),
-                &[
-                    "--check-bytes",
-                    "0",
-                    "--write-seconds",
-                    "30",
-                    "--reconnect-seconds",
-                    "90",
-                ],
-            )
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(err("spawn nvmf-check"))?;
-            let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-            let mut seen = Vec::new();
-            // Writes are under way once the tool reports 64 of them.
-            loop {
-                let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                    .await
-                    .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
-                    .map_err(err("read"))?
-                    .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
-                let started = line.starts_with("written 64 blocks");
-                seen.push(line);
-                if started {
-                    break;
+            // A planned restart (SIGTERM, as a DaemonSet rollout stops the pod) and a crash
+            // (SIGKILL), each under writes.
+            for kill in [false, true] {
+                let how = if kill { "SIGKILL" } else { "SIGTERM" };
+                // The restarted agent must export with the same keys (read back from the Secret),
+                // or the consumer's reconnect is refused.
+                let mut child = check_cmd(
+                    c,
+                    2,
+                    &before,
+                    &hostnqn_file(c, 2),
+                    Some(&keys),
+                    &[
+                        "--check-bytes",
+                        "0",
+                        "--write-seconds",
+                        "30",
+                        "--reconnect-seconds",
+                        "90",
+                    ],
+                )
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(err("spawn nvmf-check"))?;
+                let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+                let mut seen = Vec::new();
+                // Writes are under way once the tool reports 64 of them.
+                loop {
+                    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                        .await
+                        .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
+                        .map_err(err("read"))?
+                        .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
+                    let started = line.starts_with("written 64 blocks");
+                    seen.push(line);
+                    if started {
+                        break;
+                    }
                 }
+                if kill {
+                    c.kill(Role::Agent(a)).await.map_err(err("kill"))?;
+                } else {
+                    c.stop(Role::Agent(a)).await.map_err(err("stop"))?;
+                }
+                c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
+                while let Some(l) = lines.next_line().await.map_err(err("read"))? {
+                    seen.push(l);
+                }
+                let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+                    .await
+                    .map_err(|_| "nvmf-check did not end".to_string())?
+                    .map_err(err("wait"))?;
+                println!("{}", seen.join("\n"));
+                let r: serde_json::Value = seen
+                    .last()
+                    .and_then(|l| serde_json::from_str(l).ok())
+                    .ok_or("no JSON result")?;
+                if !status.success() {
+                    return Err(format!(
+                        "the consumer's writes failed across {how} ({status}): {r}"
+                    ));
+                }
+                let stall = r["longest_stall_ms"].as_u64().unwrap_or(0);
+                let after = r["blocks_after_stall"].as_u64().unwrap_or(0);
+                let median_us = r["median_write_us"].as_u64().ok_or("no median_write_us")?;
+                // The restart, not the usual pace (each write of the tool opens a queue pair
+                // and authenticates it), must be what stalled the writes.
+                if stall < 500 || stall * 1000 < 20 * median_us || after == 0 {
+                    return Err(format!(
+                        "expected a stall during the restart, far above a write's usual {median_us} us, and writes after it: {r}"
+                    ));
+                }
+                let v = volume(c, "pvc-kill").await.ok_or("volume gone")?;
+                let now = v
+                    .spec
+                    .spdk_target
+                    .ok_or("no spdkTarget after the restart")?;
+                if (
+                    now.subsys_nqn.as_str(),
+                    now.svc_id.as_str(),
+                    now.ns_uuid.as_str(),
+                ) != (
+                    before.subsys_nqn.as_str(),
+                    before.svc_id.as_str(),
+                    before.ns_uuid.as_str(),
+                ) {
+                    return Err(format!("the export changed: {before:?} → {now:?}"));
+                }
+                println!(
+                    "agent on {} stopped with {how} and restarted: writes stalled {stall} ms (a write takes {median_us} us), {after} blocks written after, all {} verified",
+                    c.node_name(a),
+                    r["written_blocks"]
+                );
             }
-            c.kill(Role::Agent(a)).await.map_err(err("kill"))?;
-            c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
-            while let Some(l) = lines.next_line().await.map_err(err("read"))? {
-                seen.push(l);
-            }
-            let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-                .await
-                .map_err(|_| "nvmf-check did not end".to_string())?
-                .map_err(err("wait"))?;
-            println!("{}", seen.join("\n"));
-            let r: serde_json::Value = seen
-                .last()
-                .and_then(|l| serde_json::from_str(l).ok())
-                .ok_or("no JSON result")?;
-            if !status.success() {
-                return Err(format!("the consumer's writes failed ({status}): {r}"));
-            }
-            let stall = r["longest_stall_ms"].as_u64().unwrap_or(0);
-            let after = r["blocks_after_stall"].as_u64().unwrap_or(0);
-            let median_us = r["median_write_us"].as_u64().ok_or("no median_write_us")?;
-            // The restart, not the usual pace (each write of the tool opens a queue pair
-            // and authenticates it), must be what stalled the writes.
-            if stall < 500 || stall * 1000 < 20 * median_us || after == 0 {
-                return Err(format!(
-                    "expected a stall during the restart, far above a write's usual {median_us} us, and writes after it: {r}"
-                ));
-            }
-            let v = volume(c, "pvc-kill").await.ok_or("volume gone")?;
-            let now = v
-                .spec
-                .spdk_target
-                .ok_or("no spdkTarget after the restart")?;
-            if (
-                now.subsys_nqn.as_str(),
-                now.svc_id.as_str(),
-                now.ns_uuid.as_str(),
-            ) != (
-                before.subsys_nqn.as_str(),
-                before.svc_id.as_str(),
-                before.ns_uuid.as_str(),
-            ) {
-                return Err(format!("the export changed: {before:?} → {now:?}"));
-            }
-            println!(
-                "agent on {} killed and restarted: writes stalled {stall} ms (a write takes {median_us} us), {after} blocks written after, all {} verified",
-                c.node_name(a),
-                r["written_blocks"]
-            );
             Ok(())
         })
     });

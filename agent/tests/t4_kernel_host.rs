@@ -17,8 +17,9 @@
 //!   as a device file, written, read back after publishing again.
 //! - A volume deleted on the storage side under its mount: unpublish and unstage still
 //!   succeed and leave nothing.
-//! - The storage node's agent SIGKILLed and restarted under fio (verified random writes on
-//!   the mounted ext4): the kernel reconnects, fio sees no error; the stall is printed. Then
+//! - The storage node's agent stopped with SIGTERM (an upgrade) and restarted, then SIGKILLed
+//!   and restarted, under fio (verified random writes on the mounted ext4): the kernel
+//!   reconnects, fio sees no error; the stall is printed. Then
 //!   the agent down for 15 s: the kernel holds the I/O (ctrl-loss-tmo 600 s) and goes on.
 //! - NodeUnpublish/NodeUnstage leave no controller, no mount, no `/dev/nvme*`.
 //!
@@ -669,39 +670,51 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
 
             rotation(c, &mut node, &mut csi, &publish, &secrets).await?;
 
-            // The storage node's agent (and its NVMe/TCP target) SIGKILLed and started again
-            // under fio writing with verification on the mounted ext4: the kernel reconnects
-            // (reconnect-delay 2 s, ctrl-loss-tmo 10 s), fio sees no error, verify passes.
-            start_fio(&mut node, &format!("{target}/fio.dat"), 25).await?;
-            // Still writing when the agent goes.
-            assert!(
-                fio_running(&mut node).await?,
-                "fio ended before the agent was killed"
-            );
-            c.kill(Role::Agent(1)).await.map_err(|e| e.to_string())?;
-            let t = Instant::now();
-            c.launch(Role::Agent(1)).await.map_err(|e| e.to_string())?;
-            println!(
-                "agent killed and ready again after {:.2}s",
-                t.elapsed().as_secs_f64()
-            );
-            // Seen once in five runs: fio did not finish (the error says what the kernel did).
-            let fio = fio_result(&mut node, Duration::from_secs(180)).await?;
-            println!(
-                "fio across the agent restart: error {}, {} writes, longest write {:.0} ms; guest:\n{}",
-                fio.error, fio.writes, fio.max_write_ms, fio.log
-            );
-            assert_eq!(
-                fio.error, 0,
-                "fio saw an I/O error across the restart: {}",
-                fio.log
-            );
-            assert!(fio.writes > 0);
-            assert!(
-                !fio.log.contains("verify: bad") && !fio.log.contains("verify failed"),
-                "{}",
-                fio.log
-            );
+            // The storage node's agent (and its NVMe/TCP target) stopped with SIGTERM (an
+            // upgrade: the DaemonSet's rollout) and started again, then SIGKILLed (a crash)
+            // and started again, each under fio writing with verification on the mounted
+            // ext4: the kernel reconnects (reconnect-delay 1 s, ctrl-loss-tmo 600 s), fio
+            // sees no error, verify passes.
+            for (i, kill) in [false, true].into_iter().enumerate() {
+                let how = if kill { "SIGKILL" } else { "SIGTERM" };
+                start_fio(&mut node, &format!("{target}/fio-{i}.dat"), 25).await?;
+                // Still writing when the agent goes.
+                assert!(
+                    fio_running(&mut node).await?,
+                    "fio ended before the agent's {how}"
+                );
+                let t = Instant::now();
+                if kill {
+                    c.kill(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+                } else {
+                    c.stop(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+                }
+                let gone = t.elapsed();
+                c.launch(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+                println!(
+                    "agent {how}: gone after {:.2}s, ready again after {:.2}s",
+                    gone.as_secs_f64(),
+                    t.elapsed().as_secs_f64()
+                );
+                // Seen once in five runs: fio did not finish (the error says what the kernel
+                // did).
+                let fio = fio_result(&mut node, Duration::from_secs(180)).await?;
+                println!(
+                    "fio across the agent's {how} and restart: error {}, {} writes, longest write {:.0} ms; guest:\n{}",
+                    fio.error, fio.writes, fio.max_write_ms, fio.log
+                );
+                assert_eq!(
+                    fio.error, 0,
+                    "fio saw an I/O error across the {how} restart: {}",
+                    fio.log
+                );
+                assert!(fio.writes > 0);
+                assert!(
+                    !fio.log.contains("verify: bad") && !fio.log.contains("verify failed"),
+                    "{}",
+                    fio.log
+                );
+            }
 
             // Down longer than the 10 s the CSI node used to give the kernel (after which fio
             // saw EIO and ext4 aborted): the kernel holds the I/O and reconnects.
