@@ -200,7 +200,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
     }
 
     const HEADER: &str =
-        "vols kind     longest-ms  errs recon-st spdk-st  gone  started pool-rdy first-ln  all-ln";
+        "vols kind     longest-ms  errs recon-st spdk-st  gone  started pool-rdy first-ln  all-ln   readyz";
 
     fn check_cmd(
         c: &Cluster,
@@ -368,8 +368,10 @@ host writes to one of its volumes, and prints the longest write and the restart'
         }
         let dir = scratch("bench-restart");
         let mut opts = ClusterOptions::new(2, Engine::Spdk);
-        opts.pool_bytes = 8 << 30;
         let max = a.volumes.iter().copied().max().unwrap_or(1);
+        // Each volume is 64 MiB (csi-sanity's default size here); a sparse pool file with
+        // room for all of them and the lvstore's metadata.
+        opts.pool_bytes = (8u64 << 30).max((max as u64 + 16) * (64 << 20) * 5 / 4);
         opts.max_remote_volumes = Some(u32::try_from(max).unwrap_or(u32::MAX));
         let limit = Duration::from_secs(
             600 + 60 * max as u64 + 200 * a.runs as u64 * a.volumes.len() as u64,

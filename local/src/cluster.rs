@@ -116,7 +116,7 @@ pub struct ClusterOptions {
     /// NVMe/TCP initiator, which a hot migration's source uses, needs polling.
     pub spdk_polling: Vec<usize>,
     /// The scheduler's `maxRemoteVolumeCount` (remote volumes per storage node); `None`
-    /// keeps the controller's default (3).
+    /// keeps the controller's default (3). The agents' listen port range is widened to fit.
     pub max_remote_volumes: Option<u32>,
 }
 
@@ -444,6 +444,12 @@ impl Cluster {
         cfg.spdk.lock_cores = false;
         let ip = self.node_address(k)?;
         cfg.nvmf.listen_address = Some(ip.into());
+        // One listener port per export: room for every remote volume the scheduler may
+        // place here (the default range has 101 ports).
+        if let Some(n) = self.opts.max_remote_volumes {
+            let pr = &mut cfg.nvmf.port_range;
+            pr.end = pr.end.max(pr.start.saturating_add(n)).min(u32::from(u16::MAX));
+        }
         cfg.metrics.listen_address = Some(SocketAddr::from((ip, AGENT_METRICS_PORT)));
         if let Some((interval, duration)) = self.opts.heartbeat {
             cfg.heartbeat.interval = interval;
