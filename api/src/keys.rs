@@ -200,6 +200,9 @@ pub mod annotations {
     /// an agent older than the annotation). After the consumer (`spec.hostNode`) changes,
     /// ControllerPublishVolume and NodeStageVolume wait for it to name the new node.
     pub const EXPORTED_TO: &str = "liteio.io/exported-to";
+    /// On an AntstorVolume, written by the disk-agent: the QoS limits in force on the
+    /// volume's export (`VolumeQos::to_annotation`: `iops=…,mbps=…,readMbps=…,writeMbps=…`).
+    pub const QOS_IN_FORCE: &str = "liteio.io/qos-in-force";
     /// Node: what the node's kernel can do for NVMe/TCP authentication (`dhchap`, `tls`,
     /// both comma-separated, or `none`), written by the CSI node when it starts.
     pub const NODE_HOST_AUTH: &str = "liteio.io/nvme-host-auth";

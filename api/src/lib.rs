@@ -15,6 +15,7 @@ pub mod meta;
 pub mod migration;
 pub mod naming;
 pub mod pool;
+pub mod qos;
 pub mod size;
 pub mod snapshot;
 pub mod validate;

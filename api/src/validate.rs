@@ -133,6 +133,9 @@ pub fn volume(v: &AntstorVolume) -> Result<(), ValidationErrors> {
             "is set on a SpdkLVol volume",
         ));
     }
+    if let Some(Err(e)) = v.spec.qos.map(|q| q.validate()) {
+        errors.push(ValidationError::new(e.field, e.reason));
+    }
     check_u64_annotation(&v.metadata, annotations::ALLOCATED_BYTES, &mut errors);
     check_u64_annotation(
         &v.metadata,

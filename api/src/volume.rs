@@ -100,6 +100,11 @@ pub struct AntstorVolumeSpec {
     /// `required`), from the StorageClass parameter `liteio.io/host-auth`. Not in LiteIO.
     #[serde(default, rename = "hostAuth", skip_serializing_if = "Option::is_none")]
     pub host_auth: Option<crate::host_auth::HostAuthPolicy>,
+    /// Per-volume QoS limits (IOPS, MiB/s), enforced on the volume's SPDK export; absent:
+    /// unlimited. From the StorageClass or a VolumeAttributesClass (`liteio.io/qos-*`
+    /// parameters). Not in LiteIO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<crate::qos::VolumeQos>,
 }
 
 /// Device the host attached (unused by LiteIO).

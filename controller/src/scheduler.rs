@@ -74,6 +74,9 @@ pub enum Reason {
     LocalStorageTooLow,
     /// `obnvmf/selected-tgt-node` names a pool that does not exist.
     SelectedNodeNotFound,
+    /// The volume has QoS limits (`spec.qos`) and the pool's engine cannot enforce them
+    /// (only SPDK's can). Not in LiteIO.
+    QosNotEnforced,
 }
 
 impl Reason {
@@ -93,6 +96,7 @@ impl Reason {
             Self::PoolAffinity => "PoolAffinity",
             Self::LocalStorageTooLow => "LocalStorageTooLow",
             Self::SelectedNodeNotFound => "SelectedNodeNotFound",
+            Self::QosNotEnforced => "QosNotEnforced",
         }
     }
 }
@@ -392,6 +396,10 @@ impl Scheduler {
             VolumePosition::MustLocal if remote => return Err(Reason::PositionAdvice),
             VolumePosition::MustRemote if !remote => return Err(Reason::PositionAdvice),
             _ => {}
+        }
+        // A limit is placed only where it is enforced: on an SPDK lvstore.
+        if v.vol.spec.qos.is_some_and(|q| !q.is_unlimited()) && !spdk {
+            return Err(Reason::QosNotEnforced);
         }
         match (v.vol.spec.type_, p.pool.mode()) {
             (Some(VolumeType::SpdkLVol), m) if m != Some(PoolMode::SpdkLVStore) => {

@@ -199,6 +199,14 @@ impl VolumeFixture {
         self.0.spec.type_ = Some(t);
         self
     }
+    /// Sets QoS limits of `iops` I/O per second.
+    pub fn iops(mut self, iops: u64) -> Self {
+        self.0.spec.qos = Some(liteio_api::qos::VolumeQos {
+            iops,
+            ..Default::default()
+        });
+        self
+    }
     /// Sets the position advice.
     pub fn position(mut self, p: VolumePosition) -> Self {
         self.0.spec.position_advice = p;

@@ -166,6 +166,24 @@ fn filters_case_by_case() {
             Err(Reason::VolTypeNotMatch),
         ),
         (
+            "limited volume on an spdk pool",
+            pool("n1", big),
+            volume("v", GIB).host("h2").iops(2000),
+            Ok(()),
+        ),
+        (
+            "limited volume on an lvm pool (it cannot enforce the limit)",
+            pool("n1", big).lvm(),
+            volume("v", GIB).iops(2000),
+            Err(Reason::QosNotEnforced),
+        ),
+        (
+            "explicitly unlimited volume on an lvm pool",
+            pool("n1", big).lvm(),
+            volume("v", GIB).iops(0),
+            Ok(()),
+        ),
+        (
             "lvm volume on lvm pool",
             pool("n1", big).lvm(),
             volume("v", GIB).kind(VolumeType::KernelLVol),

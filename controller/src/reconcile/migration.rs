@@ -232,6 +232,9 @@ pub fn dest_volume(
             spdk_target: Some(preset),
             // The destination admits the host as the source does (same policy, same host).
             host_auth: src.spec.host_auth,
+            // The destination enforces the source's limits from its first export, before
+            // the host's I/O moves to it.
+            qos: src.spec.qos,
         },
     );
     vol.metadata.namespace = src.metadata.namespace.clone();
