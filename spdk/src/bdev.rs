@@ -526,3 +526,126 @@ pub async fn io_stats(name: &str) -> Result<IoStats> {
     })
     .await
 }
+
+/// A bdev's rate limits (SPDK's bdev QoS), each 0 for none: read and write I/O per second
+/// together (SPDK accepts multiples of 1000), and MiB per second for reads and writes
+/// together, reads, writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct QosLimits {
+    /// Read and write I/O per second together.
+    pub rw_iops: u64,
+    /// Read and write MiB/s together.
+    pub rw_mibps: u64,
+    /// Read MiB/s.
+    pub read_mibps: u64,
+    /// Write MiB/s.
+    pub write_mibps: u64,
+}
+
+impl QosLimits {
+    /// In the order of `spdk_bdev_qos_rate_limit_type`.
+    fn to_array(self) -> [u64; 4] {
+        [
+            self.rw_iops,
+            self.rw_mibps,
+            self.read_mibps,
+            self.write_mibps,
+        ]
+    }
+
+    fn check(&self) -> Result<()> {
+        if !self.rw_iops.is_multiple_of(1000) {
+            return Err(SpdkError::InvalidArgument {
+                field: "rw_iops",
+                reason: format!(
+                    "{} is not a multiple of 1000 (SPDK would round it up)",
+                    self.rw_iops
+                ),
+            });
+        }
+        // SPDK turns MiB/s into bytes/s in a u64.
+        let max = u64::MAX / (1024 * 1024);
+        for (field, v) in [
+            ("rw_mibps", self.rw_mibps),
+            ("read_mibps", self.read_mibps),
+            ("write_mibps", self.write_mibps),
+        ] {
+            if v >= max {
+                return Err(SpdkError::InvalidArgument {
+                    field,
+                    reason: format!("{v} MiB/s overflows SPDK's byte counter"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rate limits in force on a bdev (all 0: none).
+pub async fn qos_limits(name: &str) -> Result<QosLimits> {
+    let name = name.to_string();
+    on_reactor_with(move |r| {
+        let bdev = bdev_by_name(r, &name)?;
+        let mut l = [0u64; 4];
+        // SAFETY: on the reactor; `bdev` is a live bdev and `l` holds the
+        // SPDK_BDEV_QOS_NUM_RATE_LIMIT_TYPES (4) values SPDK writes.
+        unsafe { spdk_sys::spdk_bdev_get_qos_rate_limits(bdev, l.as_mut_ptr()) };
+        Ok(QosLimits {
+            rw_iops: l[0],
+            rw_mibps: l[1],
+            read_mibps: l[2],
+            write_mibps: l[3],
+        })
+    })
+    .await
+}
+
+/// Sets every rate limit of a bdev at once (0 lifts a limit), live: I/O in flight goes on
+/// under the new limits. Idempotent. SPDK refuses a change while another is under way
+/// (`EAGAIN`): retried here for up to a second.
+pub async fn set_qos_limits(name: &str, limits: QosLimits) -> Result<()> {
+    limits.check()?;
+    let mut delay = std::time::Duration::from_millis(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match set_qos_once(name, limits).await {
+            Err(SpdkError::Errno { ref source, .. })
+                if source.raw_os_error() == Some(libc_errno::EAGAIN)
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn set_qos_once(name: &str, limits: QosLimits) -> Result<()> {
+    let name = name.to_string();
+    exec_on(move |r, reply| {
+        let bdev = match bdev_by_name(r, &name) {
+            Ok(b) => b,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let ctx = errno_ctx(move |_r, rc| {
+            reply.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(SpdkError::errno("set bdev QoS limits", name, rc))
+            })
+        });
+        extern "C" fn done(arg: *mut c_void, rc: i32) {
+            no_unwind("set_qos_limits", || {
+                // SAFETY: `arg` is the `errno_ctx` SPDK was given; it calls `done` once.
+                unsafe { errno_cb(arg, rc) };
+            });
+        }
+        let mut l = limits.to_array();
+        // SAFETY: on the reactor; `bdev` is live; SPDK reads (and converts in place) the 4
+        // values of `l` before it returns, and calls `done` exactly once with `ctx`, also
+        // when it refuses the change.
+        unsafe { spdk_sys::spdk_bdev_set_qos_rate_limits(bdev, l.as_mut_ptr(), Some(done), ctx) };
+    })
+    .await
+}

@@ -117,6 +117,7 @@ pub type Result<T, E = SpdkError> = std::result::Result<T, E>;
 /// errno values SPDK returns (Linux).
 pub(crate) mod libc_errno {
     pub const ENOENT: i32 = 2;
+    pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
     pub const EEXIST: i32 = 17;
     pub const ENODEV: i32 = 19;

@@ -167,3 +167,74 @@ pub async fn write_at(bdev: &str, offset: u64, data: Vec<u8>) -> Result<()> {
 pub async fn read_at(bdev: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
     submit(bdev, offset, None, len).await
 }
+
+/// A descriptor and I/O channel of a bdev held open on SPDK's application thread (where
+/// this module's I/O runs) for as long as the value lives. SPDK hands out one channel per
+/// thread and bdev, so [`read_at`] and [`write_at`] on the same bdev share it instead of
+/// opening and closing one per I/O: what a long-lived consumer (the NVMe-oF target's poll
+/// group) does, and what a bdev's QoS needs to stay bound to its channel between I/Os.
+/// Released on drop (on the application thread; a no-op when SPDK has stopped).
+#[derive(Debug)]
+pub struct HeldChannel {
+    /// `*mut spdk_bdev_desc` and `*mut spdk_io_channel`, only ever used on the application
+    /// thread.
+    desc: usize,
+    ch: usize,
+}
+
+/// Opens `name` and holds a channel to it (see [`HeldChannel`]).
+pub async fn hold_channel(name: &str) -> Result<HeldChannel> {
+    let name = name.to_string();
+    exec(move |reply| {
+        let c = match cstr("bdev", &name) {
+            Ok(c) => c,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let mut desc: *mut spdk_sys::spdk_bdev_desc = std::ptr::null_mut();
+        // SAFETY: on an SPDK thread; `desc` receives the descriptor.
+        let rc = unsafe {
+            spdk_sys::spdk_bdev_open_ext(
+                c.as_ptr(),
+                true,
+                Some(ignore_event),
+                std::ptr::null_mut(),
+                &mut desc,
+            )
+        };
+        if rc != 0 {
+            return reply.send(Err(if rc == -19 {
+                SpdkError::NotFound { kind: "bdev", name }
+            } else {
+                SpdkError::errno("open bdev", name, rc)
+            }));
+        }
+        // SAFETY: `desc` is open on this thread.
+        let ch = unsafe { spdk_sys::spdk_bdev_get_io_channel(desc) };
+        if ch.is_null() {
+            // SAFETY: opened above on this thread, closed once.
+            unsafe { spdk_sys::spdk_bdev_close(desc) };
+            return reply.send(Err(SpdkError::errno("get io channel", name, -12)));
+        }
+        reply.send(Ok(HeldChannel {
+            desc: desc as usize,
+            ch: ch as usize,
+        }));
+    })
+    .await
+}
+
+impl Drop for HeldChannel {
+    fn drop(&mut self) {
+        let (desc, ch) = (self.desc, self.ch);
+        let _ = super::runtime::send_task(Box::new(move |_r| {
+            no_unwind("release held channel", || {
+                // SAFETY: on the application thread, where `hold_channel` opened both; this
+                // value owned them and is dropped once, so they are released exactly once.
+                unsafe {
+                    spdk_sys::spdk_put_io_channel(ch as *mut spdk_sys::spdk_io_channel);
+                    spdk_sys::spdk_bdev_close(desc as *mut spdk_sys::spdk_bdev_desc);
+                }
+            });
+        }));
+    }
+}
