@@ -64,6 +64,9 @@ pub struct ExportRequest {
     /// promotion has reached the hosts, or they find no usable path and SPDK's initiator
     /// waits a whole second before it looks again.
     pub path_state: PathState,
+    /// The volume's QoS limits (`spec.qos`; unlimited when absent), enforced on the
+    /// exported bdev and changed live on a live export.
+    pub qos: liteio_api::qos::VolumeQos,
 }
 
 /// The ANA state of an export's listener, as hosts with NVMe multipath see it.
@@ -190,6 +193,11 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     /// source).
     fn migrator(&self) -> Option<&dyn Migrator> {
         None
+    }
+
+    /// Whether exports enforce the volume's QoS limits ([`ExportRequest::qos`]).
+    fn enforces_qos(&self) -> bool {
+        false
     }
 
     /// Whether the export recorded as `target` exists and listens (after a restart: served

@@ -43,6 +43,7 @@ fn request(name: &str, i: usize) -> ExportRequest {
         preset: None,
         keys: None,
         path_state: Default::default(),
+        qos: Default::default(),
     }
 }
 

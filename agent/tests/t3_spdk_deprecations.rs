@@ -100,6 +100,7 @@ async fn scenario() {
         preset: None,
         keys: None,
         path_state: Default::default(),
+        qos: Default::default(),
     };
     let t = exp.ensure_export(&req).await.unwrap();
     // The re-create path (lookup by NQN, host reconciliation) and a live host change.

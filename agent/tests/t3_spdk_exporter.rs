@@ -12,6 +12,7 @@ use liteio_agent::exporter::{ExportRequest, Exporter, ExporterHealth, PathState,
 use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{self, AnaState, TcpTransportOptions};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, gate, io, lvol};
+use liteio_api::qos::VolumeQos;
 use liteio_api::{SpdkLvol, SpdkTarget, naming};
 
 const MIB: u64 = 1 << 20;
@@ -50,6 +51,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 preset: None,
                 keys: None,
                 path_state: Default::default(),
+                qos: Default::default(),
             };
             let t = exp.ensure_export(&req).await.unwrap();
             assert_eq!(t.subsys_nqn, naming::subsys_nqn(uuid));
@@ -78,6 +80,24 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             assert!(!exp.is_listening(&elsewhere).await.unwrap());
             let gone = SpdkTarget { subsys_nqn: naming::subsys_nqn("00000000-0000-4000-8000-00000000dead"), ..t.clone() };
             assert!(!exp.is_listening(&gone).await.unwrap());
+
+            // QoS limits go on the exported bdev (the gate), follow the request live, and
+            // are lifted by an unlimited request.
+            assert!(exp.enforces_qos());
+            assert_eq!(bdev::qos_limits(&t.bdev_name).await.unwrap(), bdev::QosLimits::default());
+            let limited = ExportRequest {
+                qos: VolumeQos { iops: 3000, write_mbps: 20, ..Default::default() },
+                preset: Some(t.clone()),
+                ..req.clone()
+            };
+            assert_eq!(exp.ensure_export(&limited).await.unwrap(), t);
+            let want = bdev::QosLimits { rw_iops: 3000, write_mibps: 20, ..Default::default() };
+            assert_eq!(bdev::qos_limits(&t.bdev_name).await.unwrap(), want);
+            let raised = ExportRequest { qos: VolumeQos { iops: 6000, ..Default::default() }, ..limited.clone() };
+            exp.ensure_export(&raised).await.unwrap();
+            assert_eq!(bdev::qos_limits(&t.bdev_name).await.unwrap(), bdev::QosLimits { rw_iops: 6000, ..Default::default() });
+            exp.ensure_export(&ExportRequest { qos: VolumeQos::default(), ..limited.clone() }).await.unwrap();
+            assert_eq!(bdev::qos_limits(&t.bdev_name).await.unwrap(), bdev::QosLimits::default());
 
             // Idempotent, same port; the allow-list follows the request live.
             req.allowed_hosts = vec![H2.into()];
@@ -148,6 +168,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 preset: None,
                 keys: None,
                 path_state: Default::default(),
+        qos: Default::default(),
             };
             let t2 = exp.ensure_export(&req2).await.unwrap();
             assert_eq!(t2.bdev_name, naming::aio_bdev_name(uuid2));

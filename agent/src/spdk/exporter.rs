@@ -296,7 +296,29 @@ impl SpdkExporter {
     }
 }
 
+/// Sets the exported bdev's rate limits to `qos` unless they are already in force.
+async fn apply_qos(bdev_name: &str, qos: liteio_api::qos::VolumeQos) -> Result<(), ExportError> {
+    let want = bdev::QosLimits {
+        rw_iops: qos.iops,
+        rw_mibps: qos.mbps,
+        read_mibps: qos.read_mbps,
+        write_mibps: qos.write_mbps,
+    };
+    let now = bdev::qos_limits(bdev_name).await.map_err(target_err)?;
+    if now != want {
+        bdev::set_qos_limits(bdev_name, want)
+            .await
+            .map_err(target_err)?;
+        tracing::info!(bdev = bdev_name, limits = %qos.summary(), "QoS limits in force");
+    }
+    Ok(())
+}
+
 impl Exporter for SpdkExporter {
+    fn enforces_qos(&self) -> bool {
+        true
+    }
+
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
         Box::pin(async {
             // A stuck request makes the pool unhealthy even while other requests get answers:
@@ -345,6 +367,9 @@ impl Exporter for SpdkExporter {
                     )));
                 }
             };
+            // The limits hold from the first I/O of a new export, and follow the spec live on
+            // an existing one (SPDK swaps them under I/O in flight).
+            apply_qos(&bdev_name, req.qos).await?;
             let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
             let nqn = request_nqn(req);
             let ns_uuid = preset

@@ -324,6 +324,24 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         real_size = info.size_bytes;
         info!(size = info.size_bytes, "volume expanded");
     }
+    if let Some(q) = vol.spec.qos.filter(|q| !q.is_unlimited())
+        && !(needs_export(&vol, kind) && ctx.exporter.enforces_qos())
+    {
+        // Never a limit that looks applied and is not: say so on the volume.
+        let msg = format!(
+            "QoS limits ({}) are not enforced: only an SPDK export enforces them, and volume {} on pool {} is {}",
+            q.summary(),
+            vol.name_any(),
+            ctx.pool_name,
+            if needs_export(&vol, kind) {
+                "exported by a target without SPDK"
+            } else {
+                "used on this node without an export"
+            }
+        );
+        warn!("{msg}");
+        set_message(ctx, &vol, &msg, true).await;
+    }
     if needs_export(&vol, kind) {
         vol = ensure_export(ctx, &api, &vol, &ename, real_size, &mut pass).await?;
         wrote(&vol);
@@ -646,6 +664,7 @@ async fn export_request(
         preset: vol.spec.spdk_target.clone(),
         keys,
         path_state: desired_path_state(vol),
+        qos: vol.spec.qos.unwrap_or_default(),
     }
 }
 
@@ -744,6 +763,13 @@ async fn ensure_export(
     let exported_to = Some(allowed.consumer.as_str()).filter(|c| !c.is_empty());
     if annotation(&vol.metadata, annotations::EXPORTED_TO) != exported_to {
         notes.insert(annotations::EXPORTED_TO.into(), json!(exported_to));
+    }
+    // The limits in force on the export, for `kubectl liteio volumes` and the CSI
+    // controller to compare with `spec.qos` (absent: none).
+    let in_force =
+        (ctx.exporter.enforces_qos() && !req.qos.is_unlimited()).then(|| req.qos.to_annotation());
+    if annotation(&vol.metadata, annotations::QOS_IN_FORCE) != in_force.as_deref() {
+        notes.insert(annotations::QOS_IN_FORCE.into(), json!(in_force));
     }
     // Rotated keys are in the subsystem now: acknowledge the rotation.
     if req.keys.is_some()
