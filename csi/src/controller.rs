@@ -15,6 +15,7 @@ use kube::{Client, ResourceExt};
 use liteio_api::auth::{self, VolumeKeys};
 use liteio_api::host_auth::HostAuthPolicy;
 use liteio_api::keys::{self, annotations, labels};
+use liteio_api::qos::VolumeQos;
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
 use liteio_api::{
     AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, AntstorVolumeSpec, NodeInfo, StoragePool,
@@ -34,7 +35,7 @@ use crate::params::{self, VolumeParams};
 use crate::publish;
 
 /// Capabilities the controller advertises.
-pub const CONTROLLER_CAPABILITIES: [RpcType; 7] = [
+pub const CONTROLLER_CAPABILITIES: [RpcType; 8] = [
     RpcType::CreateDeleteVolume,
     RpcType::PublishUnpublishVolume,
     RpcType::ExpandVolume,
@@ -42,6 +43,7 @@ pub const CONTROLLER_CAPABILITIES: [RpcType; 7] = [
     RpcType::ListSnapshots,
     RpcType::ListVolumes,
     RpcType::GetCapacity,
+    RpcType::ModifyVolume,
 ];
 
 /// Prefix of the controller's message when no pool fits (RESOURCE_EXHAUSTED).
@@ -109,6 +111,8 @@ fn topology_node(req: Option<&TopologyRequirement>) -> Option<String> {
 struct Wanted {
     tls: bool,
     host_auth: Option<HostAuthPolicy>,
+    /// Unlimited: no limits.
+    qos: VolumeQos,
     size: u64,
     fs: String,
     volume_type: VolumeType,
@@ -158,6 +162,13 @@ fn differences(v: &AntstorVolume, w: &Wanted) -> Vec<String> {
             "spec.hostAuth is {} but the request asks for {}",
             v.spec.host_auth.unwrap_or_default(),
             w.host_auth.unwrap_or_default()
+        ));
+    }
+    if v.spec.qos.unwrap_or_default() != w.qos {
+        out.push(format!(
+            "spec.qos is {} but the request asks for {}",
+            v.spec.qos.unwrap_or_default().summary(),
+            w.qos.summary()
         ));
     }
     let src = liteio_api::meta::source_snapshot(&v.metadata).map(|(_, name)| name.to_string());
@@ -416,6 +427,7 @@ impl ControllerService {
                 position_advice: position,
                 host_node,
                 host_auth: p.host_auth,
+                qos: (!w.qos.is_unlimited()).then_some(w.qos),
                 ..AntstorVolumeSpec::default()
             },
             status: None,
@@ -482,9 +494,13 @@ impl ControllerService {
                     .map_err(|e| CsiError::OutOfRange(e.to_string()))?;
             }
         }
+        // The class's limits, with the VolumeAttributesClass's (mutable_parameters) over them.
+        let class_qos = p.qos.unwrap_or_default();
+        let qos = params::mutable_qos(&req.mutable_parameters, class_qos)?.unwrap_or(class_qos);
         let wanted = Wanted {
             tls: p.nvmf_tls,
             host_auth: p.host_auth,
+            qos,
             size,
             fs,
             volume_type: p.volume_type,
@@ -495,7 +511,32 @@ impl ControllerService {
         };
         let _guard = self.inflight.claim(&format!("volume {csi_name}"))?;
         let api = self.volumes();
-        let vol = match k8s::get_opt(&api, "AntstorVolume", name).await? {
+        let existing = match k8s::get_opt(&api, "AntstorVolume", name).await? {
+            // The same name right after its DeleteVolume (csi-sanity does it; so may a CO
+            // that reuses names): the old volume is not the one asked for. Wait for it to
+            // go, then create a new one.
+            Some(old) if old.metadata.deletion_timestamp.is_some() => {
+                match k8s::wait_for(
+                    api.clone(),
+                    "AntstorVolume",
+                    name,
+                    self.cfg.schedule_timeout,
+                    |_: &AntstorVolume| false,
+                )
+                .await?
+                {
+                    Waited::Gone => None,
+                    _ => {
+                        return Err(CsiError::Busy(format!(
+                            "volume {name} (id {}) is still being deleted; a new volume of that name is created once it is gone",
+                            old.spec.uuid
+                        )));
+                    }
+                }
+            }
+            other => other,
+        };
+        let vol = match existing {
             Some(existing) => {
                 let diff = differences(&existing, &wanted);
                 if !diff.is_empty() {
@@ -859,6 +900,75 @@ impl ControllerService {
             capacity_bytes: i64_of(new_size),
             node_expansion_required: true,
         })
+    }
+
+    /// ControllerModifyVolume: the QoS limits of a VolumeAttributesClass's
+    /// `mutable_parameters`, written to the volume's `spec.qos` (what a parameter does not
+    /// name stays); the agent applies them to the live export. Idempotent.
+    async fn modify_inner(
+        &self,
+        req: &ControllerModifyVolumeRequest,
+    ) -> Result<ControllerModifyVolumeResponse> {
+        let id = require("volume_id", &req.volume_id)?;
+        // Keys first: a bad request fails the same whether or not the volume exists.
+        params::mutable_qos(&req.mutable_parameters, VolumeQos::default())?;
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
+        for attempt in 0..5 {
+            let mut v = self.find_volume(id).await?;
+            let name = v.name_any();
+            let old = v.spec.qos.unwrap_or_default();
+            let Some(new) = params::mutable_qos(&req.mutable_parameters, old)? else {
+                return Ok(ControllerModifyVolumeResponse {});
+            };
+            if new == old {
+                return Ok(ControllerModifyVolumeResponse {});
+            }
+            if !new.is_unlimited() {
+                self.check_qos_enforced(&v).await?;
+            }
+            // A migration copies the limits when it starts; a change now would miss the
+            // destination.
+            if let Some(m) = self.migration_of(&v).await? {
+                return Err(CsiError::Busy(format!(
+                    "volume {name} is being migrated ({m}); change its limits when the migration ends"
+                )));
+            }
+            v.spec.qos = (!new.is_unlimited()).then_some(new);
+            match self
+                .volumes()
+                .replace(&name, &PostParams::default(), &v)
+                .await
+            {
+                Ok(_) => {
+                    info!(volume = %name, from = %old.summary(), to = %new.summary(), "volume QoS limits changed");
+                    return Ok(ControllerModifyVolumeResponse {});
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => break,
+                Err(e) => return Err(CsiError::kube(format!("update AntstorVolume {name}"), e)),
+            }
+        }
+        Err(CsiError::Busy(format!(
+            "volume {id} kept changing while its limits were set; retry"
+        )))
+    }
+
+    /// A limit is accepted only where it is enforced: a volume on an SPDK lvstore (or not
+    /// placed yet: the scheduler puts a limited volume on one).
+    async fn check_qos_enforced(&self, v: &AntstorVolume) -> Result<()> {
+        let name = v.name_any();
+        let engine = match (v.spec.type_, v.target_node()) {
+            (Some(VolumeType::SpdkLVol), _) | (_, None) => return Ok(()),
+            (Some(VolumeType::KernelLVol), Some(t)) => format!("an LVM or file volume on node {t}"),
+            (_, Some(t)) => match k8s::get_opt(&self.pools(), "StoragePool", t).await? {
+                Some(p) if p.mode() == Some(liteio_api::PoolMode::SpdkLVStore) => return Ok(()),
+                Some(_) => format!("on node {t}, whose pool is not an SPDK lvstore"),
+                None => format!("on node {t}, which has no StoragePool"),
+            },
+        };
+        Err(CsiError::FailedPrecondition(format!(
+            "volume {name} is {engine}: only the SPDK engine enforces QoS limits, and a limit that is not enforced is not accepted"
+        )))
     }
 
     async fn create_snapshot_inner(&self, req: &CreateSnapshotRequest) -> Result<Snapshot> {
@@ -1315,13 +1425,15 @@ impl Controller for ControllerService {
         ))
     }
 
+    #[instrument(skip_all, fields(volume = %request.get_ref().volume_id))]
     async fn controller_modify_volume(
         &self,
-        _request: Request<ControllerModifyVolumeRequest>,
+        request: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerModifyVolume: MODIFY_VOLUME is not advertised",
-        ))
+        self.modify_inner(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(|e| fail("ControllerModifyVolume", e))
     }
 }
 
@@ -1364,6 +1476,7 @@ mod tests {
         let same = Wanted {
             tls: false,
             host_auth: None,
+            qos: VolumeQos::default(),
             size: 8 << 20,
             fs: "xfs".into(),
             volume_type: VolumeType::Flexible,
@@ -1382,6 +1495,7 @@ mod tests {
         let tls = Wanted {
             tls: true,
             host_auth: None,
+            qos: VolumeQos::default(),
             size: 8 << 20,
             fs: "xfs".into(),
             volume_type: VolumeType::Flexible,
@@ -1396,6 +1510,7 @@ mod tests {
         let required = Wanted {
             tls: false,
             host_auth: Some(HostAuthPolicy::Required),
+            qos: VolumeQos::default(),
             size: 8 << 20,
             fs: "xfs".into(),
             volume_type: VolumeType::Flexible,
@@ -1405,11 +1520,25 @@ mod tests {
         assert!(differences(&v, &required).is_empty());
         let preferred = Wanted {
             host_auth: Some(HostAuthPolicy::Preferred),
+            fs: required.fs.clone(),
+            snapshot: None,
             ..required
         };
         assert_eq!(
             differences(&v, &preferred),
             vec!["spec.hostAuth is required but the request asks for preferred".to_string()]
+        );
+        // QoS limits are part of the volume asked for.
+        let limited = Wanted {
+            qos: VolumeQos {
+                iops: 2000,
+                ..Default::default()
+            },
+            ..required
+        };
+        assert_eq!(
+            differences(&v, &limited),
+            vec!["spec.qos is unlimited but the request asks for 2000 IOPS".to_string()]
         );
     }
 

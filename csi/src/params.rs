@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use liteio_api::host_auth::HostAuthPolicy;
 use liteio_api::keys::{self, annotations};
+use liteio_api::qos::VolumeQos;
 use liteio_api::size::{self, GIB, MIN_VOLUME_SIZE, VOLUME_UNIT};
 use liteio_api::{VolumePosition, VolumeType};
 
@@ -50,12 +51,33 @@ pub struct VolumeParams {
     /// How the volume's hosts authenticate (`liteio.io/host-auth`); `None` when the class
     /// does not say (the volume then has no `spec.hostAuth`, which means `required`).
     pub host_auth: Option<HostAuthPolicy>,
+    /// QoS limits (`liteio.io/qos-*`); `None` when the class sets none.
+    pub qos: Option<VolumeQos>,
 }
 
 fn nonempty(p: &HashMap<String, String>, key: &str) -> Option<String> {
     p.get(key)
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty())
+}
+
+/// The QoS limits `mutable_parameters` (of CreateVolume or ControllerModifyVolume) set on
+/// top of `base`; `None` when it names none. Every key must be a QoS parameter: a
+/// VolumeAttributesClass's parameters are all meant to change something.
+pub fn mutable_qos(mp: &HashMap<String, String>, base: VolumeQos) -> Result<Option<VolumeQos>> {
+    let mut unknown: Vec<&String> = mp.keys().filter(|k| !VolumeQos::is_param(k)).collect();
+    unknown.sort();
+    if let Some(k) = unknown.first() {
+        return Err(CsiError::invalid(
+            format!("mutable_parameters.{k}"),
+            format!(
+                "is not a parameter this driver can change; it knows {}",
+                liteio_api::qos::PARAMS.join(", ")
+            ),
+        ));
+    }
+    VolumeQos::from_params(mp, base)
+        .map_err(|e| CsiError::invalid(format!("mutable_parameters.{}", e.field), e.reason))
 }
 
 /// Checks a filesystem name against [`SUPPORTED_FS`].
@@ -125,9 +147,12 @@ impl VolumeParams {
                 ),
             ));
         }
+        let qos = VolumeQos::from_params(p, VolumeQos::default())
+            .map_err(|e| CsiError::invalid(format!("parameters.{}", e.field), e.reason))?;
         Ok(VolumeParams {
             nvmf_tls,
             host_auth,
+            qos,
             fs_type,
             volume_type,
             position,

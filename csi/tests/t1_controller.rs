@@ -78,7 +78,15 @@ async fn identity_reports_name_and_capabilities() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(c.capabilities.len(), 7);
+        assert_eq!(c.capabilities.len(), 8);
+        let modify = controller_service_capability::rpc::Type::ModifyVolume as i32;
+        assert!(
+            c.capabilities.iter().any(|c| matches!(
+                &c.r#type,
+                Some(controller_service_capability::Type::Rpc(r)) if r.r#type == modify
+            )),
+            "MODIFY_VOLUME is advertised: {c:?}"
+        );
         // The node service is not served in controller mode.
         let e = env
             .csi
@@ -777,6 +785,182 @@ async fn publish_moves_the_consumer_and_admits_one_node() {
             .controller_unpublish_volume(unpublish_req("no-such-volume", NODE))
             .await
             .unwrap();
+        env.stop().await;
+    })
+    .await;
+}
+
+fn modify_req(volume_id: &str, kv: &[(&str, &str)]) -> ControllerModifyVolumeRequest {
+    ControllerModifyVolumeRequest {
+        volume_id: volume_id.into(),
+        secrets: HashMap::new(),
+        mutable_parameters: kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// QoS limits from the StorageClass and the VolumeAttributesClass (CreateVolume's and
+/// ControllerModifyVolume's mutable parameters) land in `spec.qos`; bad keys and values are
+/// INVALID_ARGUMENT naming them; a volume whose engine cannot enforce a limit refuses it.
+#[tokio::test]
+async fn qos_limits_from_the_class_and_modify_volume() {
+    use liteio_api::qos::{PARAM_IOPS, PARAM_READ_MBPS, PARAM_WRITE_MBPS, VolumeQos};
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        // The node's pool is an SPDK lvstore: it enforces limits.
+        pool(&env.client, NODE, 1 << 40).await;
+        Api::<StoragePool>::namespaced(env.client.clone(), "obnvmf")
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"spdkLVStore": {"name": "lvs", "bytes": 1u64 << 40}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        env.start_scheduler(1 << 40);
+        let mut req = create_req("pvc-q", 8 * MIB_I);
+        req.parameters.insert(PARAM_IOPS.into(), "2000".into());
+        req.mutable_parameters
+            .insert(PARAM_WRITE_MBPS.into(), "50".into());
+        let v = env
+            .csi
+            .controller
+            .create_volume(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let id = v.volume_id.clone();
+        let want = VolumeQos {
+            iops: 2000,
+            write_mbps: 50,
+            ..Default::default()
+        };
+        assert_eq!(
+            env.volumes().get("pvc-q").await.unwrap().spec.qos,
+            Some(want)
+        );
+        // The same request is the same volume; other limits are another volume.
+        env.csi.controller.create_volume(req.clone()).await.unwrap();
+        let mut other = req.clone();
+        other.parameters.insert(PARAM_IOPS.into(), "3000".into());
+        let e = env.csi.controller.create_volume(other).await.unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists);
+        assert!(e.message().contains("spec.qos"), "{}", e.message());
+        // A bad value in the class names its parameter.
+        let mut bad = create_req("pvc-q2", 8 * MIB_I);
+        bad.parameters.insert(PARAM_IOPS.into(), "1500".into());
+        let e = env.csi.controller.create_volume(bad).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("parameters.liteio.io/qos-iops"),
+            "{}",
+            e.message()
+        );
+        assert!(env.volumes().get_opt("pvc-q2").await.unwrap().is_none());
+
+        // ModifyVolume changes what it names and keeps the rest; again is a no-op.
+        let m = modify_req(&id, &[(PARAM_READ_MBPS, "100"), (PARAM_IOPS, "4000")]);
+        env.csi
+            .controller
+            .controller_modify_volume(m.clone())
+            .await
+            .unwrap();
+        let rv = env.volumes().get("pvc-q").await.unwrap();
+        assert_eq!(
+            rv.spec.qos,
+            Some(VolumeQos {
+                iops: 4000,
+                read_mbps: 100,
+                write_mbps: 50,
+                mbps: 0
+            })
+        );
+        env.csi
+            .controller
+            .controller_modify_volume(m)
+            .await
+            .unwrap();
+        assert_eq!(
+            env.volumes().get("pvc-q").await.unwrap().resource_version(),
+            rv.resource_version(),
+            "an unchanged limit writes nothing"
+        );
+        // Bad requests name the key; a missing volume is NOT_FOUND.
+        for (kv, key) in [
+            (
+                ("liteio.io/qos-burst", "1"),
+                "mutable_parameters.liteio.io/qos-burst",
+            ),
+            ((PARAM_IOPS, "12x"), "mutable_parameters.liteio.io/qos-iops"),
+            ((PARAM_IOPS, "999"), "mutable_parameters.liteio.io/qos-iops"),
+        ] {
+            let e = env
+                .csi
+                .controller
+                .controller_modify_volume(modify_req(&id, &[kv]))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{kv:?}: {}", e.message());
+            assert!(e.message().contains(key), "{kv:?}: {}", e.message());
+        }
+        let e = env
+            .csi
+            .controller
+            .controller_modify_volume(modify_req("no-such-volume", &[(PARAM_IOPS, "1000")]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        let e = env
+            .csi
+            .controller
+            .controller_modify_volume(modify_req("", &[(PARAM_IOPS, "1000")]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+
+        // 0 everywhere lifts the limits: no spec.qos at all.
+        env.csi
+            .controller
+            .controller_modify_volume(modify_req(
+                &id,
+                &[
+                    (PARAM_IOPS, "0"),
+                    (PARAM_READ_MBPS, "0"),
+                    (PARAM_WRITE_MBPS, "0"),
+                ],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(env.volumes().get("pvc-q").await.unwrap().spec.qos, None);
+
+        // A volume of the LVM or file engine cannot enforce a limit: refused, not recorded.
+        env.volumes()
+            .patch(
+                "pvc-q",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"type": "KernelLVol"}})),
+            )
+            .await
+            .unwrap();
+        let e = env
+            .csi
+            .controller
+            .controller_modify_volume(modify_req(&id, &[(PARAM_IOPS, "1000")]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+        assert!(
+            e.message().contains("only the SPDK engine"),
+            "{}",
+            e.message()
+        );
+        assert_eq!(env.volumes().get("pvc-q").await.unwrap().spec.qos, None);
         env.stop().await;
     })
     .await;
