@@ -199,8 +199,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
         }
     }
 
-    const HEADER: &str =
-        "vols kind     longest-ms  errs recon-st spdk-st  gone  started pool-rdy first-ln  all-ln   readyz";
+    const HEADER: &str = "vols kind     longest-ms  errs recon-st spdk-st  gone  started pool-rdy first-ln  all-ln   readyz";
 
     fn check_cmd(
         c: &Cluster,

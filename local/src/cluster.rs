@@ -448,7 +448,10 @@ impl Cluster {
         // place here (the default range has 101 ports).
         if let Some(n) = self.opts.max_remote_volumes {
             let pr = &mut cfg.nvmf.port_range;
-            pr.end = pr.end.max(pr.start.saturating_add(n)).min(u32::from(u16::MAX));
+            pr.end = pr
+                .end
+                .max(pr.start.saturating_add(n))
+                .min(u32::from(u16::MAX));
         }
         cfg.metrics.listen_address = Some(SocketAddr::from((ip, AGENT_METRICS_PORT)));
         if let Some((interval, duration)) = self.opts.heartbeat {
