@@ -132,10 +132,53 @@ fn csi_sanity_on_the_spdk_engine() {
         extra.push("--ginkgo.skip=Node Service".to_string());
     }
     let base = tempfile::tempdir().unwrap();
+    // QoS limits as a VolumeAttributesClass sets them (ControllerModifyVolume's specs).
+    let mutable = base.path().join("mutable.yaml");
+    std::fs::write(
+        &mutable,
+        "liteio.io/qos-iops: \"2000\"\nliteio.io/qos-write-mbps: \"50\"\n",
+    )
+    .unwrap();
+    let report = base.path().join("report.json");
+    extra.push(format!(
+        "--csi.testvolumemutableparameters={}",
+        mutable.display()
+    ));
+    extra.push(format!("--ginkgo.json-report={}", report.display()));
     let Some(r) = run_on(Engine::Spdk, base.path(), &extra) else {
         return;
     };
     println!("csi-sanity (SPDK engine, real stack): {}", r.summary);
+    let specs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let modify: Vec<(String, String)> = specs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["SpecReports"].as_array())
+        .flatten()
+        .filter(|s| {
+            s["ContainerHierarchyTexts"]
+                .to_string()
+                .contains("ModifyVolume")
+        })
+        .map(|s| {
+            (
+                s["LeafNodeText"].as_str().unwrap_or("").to_string(),
+                s["State"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    println!("ModifyVolume specs: {modify:?}");
+    for spec in [
+        "should modify a volume created with a volume attribute class",
+        "should modify a volume created without a volume attribute class",
+    ] {
+        assert!(
+            modify.iter().any(|(n, st)| n == spec && st == "passed"),
+            "{spec:?} did not pass: {modify:?}"
+        );
+    }
     assert_eq!(r.failed, 0, "csi-sanity: {}", r.summary);
     assert!(r.success, "csi-sanity exited non-zero: {}", r.summary);
     let floor = if kernel_nvme { 50 } else { 30 };

@@ -41,6 +41,12 @@ const PUBLISH_MOVES: [&str; 3] = [
     "should fail when volume does not exist on the specified path",
     "should work if node-expand is called after node-publish",
 ];
+/// ControllerModifyVolume's specs that need `--csi.testvolumemutableparameters` (QoS limits
+/// as a VolumeAttributesClass sets them) and the SPDK engine.
+const MODIFY: [&str; 2] = [
+    "should modify a volume created with a volume attribute class",
+    "should modify a volume created without a volume attribute class",
+];
 /// The whole csi-sanity run in the guest (TCG: a few minutes).
 const SANITY_LIMIT: Duration = Duration::from_secs(1500);
 
@@ -78,10 +84,12 @@ fn csi_sanity_in_a_debian_12_vm_on_the_spdk_engine() {
             let script = format!(
                 "mkdir -p /tmp/sanity && cd /tmp/sanity && \
                  printf 'liteio.io/host-auth: preferred\\n' > params.yaml && \
+                 printf 'liteio.io/qos-iops: \"2000\"\\nliteio.io/qos-write-mbps: \"50\"\\n' > mutable.yaml && \
                  {bin} --csi.endpoint=/tmp/liteio/csi.sock --csi.controllerendpoint={controller} \
                  --csi.stagingdir=/tmp/sanity/staging --csi.mountdir=/tmp/sanity/mount \
                  --csi.testvolumesize=536870912 --csi.testvolumeexpandsize=805306368 \
                  --csi.testvolumeparameters=/tmp/sanity/params.yaml \
+                 --csi.testvolumemutableparameters=/tmp/sanity/mutable.yaml \
                  --ginkgo.timeout={timeout}s --ginkgo.no-color --ginkgo.json-report=/tmp/sanity/report.json \
                  > /tmp/sanity/out 2>&1; rc=$?; echo exit $rc; tail -n 60 /tmp/sanity/out; [ $rc = 0 ] || dmesg | tail -n 60",
                 bin = bin.display(),
@@ -131,6 +139,15 @@ fn csi_sanity_in_a_debian_12_vm_on_the_spdk_engine() {
             assert!(run.output.contains("exit 0"), "csi-sanity exited non-zero");
             assert!(passed >= 60, "too few specs ran: {summary}");
             for spec in PUBLISH_MOVES {
+                assert!(
+                    specs
+                        .lines()
+                        .any(|l| l.starts_with("passed ") && l.ends_with(&format!(":: {spec}"))),
+                    "spec {spec:?} did not pass:\n{specs}"
+                );
+            }
+            // QoS limits through a VolumeAttributesClass (ControllerModifyVolume).
+            for spec in MODIFY {
                 assert!(
                     specs
                         .lines()
