@@ -79,6 +79,28 @@ pub enum Command {
         #[command(subcommand)]
         target: PoolTarget,
     },
+    /// Show a volume's QoS limits, or change them with any of the flags (the others keep
+    /// their value; 0 lifts a limit). The disk-agent applies them to the volume's live
+    /// SPDK export without a reconnect and records what holds in the annotation
+    /// liteio.io/qos-in-force. Only volumes on an SPDK lvstore take limits. A PVC's
+    /// VolumeAttributesClass (deploy/qos/) sets the same limits through Kubernetes; the
+    /// next class change overrides what this command set.
+    Qos {
+        /// Volume name (the AntstorVolume / PV name).
+        volume: String,
+        /// Read and write I/O per second together (a multiple of 1000).
+        #[arg(long)]
+        iops: Option<u64>,
+        /// Read and write MiB per second together.
+        #[arg(long)]
+        mbps: Option<u64>,
+        /// Read MiB per second.
+        #[arg(long = "read-mbps")]
+        read_mbps: Option<u64>,
+        /// Write MiB per second.
+        #[arg(long = "write-mbps")]
+        write_mbps: Option<u64>,
+    },
     /// Replace the DH-HMAC-CHAP keys of a volume, or of every volume a node stores or
     /// consumes. The new keys go into the volume's Secret (liteio-auth-<pv name>) and the
     /// disk-agent applies them to the live export: connected hosts stay connected, and any

@@ -912,3 +912,119 @@ async fn rotate_one(
         rotated_at: at,
     })
 }
+
+/// The limits `qos` was asked to change (`None`: keep).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QosChange {
+    /// `--iops`.
+    pub iops: Option<u64>,
+    /// `--mbps`.
+    pub mbps: Option<u64>,
+    /// `--read-mbps`.
+    pub read_mbps: Option<u64>,
+    /// `--write-mbps`.
+    pub write_mbps: Option<u64>,
+}
+
+/// What `qos` shows, in `-o json|yaml`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct QosResult {
+    volume: String,
+    /// `spec.qos` after the command.
+    limits: liteio_api::qos::VolumeQos,
+    /// What the disk-agent reports in force (`liteio.io/qos-in-force`); `None`: nothing
+    /// recorded (unlimited, or not applied yet).
+    in_force: Option<String>,
+    /// Whether the limits in force are the spec's.
+    applied: bool,
+    changed: bool,
+}
+
+/// `qos VOLUME [--iops N] [--mbps N] [--read-mbps N] [--write-mbps N]`.
+pub async fn qos(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    change: QosChange,
+    format: OutputFormat,
+) -> Result<String, CliError> {
+    use liteio_api::qos::VolumeQos;
+    let vol: AntstorVolume = get(client, ns, "volume", name).await?;
+    let old = vol.spec.qos.unwrap_or_default();
+    let new = VolumeQos {
+        iops: change.iops.unwrap_or(old.iops),
+        mbps: change.mbps.unwrap_or(old.mbps),
+        read_mbps: change.read_mbps.unwrap_or(old.read_mbps),
+        write_mbps: change.write_mbps.unwrap_or(old.write_mbps),
+    };
+    if let Err(e) = new.validate() {
+        let flag = match e.field.as_str() {
+            "spec.qos.iops" => "--iops",
+            "spec.qos.mbps" => "--mbps",
+            "spec.qos.readMbps" => "--read-mbps",
+            _ => "--write-mbps",
+        };
+        return Err(CliError::Refused(format!("{flag}: {}", e.reason)));
+    }
+    let changed = new != old;
+    let vol = if changed {
+        let lvm_or_file = vol.spec.type_ == Some(liteio_api::VolumeType::KernelLVol)
+            || vol.spec.kernel_lvol.is_some();
+        if !new.is_unlimited() && lvm_or_file {
+            return Err(CliError::Refused(format!(
+                "volume {name} is an LVM or file volume: only the SPDK engine enforces QoS limits"
+            )));
+        }
+        let api: Api<AntstorVolume> = Api::namespaced(client.clone(), ns);
+        let pp = PatchParams {
+            field_manager: Some(managers::CLI.to_string()),
+            ..PatchParams::default()
+        };
+        let body = json!({"spec": {"qos": if new.is_unlimited() { serde_json::Value::Null } else { json!(new) }}});
+        api.patch(name, &pp, &Patch::Merge(&body))
+            .await
+            .map_err(|e| match e {
+                e if is_not_found(&e) => CliError::NotFound {
+                    kind: "volume",
+                    name: name.to_string(),
+                    namespace: ns.to_string(),
+                },
+                e => CliError::api(
+                    format!("set the QoS limits of volume {name} in namespace {ns}"),
+                    &e,
+                ),
+            })?
+    } else {
+        vol
+    };
+    let in_force = vol.annotations().get(annotations::QOS_IN_FORCE).cloned();
+    let applied = match &in_force {
+        Some(a) => *a == new.to_annotation(),
+        None => new.is_unlimited(),
+    };
+    let result = QosResult {
+        volume: name.to_string(),
+        limits: new,
+        in_force,
+        applied,
+        changed,
+    };
+    if format != OutputFormat::Table {
+        return render(&result, format);
+    }
+    let state = if result.applied {
+        "in force"
+    } else {
+        "not in force yet: the disk-agent applies them to the live export"
+    };
+    Ok(format!(
+        "volume {name}: {} ({state}){}\n",
+        new.summary(),
+        if changed {
+            format!(", was {}", old.summary())
+        } else {
+            String::new()
+        }
+    ))
+}

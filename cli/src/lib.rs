@@ -75,6 +75,21 @@ pub async fn run_at(cli: &Cli, client: &Client, now: Timestamp) -> Result<String
         Command::Unlock {
             target: PoolTarget::Pool { name },
         } => commands::set_lock(client, ns, name, false, fmt).await,
+        Command::Qos {
+            volume,
+            iops,
+            mbps,
+            read_mbps,
+            write_mbps,
+        } => {
+            let change = commands::QosChange {
+                iops: *iops,
+                mbps: *mbps,
+                read_mbps: *read_mbps,
+                write_mbps: *write_mbps,
+            };
+            commands::qos(client, ns, volume, change, fmt).await
+        }
         Command::RotateKeys { volume, node } => {
             commands::rotate_keys(client, ns, volume.as_deref(), node.as_deref(), fmt, now).await
         }

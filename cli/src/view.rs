@@ -57,6 +57,9 @@ pub struct VolumeRow {
     pub state: String,
     /// NVMe/TCP listener `address:port`, once exported.
     pub export: Option<String>,
+    /// QoS limits (`spec.qos`), `unlimited` when none; `(pending)` appended while the
+    /// disk-agent has not applied them.
+    pub qos: String,
 }
 
 /// One row of `snapshots`.
@@ -234,10 +237,26 @@ pub fn volume_rows(volumes: &[AntstorVolume]) -> Vec<VolumeRow> {
                 .unwrap_or_default(),
             state: volume_state(v),
             export: volume_export(v),
+            qos: volume_qos(v),
         })
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     rows
+}
+
+/// A volume's limits and whether the agent applied them (`liteio.io/qos-in-force`).
+fn volume_qos(v: &AntstorVolume) -> String {
+    let q = v.spec.qos.unwrap_or_default();
+    let in_force = v.annotations().get(annotations::QOS_IN_FORCE);
+    let applied = match in_force {
+        Some(a) => *a == q.to_annotation(),
+        None => q.is_unlimited(),
+    };
+    if applied {
+        q.summary()
+    } else {
+        format!("{} (pending)", q.summary())
+    }
 }
 
 /// Rows of `snapshots`, sorted by name.
@@ -303,7 +322,9 @@ pub fn pools_table(rows: &[PoolRow]) -> Table {
 
 /// The `volumes` table.
 pub fn volumes_table(rows: &[VolumeRow]) -> Table {
-    let mut t = Table::new(&["NAME", "UUID", "SIZE", "POOL", "HOST", "STATE", "EXPORT"]);
+    let mut t = Table::new(&[
+        "NAME", "UUID", "SIZE", "POOL", "HOST", "STATE", "EXPORT", "QOS",
+    ]);
     for r in rows {
         t.row(vec![
             r.name.clone(),
@@ -313,6 +334,7 @@ pub fn volumes_table(rows: &[VolumeRow]) -> Table {
             or_none(&r.host),
             or_none(&r.state),
             r.export.clone().unwrap_or_else(|| NONE.to_string()),
+            r.qos.clone(),
         ]);
     }
     t

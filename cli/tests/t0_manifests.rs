@@ -206,6 +206,31 @@ fn load() -> Objects {
             ("storage.k8s.io/v1", "StorageClass") => o.storage_classes.push(strict(&doc)),
             ("storage.k8s.io/v1", "CSIDriver") => o.csi_drivers.push(strict(&doc)),
             ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => o.crds.push(strict(&doc)),
+            ("storage.k8s.io/v1", "VolumeAttributesClass") => {
+                generic(
+                    &doc,
+                    &["apiVersion", "kind", "metadata", "driverName", "parameters"],
+                );
+                // Only keys ControllerModifyVolume takes, with values it accepts.
+                assert_eq!(
+                    doc.value["driverName"].as_str(),
+                    Some("antstor.csi.alipay.com"),
+                    "{}",
+                    doc.what()
+                );
+                let params: std::collections::HashMap<String, String> =
+                    serde_json::from_value(doc.value["parameters"].clone())
+                        .unwrap_or_else(|e| panic!("{}: parameters: {e}", doc.what()));
+                for k in params.keys() {
+                    assert!(
+                        liteio_api::qos::VolumeQos::is_param(k),
+                        "{}: {k} is not a QoS parameter",
+                        doc.what()
+                    );
+                }
+                liteio_api::qos::VolumeQos::from_params(&params, Default::default())
+                    .unwrap_or_else(|e| panic!("{}: {e}", doc.what()));
+            }
             ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass") => {
                 generic(
                     &doc,
@@ -265,6 +290,7 @@ fn every_manifest_parses_strictly() {
                 | "CSIDriver"
                 | "CustomResourceDefinition"
                 | "VolumeSnapshotClass"
+                | "VolumeAttributesClass"
         );
         let ns = d
             .value
@@ -911,6 +937,13 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                 (STORAGE, "volumeattachments/status", &["patch"][..], Cluster),
                 // external-resizer.
                 (CORE, "persistentvolumes", &["patch"][..], Cluster),
+                // external-provisioner and -resizer: the class a PVC names (QoS limits).
+                (
+                    STORAGE,
+                    "volumeattributesclasses",
+                    &["get", "list", "watch"][..],
+                    Cluster,
+                ),
                 (
                     CORE,
                     "persistentvolumeclaims/status",

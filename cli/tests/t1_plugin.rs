@@ -337,15 +337,15 @@ async fn volumes_and_snapshots_tables_and_structured_output() {
         assert_eq!(lines.len(), 4, "{text}");
         assert_eq!(
             lines[0],
-            "NAME    UUID                                   SIZE       POOL     HOST     STATE      EXPORT"
+            "NAME    UUID                                   SIZE       POOL     HOST     STATE      EXPORT          QOS"
         );
         assert_eq!(
             lines[1],
-            "pvc-a   0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10   10.0 GiB   node-1   node-3   ready      10.0.0.1:4510"
+            "pvc-a   0b0f2d9e-5b3c-4c9a-9a51-3f2a1c7e8d10   10.0 GiB   node-1   node-3   ready      10.0.0.1:4510   unlimited"
         );
         assert_eq!(
             lines[2],
-            "pvc-b   5d3e1f20-0000-4000-8000-000000000002   2.0 GiB    node-1   -        creating   -"
+            "pvc-b   5d3e1f20-0000-4000-8000-000000000002   2.0 GiB    node-1   -        creating   -               unlimited"
         );
         assert!(lines[3].starts_with("pvc-c ") && lines[3].contains("ready"), "{text}");
 
@@ -793,6 +793,73 @@ async fn migrate_creates_one_migration_and_the_table_shows_its_progress() {
             .await
             .unwrap();
         assert_eq!(empty, "No migrations found in namespace elsewhere.\n");
+    })
+    .await;
+}
+
+/// `qos` shows and changes a volume's limits; the volumes table says whether the agent
+/// applied them; bad values name the flag; an LVM or file volume refuses a limit.
+#[tokio::test]
+async fn qos_shows_changes_and_validates_limits() {
+    within(async {
+        let (_server, client) = seeded().await;
+        assert_eq!(
+            out(&client, &["qos", "pvc-a"]).await,
+            "volume pvc-a: unlimited (in force)\n"
+        );
+        let text = out(&client, &["qos", "pvc-a", "--iops", "2000", "--write-mbps", "40"]).await;
+        assert_eq!(
+            text,
+            "volume pvc-a: 2000 IOPS, 40 MiB/s write (not in force yet: the disk-agent applies them to the live export), was unlimited\n"
+        );
+        let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), NS);
+        let q = vols.get("pvc-a").await.unwrap().spec.qos.unwrap();
+        assert_eq!((q.iops, q.write_mbps, q.mbps, q.read_mbps), (2000, 40, 0, 0));
+        let table = out(&client, &["volumes"]).await;
+        assert!(
+            table.lines().nth(1).unwrap().ends_with("2000 IOPS, 40 MiB/s write (pending)"),
+            "{table}"
+        );
+        // The agent reports them in force.
+        vols.patch(
+            "pvc-a",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {liteio_api::keys::annotations::QOS_IN_FORCE: q.to_annotation()}}})),
+        )
+        .await
+        .unwrap();
+        let table = out(&client, &["volumes"]).await;
+        assert!(
+            table.lines().nth(1).unwrap().ends_with("2000 IOPS, 40 MiB/s write"),
+            "{table}"
+        );
+        let json: Value =
+            serde_json::from_str(&out(&client, &["qos", "pvc-a", "--iops", "2000", "-o", "json"]).await)
+                .unwrap();
+        assert_eq!(json["changed"], false);
+        assert_eq!(json["applied"], true);
+        assert_eq!(json["limits"]["iops"], 2000);
+
+        let e = run_at(&cli(&["qos", "pvc-a", "--iops", "1500"]), &client, now())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--iops: ") && e.contains("multiple of 1000"), "{e}");
+        let e = run_at(&cli(&["qos", "pvc-c", "--iops", "1000"]), &client, now())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("only the SPDK engine"), "{e}");
+        assert_eq!(vols.get("pvc-c").await.unwrap().spec.qos, None);
+        let e = run_at(&cli(&["qos", "pvc-zz"]), &client, now())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pvc-zz not found"), "{e}");
+
+        // 0 lifts a limit; none left: no spec.qos.
+        out(&client, &["qos", "pvc-a", "--iops", "0", "--write-mbps", "0"]).await;
+        assert_eq!(vols.get("pvc-a").await.unwrap().spec.qos, None);
     })
     .await;
 }
