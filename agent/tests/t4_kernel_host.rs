@@ -716,6 +716,8 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
                 );
             }
 
+            qos_on_the_kernel_host(c, &mut node, "pvc-k", target).await?;
+
             // Down longer than the 10 s the CSI node used to give the kernel (after which fio
             // saw EIO and ext4 aborted): the kernel holds the I/O and reconnects.
             start_fio(&mut node, &format!("{target}/fio2.dat"), 45).await?;
@@ -769,4 +771,97 @@ fn the_kernel_nvme_tcp_host_stages_an_spdk_volume() {
             Ok(())
         })
     });
+}
+
+/// fio's sequential write rate on `file` over `secs` seconds, in MiB/s.
+async fn write_mibps(node: &mut VmNode, file: &str, secs: u32) -> Result<f64, String> {
+    let out = node
+        .vm
+        .sh_ok(
+            &format!(
+                "fio --name=bw --filename={file} --size=64M --rw=write --bs=128k --iodepth=8 \
+                 --ioengine=libaio --direct=1 --time_based --runtime={secs} --output-format=json \
+                 | jq '.jobs[0].write.bw'"
+            ),
+            STEP,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let kib: f64 = out
+        .trim()
+        .parse()
+        .map_err(|_| format!("fio's bandwidth is not a number: {out}"))?;
+    Ok(kib / 1024.0)
+}
+
+/// Sets the volume's write limit (0: none) and waits until its agent reports it in force.
+async fn set_write_limit(c: &Cluster, name: &str, mbps: u64) -> Result<(), String> {
+    use kube::ResourceExt as _;
+    use kube::api::{Api, Patch, PatchParams};
+    use liteio_api::qos::VolumeQos;
+    let api: Api<liteio_api::AntstorVolume> = Api::namespaced(
+        c.kube().await.map_err(|e| e.to_string())?,
+        liteio_api::keys::DEFAULT_NAMESPACE,
+    );
+    let q = VolumeQos {
+        write_mbps: mbps,
+        ..VolumeQos::default()
+    };
+    let body = if mbps == 0 {
+        serde_json::json!({"spec": {"qos": null}})
+    } else {
+        serde_json::json!({"spec": {"qos": q}})
+    };
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(|e| format!("set the limits of {name}: {e}"))?;
+    let want = (mbps > 0).then(|| q.to_annotation());
+    eventually(c, "the limit in force", 60, Role::Agent(1), || async {
+        volume(c, name).await.is_some_and(|v| {
+            v.annotations()
+                .get(liteio_api::keys::annotations::QOS_IN_FORCE)
+                .cloned()
+                == want
+        })
+    })
+    .await
+}
+
+/// A write limit set on the live volume holds for fio on the kernel host's mounted file
+/// system, holds after the storage node's agent restarts, and lifts.
+async fn qos_on_the_kernel_host(
+    c: &mut Cluster,
+    node: &mut VmNode,
+    name: &str,
+    target: &str,
+) -> Result<(), String> {
+    const LIMIT: f64 = 2.0;
+    let file = format!("{target}/bw.dat");
+    let free = write_mibps(node, &file, 4).await?;
+    if free < 2.0 * LIMIT {
+        return Err(format!(
+            "the unlimited rate ({free:.1} MiB/s) is too low to show a {LIMIT} MiB/s limit"
+        ));
+    }
+    set_write_limit(c, name, LIMIT as u64).await?;
+    let limited = write_mibps(node, &file, 8).await?;
+    c.stop(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+    c.launch(Role::Agent(1)).await.map_err(|e| e.to_string())?;
+    let restarted = write_mibps(node, &file, 6).await?;
+    set_write_limit(c, name, 0).await?;
+    let lifted = write_mibps(node, &file, 4).await?;
+    println!(
+        "fio 128 KiB writes on the kernel host: unlimited {free:.1} MiB/s, limited to {LIMIT} MiB/s: {limited:.2}, after an agent restart: {restarted:.2}, lifted: {lifted:.1}"
+    );
+    for (what, got) in [("limited", limited), ("after the restart", restarted)] {
+        assert!(
+            (got - LIMIT).abs() / LIMIT <= 0.10,
+            "{what}: {got:.2} MiB/s against a limit of {LIMIT} MiB/s"
+        );
+    }
+    assert!(
+        lifted > 2.0 * LIMIT,
+        "lifting the limit did not restore the rate: {lifted:.1} MiB/s"
+    );
+    Ok(())
 }
