@@ -202,6 +202,21 @@ impl VolumeQos {
     }
 }
 
+/// Whether the limits the disk-agent reports in force on `v` (annotation
+/// [`crate::keys::annotations::QOS_IN_FORCE`]; absent: none) are those of its `spec.qos`.
+pub fn applied(v: &crate::AntstorVolume) -> bool {
+    let want = v.spec.qos.unwrap_or_default();
+    match v
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::keys::annotations::QOS_IN_FORCE))
+    {
+        Some(in_force) => *in_force == want.to_annotation(),
+        None => want.is_unlimited(),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

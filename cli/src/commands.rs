@@ -998,16 +998,11 @@ pub async fn qos(
     } else {
         vol
     };
-    let in_force = vol.annotations().get(annotations::QOS_IN_FORCE).cloned();
-    let applied = match &in_force {
-        Some(a) => *a == new.to_annotation(),
-        None => new.is_unlimited(),
-    };
     let result = QosResult {
         volume: name.to_string(),
         limits: new,
-        in_force,
-        applied,
+        in_force: vol.annotations().get(annotations::QOS_IN_FORCE).cloned(),
+        applied: liteio_api::qos::applied(&vol),
         changed,
     };
     if format != OutputFormat::Table {

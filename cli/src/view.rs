@@ -247,12 +247,7 @@ pub fn volume_rows(volumes: &[AntstorVolume]) -> Vec<VolumeRow> {
 /// A volume's limits and whether the agent applied them (`liteio.io/qos-in-force`).
 fn volume_qos(v: &AntstorVolume) -> String {
     let q = v.spec.qos.unwrap_or_default();
-    let in_force = v.annotations().get(annotations::QOS_IN_FORCE);
-    let applied = match in_force {
-        Some(a) => *a == q.to_annotation(),
-        None => q.is_unlimited(),
-    };
-    if applied {
+    if liteio_api::qos::applied(v) {
         q.summary()
     } else {
         format!("{} (pending)", q.summary())

@@ -483,17 +483,13 @@ impl Exporter for SpdkExporter {
     }
 
     fn is_listening<'a>(&'a self, target: &'a SpdkTarget) -> ExportFuture<'a, bool> {
-        Box::pin(async move {
-            let port: Option<u16> = target.svc_id.parse().ok();
-            Ok(nvmf::find_subsystem(&target.subsys_nqn)
-                .await
-                .map_err(target_err)?
-                .is_some_and(|s| {
-                    s.listeners
-                        .iter()
-                        .any(|(a, p)| *a == self.address && Some(*p) == port)
-                }))
-        })
+        // This exporter's own record of the host listeners it created (SPDK runs in this
+        // process): no request to the reactor, which is busy restoring the exports this is
+        // polled for.
+        let listening = self
+            .known_host_port(&target.subsys_nqn)
+            .is_some_and(|p| target.svc_id.parse() == Ok(p));
+        Box::pin(async move { Ok(listening) })
     }
 
     fn ensure_pipe<'a>(

@@ -324,8 +324,9 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         real_size = info.size_bytes;
         info!(size = info.size_bytes, "volume expanded");
     }
+    let exported = needs_export(&vol, kind);
     if let Some(q) = vol.spec.qos.filter(|q| !q.is_unlimited())
-        && !(needs_export(&vol, kind) && ctx.exporter.enforces_qos())
+        && !(exported && ctx.exporter.enforces_qos())
     {
         // Never a limit that looks applied and is not: say so on the volume.
         let msg = format!(
@@ -333,7 +334,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             q.summary(),
             vol.name_any(),
             ctx.pool_name,
-            if needs_export(&vol, kind) {
+            if exported {
                 "exported by a target without SPDK"
             } else {
                 "used on this node without an export"
@@ -342,7 +343,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         warn!("{msg}");
         set_message(ctx, &vol, &msg, true).await;
     }
-    if needs_export(&vol, kind) {
+    if exported {
         vol = ensure_export(ctx, &api, &vol, &ename, real_size, &mut pass).await?;
         wrote(&vol);
     } else if is_exported(&vol) {
