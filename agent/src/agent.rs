@@ -250,6 +250,11 @@ impl Agent {
         let heartbeat = Arc::new(Heartbeat::new(Arc::clone(&ctx), opts.heartbeat));
         let hb_state = heartbeat.subscribe();
         let recovery = Arc::new(Recovery::new(Arc::clone(&ctx), opts.config.recovery));
+        tasks.spawn(metrics::qos::sample(
+            Arc::clone(&ctx.metrics),
+            Arc::clone(&ctx.engine),
+            shutdown.subscribe(),
+        ));
         tasks.spawn(crate::restore::wait_restored(
             Arc::clone(&ctx),
             shutdown.subscribe(),

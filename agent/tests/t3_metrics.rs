@@ -1,6 +1,7 @@
 //! T3: `/metrics` of the agent on the embedded SPDK engine: writes through the NVMe/TCP
 //! export of a volume grow its `spdk_lvol_*` counters, the SPDK runtime reports its threads'
-//! busy/idle time and its reactors' CPU time, and a deleted volume's series disappear.
+//! busy/idle time and its reactors' CPU time, the volume's QoS limit is reported and a load
+//! held back by it counts as time at the limit, and a deleted volume's series disappear.
 //!
 //! SPDK 26.05's NVMe/TCP initiator refuses interrupt mode, so SPDK polls here (one core, a
 //! few seconds), which is also the mode in which SPDK's own busy/idle accounting advances.
@@ -19,13 +20,14 @@ use common::{
 use kube::Api;
 use liteio_agent::spdk::stats::RuntimeSource;
 use liteio_agent::spdk::{bdev, initiator, io};
+use liteio_api::qos::VolumeQos;
 use liteio_api::{AntstorVolume, keys};
 
 const UUID: &str = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 
 #[test]
 fn lvol_io_and_reactor_metrics() {
-    with_spdk("t3-metrics", true, Duration::from_secs(90), scenario());
+    with_spdk("t3-metrics", true, Duration::from_secs(120), scenario());
 }
 
 async fn scenario() {
@@ -37,12 +39,13 @@ async fn scenario() {
     consumer_pool(&client).await;
 
     let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let v = create_exported(
-        &client,
-        &remote_volume("pvc-m", UUID, 16 * MIB),
-        Duration::from_secs(10),
-    )
-    .await;
+    // Limited to 1,000 I/O per second.
+    let mut v = remote_volume("pvc-m", UUID, 16 * MIB);
+    v.spec.qos = Some(VolumeQos {
+        iops: 1000,
+        ..Default::default()
+    });
+    let v = create_exported(&client, &v, Duration::from_secs(10)).await;
     let t = v.spec.spdk_target.clone().unwrap();
 
     let lv = [
@@ -122,6 +125,34 @@ async fn scenario() {
     let age = metric_value(&text, "liteio_heartbeat_age_seconds", &[("node", NODE)]).unwrap();
     assert!((0.0..5.0).contains(&age), "heartbeat age {age}");
 
+    // The limit in force, and a load past it (16 writers of 4 KiB for 3 s) held back by it:
+    // the sampler counts the seconds at the limit.
+    let vq = [("node", NODE), ("volume", "pvc-m"), ("uuid", UUID)];
+    assert_eq!(
+        metric_value(&text, "liteio_volume_qos_iops_limit", &vq),
+        Some(1000.0),
+        "{text}"
+    );
+    let held_before =
+        metric_value(&text, "liteio_volume_qos_limited_seconds_total", &vq).unwrap_or(0.0);
+    let iops = load("m0n1", 16, Duration::from_secs(3)).await;
+    println!("16 writers against a limit of 1000 IOPS: {iops:.0} IOPS");
+    assert!(
+        (950.0..=1050.0).contains(&iops),
+        "the load ran {iops:.0} IOPS against a limit of 1000"
+    );
+    let held = eventually(
+        "time at the limit counted",
+        Duration::from_secs(5),
+        || async {
+            let text = scrape(&agent).await;
+            let held = metric_value(&text, "liteio_volume_qos_limited_seconds_total", &vq)?;
+            (held >= held_before + 1.5).then_some(held)
+        },
+    )
+    .await;
+    println!("liteio_volume_qos_limited_seconds_total: {held_before:.1} -> {held:.1}");
+
     initiator::detach("m0").await.unwrap();
     eventually(
         "the initiator's bdev to go",
@@ -140,4 +171,27 @@ async fn scenario() {
     );
     assert!(text.contains("liteio_spdk_caught_panics_total"), "{text}");
     agent.shutdown(Duration::from_secs(5)).await;
+}
+
+/// 4 KiB writes from `writers` writers to `bdev` for `secs`; returns the writes per second.
+async fn load(bdev: &str, writers: u64, secs: Duration) -> f64 {
+    let start = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let bdev = bdev.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < secs {
+                let off = MIB + ((w * 61 + n) % 1024) * 4096;
+                io::write_at(&bdev, off, vec![0x5a; 4096]).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut n = 0;
+    for t in tasks {
+        n += t.await.unwrap();
+    }
+    n as f64 / start.elapsed().as_secs_f64()
 }

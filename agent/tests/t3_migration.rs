@@ -667,7 +667,18 @@ async fn remove_all_volumes(c: &Cluster) -> Result<(), String> {
 
 /// Migrates `vol` (1 GiB, thick, freshly made, nobody writing) and returns the copy's MiB/s.
 async fn idle_copy(c: &Cluster, vol: &str) -> Result<f64, String> {
-    let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
+    idle_copy_with(c, vol, &[]).await.map(|(mib_s, _)| mib_s)
+}
+
+/// [`idle_copy`] of a volume made with the StorageClass parameters `extra` too; also returns
+/// the volume's uuid.
+async fn idle_copy_with(
+    c: &Cluster,
+    vol: &str,
+    extra: &[(&str, &str)],
+) -> Result<(f64, String), String> {
+    let mut params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
+    params.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     create_volume_sized(c, vol, Some(c.node_name(CONSUMER)), params, GIB)
         .await
         .map_err(err("join"))??;
@@ -675,6 +686,7 @@ async fn idle_copy(c: &Cluster, vol: &str) -> Result<f64, String> {
         volume(c, vol).await.is_some_and(|v| is_ready(&v))
     })
     .await?;
+    let uuid = volume(c, vol).await.ok_or("volume gone")?.spec.uuid;
     kubectl_migrate(c, vol).await?;
     eventually(
         c,
@@ -717,7 +729,101 @@ async fn idle_copy(c: &Cluster, vol: &str) -> Result<f64, String> {
         },
     )
     .await?;
-    Ok(mib_s)
+    Ok((mib_s, uuid))
+}
+
+/// A volume limited to 4 MiB/s of writes and 1,000 IOPS moves with its limits: the
+/// destination enforces them once promoted (its annotation, and its agent's metrics, say
+/// so), and the copy is not held to them on the way (1 GiB at 4 MiB/s would take over
+/// four minutes; the copy runs at the node's speed).
+#[test]
+fn a_limited_volume_moves_with_its_limits_and_its_copy_is_not_held_to_them() {
+    if skip("migration of a limited volume") {
+        return;
+    }
+    let dir = scratch("t3-mig-qos");
+    with_cluster(&dir, spdk_cluster(), Duration::from_secs(900), |c| {
+        Box::pin(async move {
+            let want = liteio_api::qos::VolumeQos {
+                iops: 1000,
+                write_mbps: 4,
+                ..Default::default()
+            };
+            let (mib_s, uuid) = idle_copy_with(
+                c,
+                "pvc-qos",
+                &[
+                    (liteio_api::qos::PARAM_IOPS, "1000"),
+                    (liteio_api::qos::PARAM_WRITE_MBPS, "4"),
+                ],
+            )
+            .await?;
+            println!("copy of a volume limited to 4 MiB/s of writes: {mib_s:.0} MiB/s");
+            if mib_s < 20.0 {
+                return Err(format!(
+                    "the copy ran at {mib_s:.1} MiB/s: held to the volume's own limit"
+                ));
+            }
+            let client = c.kube().await.map_err(err("kube"))?;
+            let vols = volumes_of(&client, &uuid).await?;
+            if vols.len() != 1 || vols[0].name_any() == "pvc-qos" {
+                return Err(format!(
+                    "expected the destination alone for {uuid}: {:?}",
+                    vols.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+                ));
+            }
+            let d = &vols[0];
+            if d.spec.qos != Some(want) {
+                return Err(format!("the destination's spec.qos is {:?}", d.spec.qos));
+            }
+            let in_force = d
+                .annotations()
+                .get(keys::annotations::QOS_IN_FORCE)
+                .cloned();
+            if in_force.as_deref() != Some(want.to_annotation().as_str()) {
+                return Err(format!(
+                    "the destination's limits in force: {in_force:?}, want {}",
+                    want.to_annotation()
+                ));
+            }
+            // Its agent reports them.
+            let node = d.target_node().ok_or("no target node")?.to_string();
+            let k: usize = node
+                .trim_start_matches("node-")
+                .parse()
+                .map_err(err("node index"))?;
+            let addr = c
+                .agent_metrics_addr(k)
+                .map_err(err("metrics address"))?
+                .to_string();
+            let name = d.name_any();
+            let u = uuid.clone();
+            eventually(
+                c,
+                "the limits in the destination agent's metrics",
+                30,
+                Role::Agent(k),
+                || async {
+                    liteio_local::cluster::http_get(&addr, "/metrics")
+                        .await
+                        .is_some_and(|t| {
+                            t.lines().any(|l| {
+                                l.starts_with("liteio_volume_qos_limit_bytes_per_second{")
+                                    && l.contains(&format!("volume=\"{name}\""))
+                                    && l.contains(&format!("uuid=\"{u}\""))
+                                    && l.contains("direction=\"write\"")
+                                    && l.ends_with(" 4194304")
+                            }) && t.lines().any(|l| {
+                                l.starts_with("liteio_volume_qos_iops_limit{")
+                                    && l.contains(&format!("volume=\"{name}\""))
+                                    && l.ends_with(" 1000")
+                            })
+                        })
+                },
+            )
+            .await
+        })
+    });
 }
 
 /// Deleting the migration while the copy runs cancels it: the copy stops, the destination

@@ -33,6 +33,8 @@
 //! `liteio_spdk_stuck_requests` (those of them still unanswered now; the pool's `Spdk`
 //! condition names the oldest) and `liteio_spdk_caught_panics_total` (panics caught on SPDK
 //! threads; each failed its request).
+//!
+//! QoS (limits in force and time held back by them, per volume): see [`qos`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -51,6 +53,7 @@ use crate::engine::{PoolEngine, VolumeIo};
 mod families;
 mod http;
 mod proc;
+pub mod qos;
 
 use families::{BlkFamilies, LvolFamilies};
 pub use http::{bind, serve};
@@ -182,6 +185,11 @@ pub struct Metrics {
     provision: HistogramVec,
     /// (volume, uuid) → engine volume name.
     known_volumes: Mutex<BTreeMap<(String, String), String>>,
+    qos_iops_limit: IntGaugeVec,
+    qos_bytes_limit: IntGaugeVec,
+    qos_limited: CounterVec,
+    /// (volume, uuid) → the limits in force and the last counter sample (see [`qos`]).
+    limited: Mutex<BTreeMap<(String, String), qos::Limited>>,
     sources: Mutex<Vec<Arc<dyn ScrapeSource>>>,
     collecting: Arc<AtomicBool>,
     node: String,
@@ -297,6 +305,40 @@ impl Metrics {
                     &["step"],
                 ),
             )?,
+            qos_iops_limit: reg(
+                &r,
+                "liteio_volume_qos_iops_limit",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "liteio_volume_qos_iops_limit",
+                        "I/O per second (reads, writes and unmaps together) the volume's export admits",
+                    ),
+                    &["volume", "uuid"],
+                ),
+            )?,
+            qos_bytes_limit: reg(
+                &r,
+                "liteio_volume_qos_limit_bytes_per_second",
+                IntGaugeVec::new(
+                    Opts::new(
+                        "liteio_volume_qos_limit_bytes_per_second",
+                        "Bytes per second the volume's export admits (direction total, read or write)",
+                    ),
+                    &["volume", "uuid", "direction"],
+                ),
+            )?,
+            qos_limited: reg(
+                &r,
+                "liteio_volume_qos_limited_seconds_total",
+                CounterVec::new(
+                    Opts::new(
+                        "liteio_volume_qos_limited_seconds_total",
+                        "Seconds in which the volume ran at 95 % or more of one of its QoS limits (held back by it)",
+                    ),
+                    &["volume", "uuid"],
+                ),
+            )?,
+            limited: Mutex::new(BTreeMap::new()),
             registry: r,
             known_volumes: Mutex::new(BTreeMap::new()),
             sources: Mutex::new(Vec::new()),
@@ -339,6 +381,7 @@ impl Metrics {
     /// A volume is gone: its series disappear.
     pub fn remove_volume(&self, name: &str, uuid: &str) {
         let _ = self.volume_size.remove_label_values(&[name, uuid]);
+        self.remove_qos(name, uuid);
         let mut known = self.known_volumes.lock().unwrap_or_else(|p| p.into_inner());
         known.remove(&(name.to_string(), uuid.to_string()));
         self.volumes.set(clamp(known.len() as u64));

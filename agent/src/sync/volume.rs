@@ -620,6 +620,19 @@ pub fn desired_path_state(vol: &AntstorVolume) -> PathState {
         })
 }
 
+/// The limits the volume's export enforces: `spec.qos`, except on a migration destination
+/// before its promotion. Its export then serves the source's copy and mirrored writes only,
+/// which the source's own limits already hold to the volume's rate; limiting them again would
+/// slow the copy to the volume's limit and, with the host writing at that limit, leave the
+/// copy no share of it at all. The promotion (ANA optimized) applies them before the export
+/// turns optimized, so the host's I/O never reaches the destination unlimited.
+pub fn export_qos(vol: &AntstorVolume) -> liteio_api::qos::VolumeQos {
+    if is_migration_destination(vol) && desired_path_state(vol) != PathState::Optimized {
+        return Default::default();
+    }
+    vol.spec.qos.unwrap_or_default()
+}
+
 /// The node of the source volume of the migration `vol` is the destination of (the source
 /// agent connects to the destination's export as a host); `None` when `vol` is none or the
 /// source is gone.
@@ -665,7 +678,7 @@ async fn export_request(
         preset: vol.spec.spdk_target.clone(),
         keys,
         path_state: desired_path_state(vol),
-        qos: vol.spec.qos.unwrap_or_default(),
+        qos: export_qos(vol),
     }
 }
 
@@ -767,8 +780,18 @@ async fn ensure_export(
     }
     // The limits in force on the export, for `kubectl liteio volumes` and the CSI
     // controller to compare with `spec.qos` (absent: none).
-    let in_force =
-        (ctx.exporter.enforces_qos() && !req.qos.is_unlimited()).then(|| req.qos.to_annotation());
+    let enforced = ctx.exporter.enforces_qos() && !req.qos.is_unlimited();
+    ctx.metrics.set_volume_qos(
+        &vol.name_any(),
+        &vol.spec.uuid,
+        ename,
+        if enforced {
+            req.qos
+        } else {
+            Default::default()
+        },
+    );
+    let in_force = enforced.then(|| req.qos.to_annotation());
     if annotation(&vol.metadata, annotations::QOS_IN_FORCE) != in_force.as_deref() {
         notes.insert(annotations::QOS_IN_FORCE.into(), json!(in_force));
     }
@@ -943,4 +966,61 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         info!(volume = %describe(&vol), "volume deleted from the pool");
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use liteio_api::qos::VolumeQos;
+
+    use super::*;
+
+    fn limited(dest: bool, ana: Option<&str>) -> AntstorVolume {
+        let mut v = AntstorVolume::new(
+            "pvc-q",
+            liteio_api::AntstorVolumeSpec {
+                uuid: "u-q".into(),
+                qos: Some(VolumeQos {
+                    iops: 2000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        if dest {
+            v.metadata.labels = Some(BTreeMap::from([
+                (labels::MIGRATE_MIGRATION_NAME.to_string(), "mig-1".into()),
+                (
+                    labels::MIGRATE_SOURCE_VOLUME_NAME.to_string(),
+                    "pvc-src".into(),
+                ),
+            ]));
+        }
+        if let Some(a) = ana {
+            v.metadata.annotations = Some(BTreeMap::from([(
+                annotations::MIGRATE_ANA_STATE.to_string(),
+                a.to_string(),
+            )]));
+        }
+        v
+    }
+
+    #[test]
+    fn a_destination_enforces_its_limits_from_its_promotion_on() {
+        let spec = VolumeQos {
+            iops: 2000,
+            ..Default::default()
+        };
+        // A plain volume, and a source being demoted, enforce their limits.
+        assert_eq!(export_qos(&limited(false, None)), spec);
+        assert_eq!(export_qos(&limited(false, Some("inaccessible"))), spec);
+        // A destination: unlimited while it takes the copy, limited once promoted.
+        assert_eq!(export_qos(&limited(true, None)), VolumeQos::default());
+        assert_eq!(
+            export_qos(&limited(true, Some("inaccessible"))),
+            VolumeQos::default()
+        );
+        assert_eq!(export_qos(&limited(true, Some("optimized"))), spec);
+    }
 }
