@@ -735,7 +735,8 @@ async fn idle_copy_with(
 /// A volume limited to 4 MiB/s of writes and 1,000 IOPS moves with its limits: the
 /// destination enforces them once promoted (its annotation, and its agent's metrics, say
 /// so), and the copy is not held to them on the way (1 GiB at 4 MiB/s would take over
-/// four minutes; the copy runs at the node's speed).
+/// four minutes; the copy runs at the node's speed). The destination's agent restarted
+/// applies them again.
 #[test]
 fn a_limited_volume_moves_with_its_limits_and_its_copy_is_not_held_to_them() {
     if skip("migration of a limited volume") {
@@ -798,30 +799,35 @@ fn a_limited_volume_moves_with_its_limits_and_its_copy_is_not_held_to_them() {
                 .to_string();
             let name = d.name_any();
             let u = uuid.clone();
-            eventually(
-                c,
-                "the limits in the destination agent's metrics",
-                30,
-                Role::Agent(k),
-                || async {
-                    liteio_local::cluster::http_get(&addr, "/metrics")
-                        .await
-                        .is_some_and(|t| {
-                            t.lines().any(|l| {
-                                l.starts_with("liteio_volume_qos_limit_bytes_per_second{")
-                                    && l.contains(&format!("volume=\"{name}\""))
-                                    && l.contains(&format!("uuid=\"{u}\""))
-                                    && l.contains("direction=\"write\"")
-                                    && l.ends_with(" 4194304")
-                            }) && t.lines().any(|l| {
-                                l.starts_with("liteio_volume_qos_iops_limit{")
-                                    && l.contains(&format!("volume=\"{name}\""))
-                                    && l.ends_with(" 1000")
-                            })
+            let reported = || async {
+                liteio_local::cluster::http_get(&addr, "/metrics")
+                    .await
+                    .is_some_and(|t| {
+                        t.lines().any(|l| {
+                            l.starts_with("liteio_volume_qos_limit_bytes_per_second{")
+                                && l.contains(&format!("volume=\"{name}\""))
+                                && l.contains(&format!("uuid=\"{u}\""))
+                                && l.contains("direction=\"write\"")
+                                && l.ends_with(" 4194304")
+                        }) && t.lines().any(|l| {
+                            l.starts_with("liteio_volume_qos_iops_limit{")
+                                && l.contains(&format!("volume=\"{name}\""))
+                                && l.ends_with(" 1000")
                         })
-                },
-            )
-            .await
+                    })
+            };
+            let what = "the limits in the destination agent's metrics";
+            eventually(c, what, 30, Role::Agent(k), reported).await?;
+            // The destination's agent restarts: the new process applies them again before
+            // its export listens (its metrics start empty).
+            c.stop(Role::Agent(k))
+                .await
+                .map_err(err("stop the agent"))?;
+            c.launch(Role::Agent(k))
+                .await
+                .map_err(err("start the agent"))?;
+            let what = "the limits applied again after the restart";
+            eventually(c, what, 120, Role::Agent(k), reported).await
         })
     });
 }
