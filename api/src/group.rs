@@ -184,3 +184,90 @@ pub struct AntstorVolumeGroupStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
+
+/// The most members a group may have (SPDK's raid bdevs take up to 255 bases; more than a
+/// few dozen fragments of one volume is a configuration mistake).
+pub const MAX_MEMBERS: i64 = 64;
+/// `countRange.max` when the StorageClass gives no `volgroup/max-volumes` (LiteIO: 0, and a
+/// group with 0 was never scheduled).
+pub const DEFAULT_MAX_MEMBERS: i64 = 8;
+/// `sizeRange.min` when the StorageClass gives no `volgroup/min-size` (capped at the
+/// volume's size): smaller fragments cost more in connections than they add in space.
+pub const DEFAULT_MIN_MEMBER_BYTES: u64 = crate::size::GIB;
+/// Annotation on a group (ours, not LiteIO's): bytes each member holds beyond its share of
+/// `totalSize`, for the assembly's own metadata (KernelLVM: one 4 MiB extent for the PV
+/// label and the VG metadata), so that the assembled device is at least `totalSize`.
+pub const ANNO_MEMBER_RESERVE: &str = "liteio.io/member-reserve-bytes";
+
+impl SymmetryValue {
+    /// Unset is Asymmetric (LiteIO's behaviour).
+    pub fn is_symmetric(self) -> bool {
+        self == Self::Symmetric
+    }
+}
+
+impl AntstorVolumeGroup {
+    /// Bytes each member holds beyond its share ([`ANNO_MEMBER_RESERVE`]; 0 when absent or
+    /// unparsable, which validation reports).
+    pub fn member_reserve(&self) -> u64 {
+        crate::meta::annotation(&self.metadata, ANNO_MEMBER_RESERVE)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The members with a node and a size.
+    pub fn placed(&self) -> impl Iterator<Item = &VolumeMeta> {
+        self.spec
+            .volumes
+            .iter()
+            .filter(|m| m.size > 0 && !m.target_node_name.is_empty())
+    }
+
+    /// The bytes of `totalSize` the placed members hold (their sizes less the reserve).
+    pub fn scheduled_bytes(&self) -> u64 {
+        let reserve = self.member_reserve();
+        self.placed()
+            .map(|m| u64::try_from(m.size).unwrap_or(0).saturating_sub(reserve))
+            .sum()
+    }
+
+    /// Whether the placed members hold all of `totalSize`.
+    pub fn fully_placed(&self) -> bool {
+        self.scheduled_bytes() >= u64::try_from(self.spec.total_size).unwrap_or(u64::MAX)
+    }
+
+    /// The member size range in bytes: `sizeRange` with the defaults (min
+    /// [`DEFAULT_MIN_MEMBER_BYTES`] capped at the total, max the total).
+    pub fn size_bounds(&self) -> (u64, u64) {
+        let total = u64::try_from(self.spec.total_size).unwrap_or(0);
+        let r = &self.spec.desired_volume_spec.size_range;
+        let q = |q: &Option<Quantity>| {
+            q.as_ref()
+                .and_then(|q| crate::size::parse_quantity(q).ok())
+                .filter(|b| *b > 0)
+        };
+        let min = q(&r.min).unwrap_or(DEFAULT_MIN_MEMBER_BYTES.min(total));
+        let max = q(&r.max).unwrap_or(total).max(min);
+        (min, max)
+    }
+
+    /// The member count range: `countRange` with the defaults (min 1, max
+    /// [`DEFAULT_MAX_MEMBERS`]).
+    pub fn count_bounds(&self) -> (i64, i64) {
+        let r = &self.spec.desired_volume_spec.count_range;
+        let min = r.min.max(1);
+        let max = if r.max > 0 {
+            r.max
+        } else {
+            DEFAULT_MAX_MEMBERS
+        };
+        (min, max.max(min))
+    }
+}
+
+/// The name of the member volume of `group` with `uuid`: stable, so that a controller that
+/// restarts between recording a member and creating it creates the same object.
+pub fn member_name(group: &str, uuid: &str) -> String {
+    let short: String = uuid.chars().filter(|c| *c != '-').take(10).collect();
+    format!("{group}-{short}")
+}

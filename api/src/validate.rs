@@ -266,11 +266,39 @@ pub fn volume_group(g: &AntstorVolumeGroup) -> Result<(), ValidationErrors> {
         )),
         _ => {}
     }
-    if d.size_symmetry == SymmetryValue::Symmetric && d.desired_count <= 0 {
+    // LiteIO required desiredCount > 0 for a Symmetric group, which its CSI driver never
+    // set (every Symmetric group failed): here 0 means "as few members as fit".
+    if d.desired_count < 0 {
         errors.push(ValidationError::new(
             "spec.desiredVolumeSpec.desiredCount",
-            "must be positive for a Symmetric group",
+            "must not be negative (0: as few members as fit)",
         ));
+    }
+    if d.desired_count > 0 && d.size_symmetry != SymmetryValue::Symmetric {
+        errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.desiredCount",
+            "is for Symmetric groups only; an Asymmetric group takes as many members as fit",
+        ));
+    }
+    let (lo, hi) = (d.count_range.min.max(1), d.count_range.max);
+    if d.desired_count > 0 && hi > 0 && !(lo..=hi).contains(&d.desired_count) {
+        errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.desiredCount",
+            format!("{} is outside countRange {lo}..{hi}", d.desired_count),
+        ));
+    }
+    if d.count_range.max > crate::group::MAX_MEMBERS {
+        errors.push(ValidationError::new(
+            "spec.desiredVolumeSpec.countRange.max",
+            format!(
+                "{} is above the most members a group may have ({})",
+                d.count_range.max,
+                crate::group::MAX_MEMBERS
+            ),
+        ));
+    }
+    if g.spec.uuid.trim().is_empty() {
+        errors.push(ValidationError::new("spec.uuid", "is required"));
     }
     finish(errors)
 }

@@ -141,10 +141,16 @@ fn validation_names_the_field() {
 
     let mut g: AntstorVolumeGroup = roundtrip("antstorvolumegroup.yaml");
     g.spec.desired_volume_spec.count_range.min = 5;
-    g.spec.desired_volume_spec.size_symmetry = liteio_api::group::SymmetryValue::Symmetric;
+    g.spec.desired_volume_spec.desired_count = 2;
+    g.spec.desired_volume_spec.size_symmetry = liteio_api::group::SymmetryValue::Asymmetric;
     let e = invalid(validate::volume_group(&g));
     assert!(e.mentions("spec.desiredVolumeSpec.countRange"), "{e}");
     assert!(e.mentions("spec.desiredVolumeSpec.desiredCount"), "{e}");
+    // Symmetric without a count is valid (LiteIO refused every such group).
+    let mut g: AntstorVolumeGroup = roundtrip("antstorvolumegroup.yaml");
+    g.spec.desired_volume_spec.size_symmetry = liteio_api::group::SymmetryValue::Symmetric;
+    g.spec.desired_volume_spec.desired_count = 0;
+    validate::volume_group(&g).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -11,6 +11,7 @@
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod group_scheduler;
 pub mod http;
 pub mod leader;
 pub mod metasync;

@@ -77,6 +77,9 @@ pub enum Reason {
     /// The volume has QoS limits (`spec.qos`) and the pool's engine cannot enforce them
     /// (only SPDK's can). Not in LiteIO.
     QosNotEnforced,
+    /// A volume group's member and the pool holds no volume while the group does not allow
+    /// empty nodes (`stragety.allowEmptyNode`).
+    EmptyNode,
 }
 
 impl Reason {
@@ -97,6 +100,7 @@ impl Reason {
             Self::LocalStorageTooLow => "LocalStorageTooLow",
             Self::SelectedNodeNotFound => "SelectedNodeNotFound",
             Self::QosNotEnforced => "QosNotEnforced",
+            Self::EmptyNode => "EmptyNode",
         }
     }
 }
