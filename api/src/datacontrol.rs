@@ -119,6 +119,14 @@ pub struct AntstorDataControlStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub csi_node_pub_params: Option<CsiNodePubParams>,
+    /// SpdkLVStore: the export of the assembled device, written by the agent that assembled
+    /// it (ours: LiteIO never assembled in SPDK).
+    #[serde(
+        default,
+        rename = "spdkTarget",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub spdk_target: Option<SpdkTarget>,
     /// Detail.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,

@@ -30,6 +30,7 @@ use crate::csi::controller_service_capability::rpc::Type as RpcType;
 use crate::csi::volume_content_source::Type as SourceType;
 use crate::csi::*;
 use crate::error::{CsiError, Result};
+use crate::group;
 use crate::k8s::{self, Inflight, Waited};
 use crate::params::{self, VolumeParams};
 use crate::publish;
@@ -54,9 +55,9 @@ pub const MSG_INVALID: &str = "invalid volume";
 /// The Controller service.
 #[derive(Clone)]
 pub struct ControllerService {
-    client: Client,
-    cfg: Arc<DriverConfig>,
-    inflight: Inflight,
+    pub(crate) client: Client,
+    pub(crate) cfg: Arc<DriverConfig>,
+    pub(crate) inflight: Inflight,
 }
 
 fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> prost_types::Timestamp {
@@ -287,7 +288,7 @@ impl ControllerService {
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
-    async fn node_info(&self, node: &str) -> Result<NodeInfo> {
+    pub(crate) async fn node_info(&self, node: &str) -> Result<NodeInfo> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let n = k8s::get_opt(&nodes, "Node", node).await?;
         let mut info = NodeInfo {
@@ -457,6 +458,55 @@ impl ControllerService {
         }
     }
 
+    /// CreateVolume of a multi-disk volume (see [`group`]): what it cannot have is refused
+    /// here, by name.
+    async fn create_group_request(
+        &self,
+        req: &CreateVolumeRequest,
+        name: &str,
+        p: &VolumeParams,
+        gp: group::GroupParams,
+        size: u64,
+        accesses: &[params::Access],
+    ) -> Result<Volume> {
+        if req.volume_content_source.is_some() {
+            return Err(CsiError::invalid(
+                "volume_content_source",
+                "a multi-disk volume (obnvmf/pv-type: VolumeGroup) cannot be made from a snapshot or a volume",
+            ));
+        }
+        if p.qos.is_some() || !req.mutable_parameters.is_empty() {
+            return Err(CsiError::invalid(
+                format!("parameters.{}", liteio_api::qos::PARAM_IOPS),
+                "QoS limits are not supported on multi-disk volumes (obnvmf/pv-type: VolumeGroup) yet",
+            ));
+        }
+        if p.nvmf_tls {
+            return Err(CsiError::invalid(
+                format!("parameters.{}", keys::SC_PARAM_NVMF_TLS),
+                "TLS is not supported on multi-disk volumes (obnvmf/pv-type: VolumeGroup) yet",
+            ));
+        }
+        let mut fs = p.fs_type.clone();
+        for a in accesses {
+            if let params::Access::Mount { fs_type, .. } = a
+                && !fs_type.is_empty()
+            {
+                fs = fs_type.clone();
+            }
+        }
+        params::check_fs("volume_capabilities.mount.fs_type", &fs)?;
+        let want = group::GroupRequest {
+            params: gp,
+            size,
+            fs,
+            mkfs_params: p.mkfs_params.clone(),
+            host: topology_node(req.accessibility_requirements.as_ref()),
+            pv_name: p.pv_name.clone().unwrap_or_else(|| name.to_string()),
+        };
+        self.create_group(name, want).await
+    }
+
     async fn create_volume_inner(&self, req: &CreateVolumeRequest) -> Result<Volume> {
         let csi_name = require("name", &req.name)?;
         let obj_name = params::object_name(csi_name);
@@ -464,6 +514,11 @@ impl ControllerService {
         let accesses = params::check_capabilities("volume_capabilities", &req.volume_capabilities)?;
         let p = VolumeParams::parse(&req.parameters)?;
         let mut size = params::volume_size(req.capacity_range.as_ref())?;
+        if let Some(gp) = group::GroupParams::parse(&req.parameters)? {
+            return self
+                .create_group_request(req, name, &p, gp, size, &accesses)
+                .await;
+        }
         // A filesystem capability may name the filesystem; it must agree with the class.
         let mut fs = p.fs_type.clone();
         for a in &accesses {
@@ -640,6 +695,9 @@ impl ControllerService {
 
     async fn delete_volume_inner(&self, req: &DeleteVolumeRequest) -> Result<()> {
         let id = require("volume_id", &req.volume_id)?;
+        if group::is_group_id(id) {
+            return self.delete_group(id).await;
+        }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
         let Some(v) = k8s::volume_by_uuid(&self.volumes(), id).await? else {
             return Ok(());
@@ -676,8 +734,15 @@ impl ControllerService {
             .as_ref()
             .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
         params::check_capability("volume_capability", cap)?;
-        let _guard = self.inflight.claim(&format!("volume {id}"))?;
         let nodes: Api<Node> = Api::all(self.client.clone());
+        if group::is_group_id(id) {
+            if k8s::get_opt(&nodes, "Node", node).await?.is_none() {
+                return Err(CsiError::NotFound(format!("node {node} does not exist")));
+            }
+            self.publish_group(id, node).await?;
+            return Ok(ControllerPublishVolumeResponse::default());
+        }
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
         if k8s::get_opt(&nodes, "Node", node).await?.is_none() {
             return Err(CsiError::NotFound(format!("node {node} does not exist")));
         }
@@ -763,6 +828,10 @@ impl ControllerService {
         req: &ControllerUnpublishVolumeRequest,
     ) -> Result<ControllerUnpublishVolumeResponse> {
         let id = require("volume_id", &req.volume_id)?;
+        if group::is_group_id(id) {
+            // The host stays recorded until another node publishes the volume.
+            return Ok(ControllerUnpublishVolumeResponse::default());
+        }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
         for attempt in 0..5 {
             let Some(mut v) = k8s::volume_by_uuid(&self.volumes(), id).await? else {
@@ -832,6 +901,9 @@ impl ControllerService {
             .as_ref()
             .ok_or_else(|| CsiError::invalid("capacity_range", "is required"))?;
         let new_size = params::volume_size(Some(range))?;
+        if group::is_group_id(id) {
+            return Err(group::unsupported("ControllerExpandVolume", id));
+        }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
         let (name, old) = 'retry: {
             for attempt in 0..5 {
@@ -912,6 +984,12 @@ impl ControllerService {
         let id = require("volume_id", &req.volume_id)?;
         // Keys first: a bad request fails the same whether or not the volume exists.
         params::mutable_qos(&req.mutable_parameters, VolumeQos::default())?;
+        if group::is_group_id(id) {
+            return Err(group::unsupported(
+                "ControllerModifyVolume (QoS limits)",
+                id,
+            ));
+        }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
         for attempt in 0..5 {
             let mut v = self.find_volume(id).await?;
@@ -974,6 +1052,9 @@ impl ControllerService {
     async fn create_snapshot_inner(&self, req: &CreateSnapshotRequest) -> Result<Snapshot> {
         let csi_name = require("name", &req.name)?;
         let src = require("source_volume_id", &req.source_volume_id)?;
+        if group::is_group_id(src) {
+            return Err(group::unsupported("CreateSnapshot", src));
+        }
         let _guard = self.inflight.claim(&format!("snapshot {csi_name}"))?;
         let obj_name = params::object_name(csi_name);
         let name = obj_name.as_str();
@@ -1245,7 +1326,13 @@ impl ControllerService {
                 "at least one capability is required",
             ));
         }
-        self.find_volume(id).await?;
+        if group::is_group_id(id) {
+            self.data_control_by_id(id)
+                .await?
+                .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+        } else {
+            self.find_volume(id).await?;
+        }
         match params::check_capabilities("volume_capabilities", &req.volume_capabilities) {
             Ok(_) => Ok(ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(validate_volume_capabilities_response::Confirmed {

@@ -17,6 +17,7 @@ pub mod cmd;
 pub mod config;
 pub mod controller;
 pub mod error;
+pub mod group;
 pub mod identity;
 pub mod k8s;
 pub mod metrics;

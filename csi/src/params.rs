@@ -111,14 +111,6 @@ impl VolumeParams {
                 .map_err(|e| CsiError::invalid("parameters.positionAdvice", e.reason))?,
             None => VolumePosition::NoPreference,
         };
-        if nonempty(p, annotations::DATACONTROL_RAID_LEVEL).is_some()
-            || nonempty(p, annotations::PV_TYPE).is_some_and(|t| t == "VolumeGroup")
-        {
-            return Err(CsiError::Unimplemented(format!(
-                "parameters.{}: volume groups (multi-disk volumes) are not supported by this driver yet",
-                annotations::PV_TYPE
-            )));
-        }
         let nvmf_tls = match nonempty(p, keys::SC_PARAM_NVMF_TLS).as_deref() {
             None | Some("false") => false,
             Some("true") => true,
@@ -507,8 +499,6 @@ mod tests {
         );
         let e = VolumeParams::parse(&p(&[("volumeType", "Zfs")])).unwrap_err();
         assert!(e.to_string().starts_with("parameters.volumeType: "), "{e}");
-        let e = VolumeParams::parse(&p(&[("datacontrol/raid-level", "0")])).unwrap_err();
-        assert_eq!(e.kind(), crate::error::ErrorKind::Unimplemented);
     }
 
     fn range(req: i64, lim: i64) -> CapacityRange {

@@ -10,6 +10,7 @@
 //! and Leases, so the scheduler never decides on a partial view (a restarted controller
 //! places nothing twice). Failed reconciles are retried with per-key exponential back-off.
 
+pub mod group;
 pub mod keys;
 pub mod migration;
 pub mod pool;
@@ -32,7 +33,10 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use liteio_api::keys::{finalizers, managers};
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeMigration};
+use liteio_api::{
+    AntstorDataControl, AntstorSnapshot, AntstorVolume, AntstorVolumeGroup, StoragePool,
+    VolumeMigration,
+};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
@@ -164,6 +168,8 @@ struct Synced {
     snapshots: AtomicBool,
     leases: AtomicBool,
     migrations: AtomicBool,
+    groups: AtomicBool,
+    data_controls: AtomicBool,
     nodes: AtomicBool,
 }
 
@@ -194,6 +200,11 @@ pub struct Context {
     key_nodes: Mutex<HashMap<ObjectKey, String>>,
     /// The VolumeMigrations, as last seen (watch events and this controller's writes).
     migration_cache: Mutex<HashMap<ObjectKey, Arc<VolumeMigration>>>,
+    group_queue: Arc<WorkQueue>,
+    data_control_queue: Arc<WorkQueue>,
+    /// The AntstorVolumeGroups and AntstorDataControls, as last seen.
+    group_cache: Mutex<HashMap<ObjectKey, Arc<AntstorVolumeGroup>>>,
+    data_control_cache: Mutex<HashMap<ObjectKey, Arc<AntstorDataControl>>>,
     synced: Synced,
     synced_tx: watch::Sender<bool>,
     recorder: Recorder,
@@ -245,6 +256,10 @@ impl Context {
             key_access: Arc::default(),
             key_nodes: Mutex::default(),
             migration_cache: Mutex::default(),
+            group_queue: Arc::default(),
+            data_control_queue: Arc::default(),
+            group_cache: Mutex::default(),
+            data_control_cache: Mutex::default(),
             synced: Synced::default(),
             synced_tx: watch::channel(false).0,
             recorder,
@@ -337,6 +352,70 @@ impl Context {
         }
     }
 
+    /// The AntstorVolumeGroup `key` as last seen.
+    pub fn group(&self, key: &ObjectKey) -> Option<Arc<AntstorVolumeGroup>> {
+        self.group_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Records the latest version of an AntstorVolumeGroup.
+    pub fn upsert_group(&self, g: Arc<AntstorVolumeGroup>) {
+        self.group_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ObjectKey::of(g.as_ref()), g);
+    }
+
+    /// The AntstorDataControl `key` as last seen.
+    pub fn data_control(&self, key: &ObjectKey) -> Option<Arc<AntstorDataControl>> {
+        self.data_control_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Records the latest version of an AntstorDataControl.
+    pub fn upsert_data_control(&self, dc: Arc<AntstorDataControl>) {
+        self.data_control_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ObjectKey::of(dc.as_ref()), dc);
+    }
+
+    /// Queues the data control `key`.
+    pub fn enqueue_data_control(&self, key: ObjectKey) {
+        self.data_control_queue.add(key);
+    }
+
+    /// Queues the groups that do not hold their total yet (after a pool changed).
+    fn enqueue_unplaced_groups(&self) {
+        let keys: Vec<ObjectKey> = self
+            .group_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, g)| !g.fully_placed() && g.metadata.deletion_timestamp.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            self.group_queue.add(k);
+        }
+    }
+
+    /// Queues the group the volume `v` is a member of, if any.
+    fn enqueue_group_of(&self, v: &AntstorVolume) {
+        if let Some(g) =
+            liteio_api::meta::label(&v.metadata, liteio_api::keys::labels::VOL_GROUP_NAME)
+        {
+            self.group_queue
+                .add(ObjectKey::new(v.namespace().unwrap_or_default(), g));
+        }
+    }
+
     /// Queues the migrations whose source or destination is the volume `key`.
     fn enqueue_migrations_of(&self, key: &ObjectKey) {
         for m in self.migrations() {
@@ -370,6 +449,8 @@ impl Context {
             &self.synced.snapshots,
             &self.synced.leases,
             &self.synced.migrations,
+            &self.synced.groups,
+            &self.synced.data_controls,
         ]
         .iter()
         .all(|f| f.load(Ordering::SeqCst));
@@ -575,12 +656,13 @@ fn on_pool(ctx: &Arc<Context>, ev: Event<StoragePool>, buf: &mut Vec<Arc<Storage
                 ctx.pools.add(k.clone());
             }
             ctx.enqueue_volumes(unscheduled);
+            ctx.enqueue_unplaced_groups();
             ctx.sweep(Kind::Pool, names);
             ctx.mark_synced(&ctx.synced.pools);
         }
         Event::Apply(p) => {
             let name = p.name_any();
-            let (unscheduled, deleting) = {
+            let (unscheduled, deleting, changed_pool_room) = {
                 let mut s = ctx.state();
                 let changed = s.upsert_pool(Arc::new(p));
                 let unscheduled = if changed {
@@ -600,11 +682,14 @@ fn on_pool(ctx: &Arc<Context>, ev: Event<StoragePool>, buf: &mut Vec<Arc<Storage
                         })
                     })
                     .collect();
-                (unscheduled, deleting)
+                (unscheduled, deleting, changed)
             };
             ctx.enqueue_pool(&name);
             ctx.enqueue_volumes(unscheduled);
             ctx.enqueue_volumes(deleting);
+            if changed_pool_room {
+                ctx.enqueue_unplaced_groups();
+            }
         }
         Event::Delete(p) => {
             let name = p.name_any();
@@ -630,6 +715,9 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
                 .iter()
                 .filter_map(|v| Some((ObjectKey::of(v.as_ref()), v.target_node()?.to_string())))
                 .collect();
+            for v in &vols {
+                ctx.enqueue_group_of(v);
+            }
             ctx.state().replace_volumes(vols);
             ctx.key_access_relist(nodes);
             ctx.enqueue_volumes(keys.clone());
@@ -652,6 +740,9 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
             };
             ctx.key_access_moved(&key, new_node);
             ctx.enqueue_migrations_of(&key);
+            if let Some(v) = ctx.state().volume(&key).cloned() {
+                ctx.enqueue_group_of(&v);
+            }
             ctx.volumes.add(key);
             ctx.enqueue_snapshots(snaps);
             ctx.enqueue_volumes(unscheduled);
@@ -668,6 +759,7 @@ fn on_volume(ctx: &Arc<Context>, ev: Event<AntstorVolume>, buf: &mut Vec<Arc<Ant
             }
             ctx.key_access_moved(&key, None);
             ctx.enqueue_migrations_of(&key);
+            ctx.enqueue_group_of(&v);
             ctx.volumes.add(key);
             ctx.enqueue_snapshots(snaps);
             ctx.enqueue_volumes(unscheduled);
@@ -766,6 +858,118 @@ fn on_migration(
                 if migration::source_key(&other) == src {
                     ctx.migration_queue.add(ObjectKey::of(other.as_ref()));
                 }
+            }
+        }
+    }
+}
+
+fn on_group(
+    ctx: &Arc<Context>,
+    ev: Event<AntstorVolumeGroup>,
+    buf: &mut Vec<Arc<AntstorVolumeGroup>>,
+) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(g) => buf.push(Arc::new(g)),
+        Event::InitDone => {
+            let groups = std::mem::take(buf);
+            let mut cache = HashMap::new();
+            for g in groups {
+                cache.insert(ObjectKey::of(g.as_ref()), g);
+            }
+            let keys: Vec<ObjectKey> = cache.keys().cloned().collect();
+            let dcs: Vec<ObjectKey> = cache.values().map(|g| group::data_control_key(g)).collect();
+            *ctx.group_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = cache;
+            for k in keys {
+                ctx.group_queue.add(k);
+            }
+            for k in dcs {
+                ctx.data_control_queue.add(k);
+            }
+            ctx.mark_synced(&ctx.synced.groups);
+        }
+        Event::Apply(g) => {
+            let key = ObjectKey::of(&g);
+            let dc = group::data_control_key(&g);
+            ctx.upsert_group(Arc::new(g));
+            ctx.group_queue.add(key);
+            ctx.data_control_queue.add(dc);
+        }
+        Event::Delete(g) => {
+            let key = ObjectKey::of(&g);
+            ctx.group_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&key);
+            ctx.data_control_queue.add(group::data_control_key(&g));
+        }
+    }
+}
+
+fn groups_of(dc: &AntstorDataControl) -> Vec<ObjectKey> {
+    let ns = dc.namespace().unwrap_or_default();
+    dc.spec
+        .volume_groups
+        .iter()
+        .map(|g| {
+            ObjectKey::new(
+                if g.namespace.is_empty() {
+                    ns.clone()
+                } else {
+                    g.namespace.clone()
+                },
+                g.name.clone(),
+            )
+        })
+        .collect()
+}
+
+fn on_data_control(
+    ctx: &Arc<Context>,
+    ev: Event<AntstorDataControl>,
+    buf: &mut Vec<Arc<AntstorDataControl>>,
+) {
+    match ev {
+        Event::Init => buf.clear(),
+        Event::InitApply(d) => buf.push(Arc::new(d)),
+        Event::InitDone => {
+            let dcs = std::mem::take(buf);
+            let mut cache = HashMap::new();
+            for d in dcs {
+                cache.insert(ObjectKey::of(d.as_ref()), d);
+            }
+            let keys: Vec<ObjectKey> = cache.keys().cloned().collect();
+            *ctx.data_control_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = cache;
+            for k in keys {
+                ctx.data_control_queue.add(k);
+            }
+            ctx.mark_synced(&ctx.synced.data_controls);
+        }
+        Event::Apply(d) => {
+            let key = ObjectKey::of(&d);
+            let deleting = d.metadata.deletion_timestamp.is_some();
+            let groups = groups_of(&d);
+            ctx.upsert_data_control(Arc::new(d));
+            ctx.data_control_queue.add(key);
+            if deleting {
+                for g in groups {
+                    ctx.group_queue.add(g);
+                }
+            }
+        }
+        Event::Delete(d) => {
+            let key = ObjectKey::of(&d);
+            ctx.data_control_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&key);
+            // Its groups may wait for it to go before they delete their members.
+            for g in groups_of(&d) {
+                ctx.group_queue.add(g);
             }
         }
     }
@@ -879,6 +1083,8 @@ enum WorkKind {
     Snapshot,
     Migration,
     KeyAccess,
+    Group,
+    DataControl,
 }
 
 impl WorkKind {
@@ -889,6 +1095,8 @@ impl WorkKind {
             Self::Snapshot => Kind::Snapshot.as_str(),
             Self::Migration => "migration",
             Self::KeyAccess => "key_access",
+            Self::Group => "volume_group",
+            Self::DataControl => "data_control",
         }
     }
 }
@@ -910,6 +1118,8 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
         WorkKind::Snapshot => Arc::clone(&ctx.snapshots),
         WorkKind::Migration => Arc::clone(&ctx.migration_queue),
         WorkKind::KeyAccess => Arc::clone(&ctx.key_access),
+        WorkKind::Group => Arc::clone(&ctx.group_queue),
+        WorkKind::DataControl => Arc::clone(&ctx.data_control_queue),
     };
     loop {
         let key = tokio::select! {
@@ -923,6 +1133,8 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
                 WorkKind::Snapshot => snapshot::reconcile(&ctx, &key).await,
                 WorkKind::Migration => migration::reconcile(&ctx, &key).await,
                 WorkKind::KeyAccess => keys::reconcile(&ctx, &key).await,
+                WorkKind::Group => group::reconcile_group(&ctx, &key).await,
+                WorkKind::DataControl => group::reconcile_data_control(&ctx, &key).await,
             }
         };
         // Each kind has one worker, so a request that hangs would stop every object of the
@@ -1079,6 +1291,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
     ));
     tasks.spawn(watch_loop(
         Arc::clone(&ctx),
+        Api::<AntstorVolumeGroup>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_group,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
+        Api::<AntstorDataControl>::namespaced(client.clone(), &ns),
+        watcher::Config::default(),
+        on_data_control,
+        Vec::new(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(watch_loop(
+        Arc::clone(&ctx),
         Api::<Lease>::namespaced(client.clone(), &ns),
         watcher::Config::default(),
         on_lease,
@@ -1105,6 +1333,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
         WorkKind::Snapshot,
         WorkKind::Migration,
         WorkKind::KeyAccess,
+        WorkKind::Group,
+        WorkKind::DataControl,
     ] {
         tasks.spawn(worker(Arc::clone(&ctx), kind, shutdown.clone()));
     }

@@ -1,0 +1,595 @@
+//! The AntstorVolumeGroup and AntstorDataControl reconcilers: multi-disk volumes (reference
+//! §2.6), the controller's half. Level-triggered and idempotent like the volume reconciler;
+//! a controller restart between any two steps repeats nothing that was done and loses
+//! nothing that was not.
+//!
+//! **Volume group** ([`reconcile_group`]):
+//! 1. Deleted: waits until no data control uses the group (the assembly is torn down first),
+//!    deletes the members, waits until they are gone, then drops the `volumes` finalizer.
+//! 2. Invalid (`validate::volume_group`): the reason in `status.message`, nothing else.
+//! 3. Not fully placed: [`crate::group_scheduler::plan`] under the state lock, the new
+//!    members charged to their pools in the state at once (so no volume scheduled meanwhile
+//!    takes their space), then recorded in `spec.volumes` with the finalizer in one patch
+//!    guarded by the resourceVersion. Nothing fits: the reason in `status.message` (and a
+//!    Warning event); the group is tried again when a pool changes.
+//! 4. Creates each recorded member that does not exist (its node preset, label
+//!    `obnvmf/vol-group-name`, owned by the group).
+//! 5. Mirrors each member's status and export into `status.volumeStatus`; `ready` when
+//!    every member is.
+//!
+//! **Data control** ([`reconcile_data_control`]):
+//! 1. Deleted: nothing here; the agent that assembled it drops its finalizer after the
+//!    teardown, the CSI driver deletes the group with it.
+//! 2. Checks the engine and the raid level (linear and raid0; raid0 needs Symmetric
+//!    groups; raid1, raid5 and raid6 are refused with a message, never ignored as LiteIO
+//!    did).
+//! 3. Waits for its groups to be ready.
+//! 4. Chooses where the assembly runs (`spec.targetNodeId`, label `obnvmf/target-node-id`):
+//!    KernelLVM on the host (`spec.hostNode`), SpdkLVStore on the node of its largest
+//!    member (most of its data then stays local).
+//! 5. Pushes that node into every member's `spec.hostNode`, so each member's agent admits
+//!    only it.
+//! 6. KernelLVM: `ready` once every member is ready and admits the host (the CSI node
+//!    assembles the LV when it stages the volume). SpdkLVStore: the assembling agent
+//!    writes `status.spdkTarget` and `ready`.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use liteio_api::common::{NodeInfo, PoolMode, VolumeStatus, VolumeType};
+use liteio_api::datacontrol::RaidLevel;
+use liteio_api::group::{AntstorVolumeGroup, VolumeMeta, VolumeTargetStatus};
+use liteio_api::keys::{annotations, finalizers, labels};
+use liteio_api::{AntstorDataControl, AntstorVolume, validate};
+use serde_json::json;
+use tracing::{info, instrument};
+
+use super::{Action, Context};
+use crate::error::{Error, Result};
+use crate::group_scheduler;
+use crate::state::ObjectKey;
+
+/// The members' volume type a group asks for (`obnvmf/volume-type` in
+/// `desiredVolumeSpec.annotations`; Flexible when absent or unknown).
+pub fn member_type(g: &AntstorVolumeGroup) -> VolumeType {
+    g.spec
+        .desired_volume_spec
+        .annotations
+        .get(annotations::VOLUME_TYPE)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(VolumeType::Flexible)
+}
+
+/// The data control a group belongs to: label `obnvmf/data-control-name`, else the group's
+/// own name (the CSI driver names both after the PV).
+pub fn data_control_key(g: &AntstorVolumeGroup) -> ObjectKey {
+    let ns = g.namespace().unwrap_or_default();
+    let name = liteio_api::meta::label(&g.metadata, labels::DATA_CONTROL_NAME)
+        .map_or_else(|| g.name_any(), str::to_string);
+    ObjectKey::new(ns, name)
+}
+
+fn member_key(m: &VolumeMeta, group_ns: &str) -> ObjectKey {
+    let ns = if m.vol_id.namespace.is_empty() {
+        group_ns.to_string()
+    } else {
+        m.vol_id.namespace.clone()
+    };
+    ObjectKey::new(ns, m.vol_id.name.clone())
+}
+
+/// The recorded members of `g` as the state has them (`None`: not in the API server yet).
+fn members(ctx: &Context, g: &AntstorVolumeGroup) -> Vec<(VolumeMeta, Option<Arc<AntstorVolume>>)> {
+    let ns = g.namespace().unwrap_or_default();
+    let state = ctx.state();
+    g.spec
+        .volumes
+        .iter()
+        .map(|m| {
+            let v = state
+                .volume(&member_key(m, &ns))
+                .filter(|v| v.metadata.resource_version.is_some())
+                .cloned();
+            (m.clone(), v)
+        })
+        .collect()
+}
+
+fn is_ready(v: &AntstorVolume) -> bool {
+    v.status
+        .as_ref()
+        .is_some_and(|s| s.status == VolumeStatus::Ready)
+}
+
+async fn group_status(
+    ctx: &Context,
+    g: &AntstorVolumeGroup,
+    status: VolumeStatus,
+    message: &str,
+    members: Option<Vec<VolumeTargetStatus>>,
+) -> Result<()> {
+    let cur = g.status.clone().unwrap_or_default();
+    let mut want = cur.clone();
+    want.status = Some(status);
+    want.message = message.to_string();
+    if let Some(m) = members {
+        want.volume_status = m;
+    }
+    if want == cur {
+        return Ok(());
+    }
+    let key = ObjectKey::of(g);
+    // Explicit nulls: an empty message or member list is left out when serialized, and a
+    // merge patch would keep the old one.
+    let body = json!({ "status": {
+        "status": want.status,
+        "message": if want.message.is_empty() { serde_json::Value::Null } else { json!(want.message) },
+        "volumeStatus": if want.volume_status.is_empty() { serde_json::Value::Null } else { json!(want.volume_status) },
+    }});
+    let out: AntstorVolumeGroup = ctx.patch(&key.namespace, &key.name, &body, true).await?;
+    ctx.upsert_group(Arc::new(out));
+    Ok(())
+}
+
+/// Reconciles one AntstorVolumeGroup (see the module documentation).
+#[instrument(skip(ctx), fields(group = %key))]
+pub async fn reconcile_group(ctx: &Context, key: &ObjectKey) -> Result<Action> {
+    let Some(g) = ctx.group(key) else {
+        return Ok(Action::Done);
+    };
+    if g.metadata.deletion_timestamp.is_some() {
+        return delete_group(ctx, key, &g).await;
+    }
+    if let Err(e) = validate::volume_group(&g) {
+        let msg = format!("invalid volume group: {e}");
+        ctx.warn_once(g.as_ref(), "InvalidVolumeGroup", msg.clone())
+            .await;
+        group_status(ctx, &g, VolumeStatus::Creating, &msg, None).await?;
+        return Ok(Action::Done);
+    }
+    let g = if g.fully_placed() {
+        g
+    } else {
+        match place(ctx, key, &g).await? {
+            Some(g) => g,
+            None => return Ok(Action::Done),
+        }
+    };
+    let g = ensure_finalizer(ctx, key, g).await?;
+    // The members: created where missing, their state mirrored.
+    let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let mut statuses = Vec::new();
+    let mut all_ready = true;
+    for (m, v) in members(ctx, &g) {
+        match v {
+            Some(v) => {
+                all_ready &= is_ready(&v);
+                statuses.push(VolumeTargetStatus {
+                    uuid: m.vol_id.uuid.clone(),
+                    spdk_target: v.spec.spdk_target.clone(),
+                    status: v.status.as_ref().map(|s| s.status),
+                    message: v
+                        .status
+                        .as_ref()
+                        .map(|s| s.message.clone())
+                        .unwrap_or_default(),
+                });
+            }
+            None => {
+                all_ready = false;
+                let mut vol = group_scheduler::member_volume(&g, &m, member_type(&g));
+                vol.metadata.owner_references = Some(vec![owner(&g)]);
+                match api.create(&PostParams::default(), &vol).await {
+                    Ok(created) => {
+                        info!(member = %m.vol_id.name, node = %m.target_node_name, size = m.size, "member volume created");
+                        ctx.state().upsert_volume(Arc::new(created));
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => {
+                        return Err(Error::kube(
+                            format!("create member AntstorVolume {}", m.vol_id.name),
+                            e,
+                        ));
+                    }
+                }
+                statuses.push(VolumeTargetStatus {
+                    uuid: m.vol_id.uuid.clone(),
+                    status: Some(VolumeStatus::Creating),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    let status = if all_ready && g.fully_placed() {
+        VolumeStatus::Ready
+    } else {
+        VolumeStatus::Creating
+    };
+    group_status(ctx, &g, status, "", Some(statuses)).await?;
+    // The data control waits for its groups.
+    ctx.enqueue_data_control(data_control_key(&g));
+    Ok(Action::Done)
+}
+
+fn owner(g: &AntstorVolumeGroup) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: liteio_api::keys::API_VERSION.into(),
+        kind: "AntstorVolumeGroup".into(),
+        name: g.name_any(),
+        uid: g.uid().unwrap_or_default(),
+        block_owner_deletion: Some(true),
+        controller: Some(true),
+    }
+}
+
+/// Places the members the group still needs; `None` when they do not fit (the reason is
+/// on the group).
+async fn place(
+    ctx: &Context,
+    key: &ObjectKey,
+    g: &Arc<AntstorVolumeGroup>,
+) -> Result<Option<Arc<AntstorVolumeGroup>>> {
+    let mtype = member_type(g);
+    // Decided and charged under one lock: no other placement sees this space as free.
+    let planned = {
+        let mut state = ctx.state();
+        let res = group_scheduler::plan(&ctx.scheduler, &state, g, mtype, || {
+            uuid::Uuid::new_v4().to_string()
+        });
+        if let Ok(new) = &res {
+            for m in new {
+                state.upsert_volume(Arc::new(group_scheduler::member_volume(g, m, mtype)));
+            }
+        }
+        res
+    };
+    let new = match planned {
+        Ok(new) => new,
+        Err(e) => {
+            let msg = e.to_string();
+            info!(reason = %msg, "volume group not placed");
+            ctx.warn_once(g.as_ref(), "VolumeGroupNotPlaced", msg.clone())
+                .await;
+            group_status(ctx, g, VolumeStatus::Creating, &msg, None).await?;
+            return Ok(None);
+        }
+    };
+    let mut volumes: Vec<VolumeMeta> = g.placed().cloned().collect();
+    volumes.extend(new.iter().cloned());
+    let mut fins = g.metadata.finalizers.clone().unwrap_or_default();
+    if !fins.iter().any(|f| f == finalizers::VOLUMES) {
+        fins.push(finalizers::VOLUMES.to_string());
+    }
+    let body = json!({
+        "metadata": {
+            "resourceVersion": g.metadata.resource_version,
+            "finalizers": fins,
+        },
+        "spec": { "volumes": volumes },
+    });
+    match ctx
+        .patch::<AntstorVolumeGroup>(&key.namespace, &key.name, &body, false)
+        .await
+    {
+        Ok(out) => {
+            info!(
+                members = new.len(),
+                nodes = ?new.iter().map(|m| m.target_node_name.as_str()).collect::<Vec<_>>(),
+                "volume group placed"
+            );
+            ctx.clear_warning(key);
+            let out = Arc::new(out);
+            ctx.upsert_group(Arc::clone(&out));
+            Ok(Some(out))
+        }
+        Err(e) => {
+            // Not recorded: give the space back.
+            let mut state = ctx.state();
+            for m in &new {
+                state.remove_volume(&member_key(m, &key.namespace));
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn ensure_finalizer(
+    ctx: &Context,
+    key: &ObjectKey,
+    g: Arc<AntstorVolumeGroup>,
+) -> Result<Arc<AntstorVolumeGroup>> {
+    if g.finalizers().iter().any(|f| f == finalizers::VOLUMES) {
+        return Ok(g);
+    }
+    let mut fins = g.metadata.finalizers.clone().unwrap_or_default();
+    fins.push(finalizers::VOLUMES.to_string());
+    let body = json!({
+        "metadata": { "resourceVersion": g.metadata.resource_version, "finalizers": fins }
+    });
+    let out: AntstorVolumeGroup = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    let out = Arc::new(out);
+    ctx.upsert_group(Arc::clone(&out));
+    Ok(out)
+}
+
+async fn delete_group(
+    ctx: &Context,
+    key: &ObjectKey,
+    g: &Arc<AntstorVolumeGroup>,
+) -> Result<Action> {
+    if !g.finalizers().iter().any(|f| f == finalizers::VOLUMES) {
+        return Ok(Action::Done);
+    }
+    // The assembly goes first: its data control's deletion queues this group again.
+    let dc = data_control_key(g);
+    if ctx.data_control(&dc).is_some() {
+        group_status(
+            ctx,
+            g,
+            g.status
+                .as_ref()
+                .and_then(|s| s.status)
+                .unwrap_or(VolumeStatus::Creating),
+            &format!("deleting: waiting for AntstorDataControl {dc} to go first"),
+            None,
+        )
+        .await?;
+        return Ok(Action::Done);
+    }
+    let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let mut left = 0;
+    for (m, v) in members(ctx, g) {
+        let Some(v) = v else { continue };
+        left += 1;
+        if v.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match api.delete(&m.vol_id.name, &DeleteParams::default()).await {
+            Ok(_) => info!(member = %m.vol_id.name, "member volume deletion requested"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(Error::kube(
+                    format!("delete member AntstorVolume {}", m.vol_id.name),
+                    e,
+                ));
+            }
+        }
+    }
+    if left > 0 {
+        // Each member's deletion event queues the group again.
+        return Ok(Action::Done);
+    }
+    let keep: Vec<String> = g
+        .finalizers()
+        .iter()
+        .filter(|f| f.as_str() != finalizers::VOLUMES)
+        .cloned()
+        .collect();
+    let body = json!({
+        "metadata": { "resourceVersion": g.metadata.resource_version, "finalizers": keep }
+    });
+    let _: AntstorVolumeGroup = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    info!("volume group released: every member is gone");
+    Ok(Action::Done)
+}
+
+async fn dc_status(
+    ctx: &Context,
+    dc: &AntstorDataControl,
+    status: VolumeStatus,
+    message: &str,
+) -> Result<()> {
+    let cur = dc.status.clone().unwrap_or_default();
+    if cur.status == Some(status) && cur.message == message {
+        return Ok(());
+    }
+    let key = ObjectKey::of(dc);
+    let out: AntstorDataControl = ctx
+        .patch(
+            &key.namespace,
+            &key.name,
+            &json!({ "status": { "status": status, "message": message } }),
+            true,
+        )
+        .await?;
+    ctx.upsert_data_control(Arc::new(out));
+    Ok(())
+}
+
+/// Why a data control cannot be assembled as it is, if it cannot (engine, raid level,
+/// symmetry of its groups).
+pub fn check_data_control(
+    dc: &AntstorDataControl,
+    groups: &[Arc<AntstorVolumeGroup>],
+) -> std::result::Result<(), String> {
+    if dc.spec.uuid.is_empty() {
+        return Err("invalid data control: spec.uuid: is required".into());
+    }
+    if dc.spec.volume_groups.is_empty() {
+        return Err("invalid data control: spec.volumeGroups: names no volume group".into());
+    }
+    match dc.spec.raid.level {
+        RaidLevel::Linear => Ok(()),
+        RaidLevel::Raid0 => match groups
+            .iter()
+            .find(|g| !g.spec.desired_volume_spec.size_symmetry.is_symmetric())
+        {
+            Some(g) => Err(format!(
+                "invalid data control: spec.raid.level: raid0 stripes over equal members; AntstorVolumeGroup {} is not Symmetric",
+                g.name_any()
+            )),
+            None => Ok(()),
+        },
+        RaidLevel::Raid1 => Err(
+            "invalid data control: spec.raid.level: raid1 (replicas) is not supported by multi-disk volumes; use a replicated volume".into(),
+        ),
+        other => Err(format!(
+            "invalid data control: spec.raid.level: {} is not supported (linear and raid0 are); LiteIO stored it and built a linear volume instead",
+            serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+/// The node that assembles `dc`: KernelLVM its host, SpdkLVStore the node of its largest
+/// member (then by name); `None` while unknown.
+pub fn assembly_node(
+    dc: &AntstorDataControl,
+    groups: &[Arc<AntstorVolumeGroup>],
+) -> Option<String> {
+    if !dc.spec.target_node_id.is_empty() {
+        return Some(dc.spec.target_node_id.clone());
+    }
+    match dc.spec.engine_type {
+        PoolMode::KernelLVM => Some(dc.spec.host_node.id.clone()).filter(|n| !n.is_empty()),
+        PoolMode::SpdkLVStore => groups
+            .iter()
+            .flat_map(|g| g.placed())
+            .max_by(|a, b| {
+                a.size
+                    .cmp(&b.size)
+                    .then(b.target_node_name.cmp(&a.target_node_name))
+            })
+            .map(|m| m.target_node_name.clone()),
+    }
+}
+
+/// Reconciles one AntstorDataControl (see the module documentation).
+#[instrument(skip(ctx), fields(data_control = %key))]
+pub async fn reconcile_data_control(ctx: &Context, key: &ObjectKey) -> Result<Action> {
+    let Some(dc) = ctx.data_control(key) else {
+        return Ok(Action::Done);
+    };
+    if dc.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::Done);
+    }
+    let mut groups = Vec::new();
+    for id in &dc.spec.volume_groups {
+        let ns = if id.namespace.is_empty() {
+            key.namespace.clone()
+        } else {
+            id.namespace.clone()
+        };
+        match ctx.group(&ObjectKey::new(ns, id.name.clone())) {
+            Some(g) => groups.push(g),
+            None => {
+                dc_status(
+                    ctx,
+                    &dc,
+                    VolumeStatus::Creating,
+                    &format!("waiting for AntstorVolumeGroup {}", id.name),
+                )
+                .await?;
+                return Ok(Action::Done);
+            }
+        }
+    }
+    if let Err(msg) = check_data_control(&dc, &groups) {
+        ctx.warn_once(dc.as_ref(), "InvalidDataControl", msg.clone())
+            .await;
+        dc_status(ctx, &dc, VolumeStatus::Creating, &msg).await?;
+        return Ok(Action::Done);
+    }
+    if let Some(g) = groups.iter().find(|g| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.status)
+            .is_none_or(|s| s != VolumeStatus::Ready)
+    }) {
+        let why = g
+            .status
+            .as_ref()
+            .map(|s| s.message.clone())
+            .filter(|m| !m.is_empty())
+            .map_or_else(String::new, |m| format!(": {m}"));
+        dc_status(
+            ctx,
+            &dc,
+            VolumeStatus::Creating,
+            &format!(
+                "waiting for AntstorVolumeGroup {} to be ready{why}",
+                g.name_any()
+            ),
+        )
+        .await?;
+        return Ok(Action::Done);
+    }
+    let Some(node) = assembly_node(&dc, &groups) else {
+        dc_status(
+            ctx,
+            &dc,
+            VolumeStatus::Creating,
+            "waiting for a host node (spec.hostNode): the KernelLVM assembly runs on it",
+        )
+        .await?;
+        return Ok(Action::Done);
+    };
+    let dc = if dc.spec.target_node_id != node
+        || liteio_api::meta::label(&dc.metadata, labels::TARGET_NODE_ID) != Some(node.as_str())
+    {
+        let body = json!({
+            "metadata": {
+                "resourceVersion": dc.metadata.resource_version,
+                "labels": { labels::TARGET_NODE_ID: node },
+            },
+            "spec": { "targetNodeId": node },
+        });
+        let out: AntstorDataControl = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+        info!(node = %node, engine = ?out.spec.engine_type, "data control assigned to its node");
+        let out = Arc::new(out);
+        ctx.upsert_data_control(Arc::clone(&out));
+        out
+    } else {
+        dc
+    };
+    // Every member admits the node that reads it: the host (KernelLVM) or the assembling
+    // node (SpdkLVStore).
+    let reader = match dc.spec.engine_type {
+        PoolMode::KernelLVM => dc.spec.host_node.clone(),
+        PoolMode::SpdkLVStore => NodeInfo {
+            id: node.clone(),
+            hostname: node.clone(),
+            ..NodeInfo::default()
+        },
+    };
+    let mut all_ready = true;
+    for g in &groups {
+        for (m, v) in members(ctx, g) {
+            let Some(v) = v else {
+                all_ready = false;
+                continue;
+            };
+            all_ready &= is_ready(&v);
+            if v.spec.host_node.as_ref().map(|h| h.id.as_str()) != Some(reader.id.as_str()) {
+                all_ready = false;
+                let body = json!({
+                    "metadata": { "resourceVersion": v.metadata.resource_version },
+                    "spec": { "hostNode": reader },
+                });
+                let out: AntstorVolume = ctx
+                    .patch(&key.namespace, &m.vol_id.name, &body, false)
+                    .await?;
+                info!(member = %m.vol_id.name, host = %reader.id, "member admits the assembling node");
+                ctx.state().upsert_volume(Arc::new(out));
+            }
+        }
+    }
+    match dc.spec.engine_type {
+        PoolMode::KernelLVM if all_ready => {
+            dc_status(ctx, &dc, VolumeStatus::Ready, "").await?;
+        }
+        PoolMode::KernelLVM => {
+            dc_status(ctx, &dc, VolumeStatus::Creating, "waiting for the members").await?;
+        }
+        PoolMode::SpdkLVStore => {
+            // The assembling agent reports the export.
+            if dc.status.as_ref().and_then(|s| s.status).is_none() {
+                dc_status(ctx, &dc, VolumeStatus::Creating, "").await?;
+            }
+        }
+    }
+    Ok(Action::Done)
+}

@@ -1,0 +1,768 @@
+//! Multi-disk volumes (LiteIO's VolumeGroup PV type): StorageClass parameters, and the
+//! AntstorVolumeGroup and AntstorDataControl a CreateVolume makes. Volume ids are
+//! `dc-<uuid>`, the data control's uuid.
+//!
+//! Parameters (LiteIO's names) and what is done when they are absent:
+//!
+//! | Key | Values | Default |
+//! |---|---|---|
+//! | `obnvmf/pv-type` | `VolumeGroup` (anything else: a plain volume) | plain volume, unless a `datacontrol/*` or `volgroup/*` key is set |
+//! | `datacontrol/raid-level` | `linear`, `raid0` | `linear` (raid1, raid5, raid6: refused; LiteIO stored them and built a linear LV) |
+//! | `datacontrol/engine-type` | `KernelLVM`, `SpdkLVStore` | `KernelLVM` (LiteIO's only engine) |
+//! | `volgroup/size-symmetry` | `Symmetric`, `Asymmetric` | `Symmetric` for raid0 (it stripes over equal members), `Asymmetric` for linear |
+//! | `volgroup/min-size` | quantity, at least 4 MiB | 1 GiB, capped at the volume's size (LiteIO panicked when absent) |
+//! | `volgroup/max-size` | quantity | the volume's size (LiteIO panicked when absent) |
+//! | `volgroup/max-volumes` | 1..64 (raid0: 2..64) | 8 (LiteIO: 0, and such a group was never placed) |
+//! | `volgroup/allow-empty-node` | `true`, `false` | `true` (LiteIO: `false`, which never places a group on a fresh cluster) |
+//!
+//! KernelLVM is the default because it is LiteIO's behaviour and its data path is one hop:
+//! the host reads every member over its own NVMe/TCP connection. SpdkLVStore assembles the
+//! members inside the disk-agent of the node holding the largest member and exports one
+//! namespace: the host needs no device-mapper and one connection, at the cost of a second
+//! hop for the remote members' data.
+
+use std::collections::HashMap;
+
+use liteio_api::PoolMode;
+use liteio_api::datacontrol::RaidLevel;
+use liteio_api::group::{MAX_MEMBERS, SymmetryValue};
+use liteio_api::keys::annotations;
+use liteio_api::size::{self, MIB};
+
+use crate::error::{CsiError, Result};
+
+/// Prefix of multi-disk volume ids (LiteIO's).
+pub const ID_PREFIX: &str = "dc-";
+/// Bytes each KernelLVM member holds beyond its share: one 4 MiB extent for the PV label
+/// and the VG metadata, so that the LV is at least the volume's size.
+pub const KERNEL_LVM_RESERVE: u64 = 4 * MIB;
+
+/// The keys that make a request a multi-disk volume.
+pub const KEYS: [&str; 8] = [
+    annotations::PV_TYPE,
+    annotations::DATACONTROL_RAID_LEVEL,
+    annotations::DATACONTROL_ENGINE_TYPE,
+    annotations::VOLGROUP_SIZE_SYMMETRY,
+    annotations::VOLGROUP_MIN_SIZE,
+    annotations::VOLGROUP_MAX_SIZE,
+    annotations::VOLGROUP_MAX_VOLUMES,
+    annotations::VOLGROUP_ALLOW_EMPTY_NODE,
+];
+
+/// What a multi-disk volume's StorageClass asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupParams {
+    /// How the members are put together.
+    pub raid: RaidLevel,
+    /// Where they are put together.
+    pub engine: PoolMode,
+    /// Equal members or not.
+    pub symmetry: SymmetryValue,
+    /// Member size range in bytes (`None`: the default).
+    pub min_size: Option<u64>,
+    /// See `min_size`.
+    pub max_size: Option<u64>,
+    /// Most members.
+    pub max_volumes: i64,
+    /// Whether pools that hold no volume may take a member.
+    pub allow_empty_node: bool,
+}
+
+fn get<'a>(p: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
+    p.get(key).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+fn field(key: &str) -> String {
+    format!("parameters.{key}")
+}
+
+/// Whether the id is a multi-disk volume's.
+pub fn is_group_id(id: &str) -> bool {
+    id.starts_with(ID_PREFIX)
+}
+
+impl GroupParams {
+    /// Parses the multi-disk keys of CreateVolume's `parameters`; `None` when the request
+    /// is for a plain volume. Every bad value is INVALID_ARGUMENT naming its key.
+    pub fn parse(p: &HashMap<String, String>) -> Result<Option<Self>> {
+        let pv_type = get(p, annotations::PV_TYPE);
+        match pv_type {
+            Some("VolumeGroup") => {}
+            Some(other) if KEYS[1..].iter().all(|k| get(p, k).is_none()) => {
+                // LiteIO knows VolumeGroup only; any other value is a plain volume there too.
+                let _ = other;
+                return Ok(None);
+            }
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    field(annotations::PV_TYPE),
+                    format!(
+                        "{other:?} with multi-disk parameters; set it to \"VolumeGroup\" (or drop the datacontrol/* and volgroup/* keys)"
+                    ),
+                ));
+            }
+            None if KEYS[1..].iter().all(|k| get(p, k).is_none()) => return Ok(None),
+            None => {}
+        }
+        let raid = match get(p, annotations::DATACONTROL_RAID_LEVEL) {
+            None | Some("linear") => RaidLevel::Linear,
+            Some("raid0") => RaidLevel::Raid0,
+            Some(l @ ("raid1" | "raid5" | "raid6")) => {
+                return Err(CsiError::invalid(
+                    field(annotations::DATACONTROL_RAID_LEVEL),
+                    format!(
+                        "{l} is not supported for multi-disk volumes (linear and raid0 are); LiteIO stored it and built a linear volume, which is not what was asked"
+                    ),
+                ));
+            }
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    field(annotations::DATACONTROL_RAID_LEVEL),
+                    format!("{other:?} is not one of \"linear\", \"raid0\""),
+                ));
+            }
+        };
+        let engine = match get(p, annotations::DATACONTROL_ENGINE_TYPE) {
+            None | Some("KernelLVM") => PoolMode::KernelLVM,
+            Some("SpdkLVStore") => PoolMode::SpdkLVStore,
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    field(annotations::DATACONTROL_ENGINE_TYPE),
+                    format!("{other:?} is not one of \"KernelLVM\", \"SpdkLVStore\""),
+                ));
+            }
+        };
+        let symmetry = match get(p, annotations::VOLGROUP_SIZE_SYMMETRY) {
+            None if raid == RaidLevel::Raid0 => SymmetryValue::Symmetric,
+            None => SymmetryValue::Asymmetric,
+            Some("Symmetric") => SymmetryValue::Symmetric,
+            Some("Asymmetric") if raid == RaidLevel::Raid0 => {
+                return Err(CsiError::invalid(
+                    field(annotations::VOLGROUP_SIZE_SYMMETRY),
+                    "Asymmetric cannot go with raid0: raid0 stripes over equal members (the larger ones' excess would be lost); use Symmetric or linear",
+                ));
+            }
+            Some("Asymmetric") => SymmetryValue::Asymmetric,
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    field(annotations::VOLGROUP_SIZE_SYMMETRY),
+                    format!("{other:?} is not one of \"Symmetric\", \"Asymmetric\""),
+                ));
+            }
+        };
+        let bytes = |key: &str| -> Result<Option<u64>> {
+            get(p, key)
+                .map(|v| {
+                    let b = size::parse_quantity_str(v)
+                        .map_err(|e| CsiError::invalid(field(key), e.to_string()))?;
+                    if b < size::VOLUME_UNIT {
+                        return Err(CsiError::invalid(
+                            field(key),
+                            format!("{v} is below the smallest member (4 MiB)"),
+                        ));
+                    }
+                    Ok(b)
+                })
+                .transpose()
+        };
+        let min_size = bytes(annotations::VOLGROUP_MIN_SIZE)?;
+        let max_size = bytes(annotations::VOLGROUP_MAX_SIZE)?;
+        if let (Some(lo), Some(hi)) = (min_size, max_size)
+            && lo > hi
+        {
+            return Err(CsiError::invalid(
+                field(annotations::VOLGROUP_MIN_SIZE),
+                format!(
+                    "{} is above {} ({})",
+                    size::format_bytes(lo),
+                    annotations::VOLGROUP_MAX_SIZE,
+                    size::format_bytes(hi)
+                ),
+            ));
+        }
+        let least = if raid == RaidLevel::Raid0 { 2 } else { 1 };
+        let max_volumes = match get(p, annotations::VOLGROUP_MAX_VOLUMES) {
+            None => liteio_api::group::DEFAULT_MAX_MEMBERS,
+            Some(v) => match v.parse::<i64>() {
+                Ok(n) if (least..=MAX_MEMBERS).contains(&n) => n,
+                _ => {
+                    return Err(CsiError::invalid(
+                        field(annotations::VOLGROUP_MAX_VOLUMES),
+                        format!("{v:?} is not a whole number from {least} to {MAX_MEMBERS}"),
+                    ));
+                }
+            },
+        };
+        let allow_empty_node = match get(p, annotations::VOLGROUP_ALLOW_EMPTY_NODE) {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    field(annotations::VOLGROUP_ALLOW_EMPTY_NODE),
+                    format!("{other:?} is not \"true\" or \"false\""),
+                ));
+            }
+        };
+        Ok(Some(Self {
+            raid,
+            engine,
+            symmetry,
+            min_size,
+            max_size,
+            max_volumes,
+            allow_empty_node,
+        }))
+    }
+
+    /// Bytes each member holds beyond its share for the assembly's metadata.
+    pub fn member_reserve(&self) -> u64 {
+        match self.engine {
+            PoolMode::KernelLVM => KERNEL_LVM_RESERVE,
+            PoolMode::SpdkLVStore => 0,
+        }
+    }
+
+    /// The fewest members the raid level needs.
+    pub fn min_volumes(&self) -> i64 {
+        if self.raid == RaidLevel::Raid0 { 2 } else { 1 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn p(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn plain_volumes_are_not_groups() {
+        assert_eq!(GroupParams::parse(&p(&[("fsType", "xfs")])).unwrap(), None);
+        assert_eq!(
+            GroupParams::parse(&p(&[("obnvmf/pv-type", "Volume")])).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn defaults_fix_liteios_gaps() {
+        let g = GroupParams::parse(&p(&[("obnvmf/pv-type", "VolumeGroup")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.raid, RaidLevel::Linear);
+        assert_eq!(g.engine, PoolMode::KernelLVM);
+        assert_eq!(g.symmetry, SymmetryValue::Asymmetric);
+        assert_eq!((g.min_size, g.max_size), (None, None));
+        assert_eq!(g.max_volumes, 8);
+        assert!(g.allow_empty_node);
+        assert_eq!(g.member_reserve(), 4 * MIB);
+        // raid0 alone makes a group, Symmetric.
+        let g = GroupParams::parse(&p(&[
+            ("datacontrol/raid-level", "raid0"),
+            ("datacontrol/engine-type", "SpdkLVStore"),
+            ("volgroup/min-size", "1Gi"),
+            ("volgroup/max-size", "10Gi"),
+            ("volgroup/max-volumes", "3"),
+            ("volgroup/allow-empty-node", "false"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(g.symmetry, SymmetryValue::Symmetric);
+        assert_eq!(g.engine, PoolMode::SpdkLVStore);
+        assert_eq!(g.min_size, Some(1 << 30));
+        assert_eq!(g.max_size, Some(10 << 30));
+        assert_eq!(g.max_volumes, 3);
+        assert!(!g.allow_empty_node);
+        assert_eq!(g.member_reserve(), 0);
+        assert_eq!(g.min_volumes(), 2);
+    }
+
+    #[test]
+    fn every_bad_value_names_its_key() {
+        let vg = ("obnvmf/pv-type", "VolumeGroup");
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[vg, ("datacontrol/raid-level", "raid1")],
+                "datacontrol/raid-level",
+            ),
+            (
+                &[vg, ("datacontrol/raid-level", "raid5")],
+                "datacontrol/raid-level",
+            ),
+            (
+                &[vg, ("datacontrol/raid-level", "mirror")],
+                "datacontrol/raid-level",
+            ),
+            (
+                &[vg, ("datacontrol/engine-type", "Zfs")],
+                "datacontrol/engine-type",
+            ),
+            (
+                &[vg, ("volgroup/size-symmetry", "Even")],
+                "volgroup/size-symmetry",
+            ),
+            (
+                &[
+                    ("datacontrol/raid-level", "raid0"),
+                    ("volgroup/size-symmetry", "Asymmetric"),
+                ],
+                "volgroup/size-symmetry",
+            ),
+            (&[vg, ("volgroup/min-size", "lots")], "volgroup/min-size"),
+            (&[vg, ("volgroup/min-size", "1Mi")], "volgroup/min-size"),
+            (&[vg, ("volgroup/max-size", "-1Gi")], "volgroup/max-size"),
+            (
+                &[
+                    vg,
+                    ("volgroup/min-size", "2Gi"),
+                    ("volgroup/max-size", "1Gi"),
+                ],
+                "volgroup/min-size",
+            ),
+            (&[vg, ("volgroup/max-volumes", "0")], "volgroup/max-volumes"),
+            (
+                &[vg, ("volgroup/max-volumes", "65")],
+                "volgroup/max-volumes",
+            ),
+            (
+                &[vg, ("volgroup/max-volumes", "four")],
+                "volgroup/max-volumes",
+            ),
+            (
+                &[
+                    ("datacontrol/raid-level", "raid0"),
+                    ("volgroup/max-volumes", "1"),
+                ],
+                "volgroup/max-volumes",
+            ),
+            (
+                &[vg, ("volgroup/allow-empty-node", "yes")],
+                "volgroup/allow-empty-node",
+            ),
+            (
+                &[("obnvmf/pv-type", "Disk"), ("volgroup/max-volumes", "2")],
+                "obnvmf/pv-type",
+            ),
+        ];
+        for (kv, key) in cases {
+            let e = GroupParams::parse(&p(kv)).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                crate::error::ErrorKind::InvalidArgument,
+                "{kv:?}: {e}"
+            );
+            assert!(
+                e.to_string().starts_with(&format!("parameters.{key}: ")),
+                "{kv:?}: {e}"
+            );
+        }
+    }
+}
+
+// ---- the Controller service's part ---------------------------------------------------
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use liteio_api::datacontrol::{AntstorDataControlSpec, Raid};
+use liteio_api::group::{
+    ANNO_MEMBER_RESERVE, AntstorVolumeGroupSpec, DesiredVolumeSpec, EntityIdentity, IntRange,
+    QuantityRange, VolumeGroupStrategy,
+};
+use liteio_api::keys::{self, labels};
+use liteio_api::{AntstorDataControl, AntstorVolumeGroup, NodeInfo, VolumeType};
+use tracing::info;
+
+use crate::controller::ControllerService;
+use crate::csi::Volume;
+use crate::k8s::{self, Waited};
+
+/// What a CreateVolume of a multi-disk volume asks for, compared with an existing one of
+/// the same name.
+#[derive(Debug, Clone)]
+pub struct GroupRequest {
+    /// The parameters.
+    pub params: GroupParams,
+    /// Bytes.
+    pub size: u64,
+    /// Filesystem.
+    pub fs: String,
+    /// mkfs arguments.
+    pub mkfs_params: String,
+    /// The consuming node, when the request names it.
+    pub host: Option<String>,
+    /// PV name for the labels.
+    pub pv_name: String,
+}
+
+/// How an existing data control differs from `want` (empty: the same volume).
+pub fn differences(
+    dc: &AntstorDataControl,
+    g: Option<&AntstorVolumeGroup>,
+    want: &GroupRequest,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if dc.spec.total_size != i64::try_from(want.size).unwrap_or(i64::MAX) {
+        out.push(format!("size {} (asked {})", dc.spec.total_size, want.size));
+    }
+    if dc.spec.raid.level != want.params.raid {
+        out.push(format!(
+            "raid level {:?} (asked {:?})",
+            dc.spec.raid.level, want.params.raid
+        ));
+    }
+    if dc.spec.engine_type != want.params.engine {
+        out.push(format!(
+            "engine {:?} (asked {:?})",
+            dc.spec.engine_type, want.params.engine
+        ));
+    }
+    if let Some(g) = g {
+        let d = &g.spec.desired_volume_spec;
+        if d.size_symmetry != want.params.symmetry {
+            out.push(format!(
+                "symmetry {:?} (asked {:?})",
+                d.size_symmetry, want.params.symmetry
+            ));
+        }
+        if d.count_range.max != want.params.max_volumes {
+            out.push(format!(
+                "max volumes {} (asked {})",
+                d.count_range.max, want.params.max_volumes
+            ));
+        }
+    }
+    out
+}
+
+/// The group and data control objects of a new multi-disk volume `name` with `uuid`.
+pub fn objects(
+    name: &str,
+    namespace: &str,
+    uuid: &str,
+    want: &GroupRequest,
+    host: NodeInfo,
+) -> (AntstorVolumeGroup, AntstorDataControl) {
+    let p = &want.params;
+    let total = i64::try_from(want.size).unwrap_or(i64::MAX);
+    let member_type = match p.engine {
+        PoolMode::SpdkLVStore => VolumeType::SpdkLVol,
+        PoolMode::KernelLVM => VolumeType::Flexible,
+    };
+    let mut g = AntstorVolumeGroup::new(
+        name,
+        AntstorVolumeGroupSpec {
+            uuid: uuid.to_string(),
+            total_size: total,
+            desired_volume_spec: DesiredVolumeSpec {
+                annotations: BTreeMap::from([(
+                    annotations::VOLUME_TYPE.to_string(),
+                    member_type.to_string(),
+                )]),
+                labels: BTreeMap::new(),
+                desired_count: 0,
+                count_range: IntRange {
+                    min: p.min_volumes(),
+                    max: p.max_volumes,
+                },
+                size_range: QuantityRange {
+                    min: p.min_size.map(|b| Quantity(b.to_string())),
+                    max: p.max_size.map(|b| Quantity(b.to_string())),
+                },
+                size_symmetry: p.symmetry,
+            },
+            stragety: VolumeGroupStrategy {
+                name: "BestFit".into(),
+                empty_threashold_pct: 0,
+                allow_empty_node: p.allow_empty_node,
+            },
+            volumes: Vec::new(),
+        },
+    );
+    g.metadata.namespace = Some(namespace.to_string());
+    g.metadata.labels = Some(BTreeMap::from([
+        (labels::DATA_CONTROL_NAME.to_string(), name.to_string()),
+        (labels::PV_NAME.to_string(), want.pv_name.clone()),
+    ]));
+    if p.member_reserve() > 0 {
+        g.metadata.annotations = Some(BTreeMap::from([(
+            ANNO_MEMBER_RESERVE.to_string(),
+            p.member_reserve().to_string(),
+        )]));
+    }
+    let dc_uuid = format!("{ID_PREFIX}{uuid}");
+    let mut annos = BTreeMap::from([(annotations::FS_TYPE.to_string(), want.fs.clone())]);
+    if !want.mkfs_params.is_empty() {
+        annos.insert(
+            keys::SC_PARAM_MKFS_PARAMS.to_string(),
+            want.mkfs_params.clone(),
+        );
+    }
+    let dc = AntstorDataControl {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([
+                (labels::VOL_UUID.to_string(), dc_uuid.clone()),
+                (labels::FS_TYPE.to_string(), want.fs.clone()),
+                (labels::PV_NAME.to_string(), want.pv_name.clone()),
+            ])),
+            annotations: Some(annos),
+            ..ObjectMeta::default()
+        },
+        spec: AntstorDataControlSpec {
+            uuid: dc_uuid,
+            total_size: total,
+            lvm: None,
+            engine_type: p.engine,
+            raid: Raid { level: p.raid },
+            host_node: host,
+            target_node_id: String::new(),
+            volume_groups: vec![EntityIdentity {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uuid: uuid.to_string(),
+            }],
+        },
+        status: None,
+    };
+    (g, dc)
+}
+
+/// The outcome of waiting for a group's members to be placed.
+fn placement_outcome(g: &AntstorVolumeGroup) -> Option<Result<()>> {
+    if g.fully_placed() {
+        return Some(Ok(()));
+    }
+    let msg = g
+        .status
+        .as_ref()
+        .map(|s| s.message.trim())
+        .unwrap_or_default();
+    if msg.starts_with("NoStoragePoolAvailable") {
+        return Some(Err(CsiError::ResourceExhausted(format!(
+            "multi-disk volume {} cannot be placed: {msg}",
+            g.name_any()
+        ))));
+    }
+    if msg.starts_with("invalid") {
+        return Some(Err(CsiError::invalid(
+            "parameters",
+            format!("multi-disk volume {} was rejected: {msg}", g.name_any()),
+        )));
+    }
+    None
+}
+
+impl ControllerService {
+    fn groups(&self) -> Api<AntstorVolumeGroup> {
+        Api::namespaced(self.client.clone(), &self.cfg.namespace)
+    }
+
+    fn data_controls(&self) -> Api<AntstorDataControl> {
+        Api::namespaced(self.client.clone(), &self.cfg.namespace)
+    }
+
+    /// The data control of multi-disk volume `id` (`dc-<uuid>`).
+    pub(crate) async fn data_control_by_id(&self, id: &str) -> Result<Option<AntstorDataControl>> {
+        let lp = ListParams::default().labels(&format!("{}={id}", labels::VOL_UUID));
+        let list = self
+            .data_controls()
+            .list(&lp)
+            .await
+            .map_err(|e| CsiError::kube(format!("list AntstorDataControls of {id}"), e))?;
+        Ok(list.items.into_iter().find(|d| d.spec.uuid == id))
+    }
+
+    /// CreateVolume of a multi-disk volume: the group and the data control (created once,
+    /// compared on a retry), then waits until the controller placed every member.
+    pub(crate) async fn create_group(&self, name: &str, want: GroupRequest) -> Result<Volume> {
+        let _guard = self.inflight.claim(&format!("volume {name}"))?;
+        let dcs = self.data_controls();
+        let groups = self.groups();
+        let existing = k8s::get_opt(&dcs, "AntstorDataControl", name).await?;
+        let dc = match existing {
+            Some(dc) if dc.metadata.deletion_timestamp.is_some() => {
+                return Err(CsiError::Busy(format!(
+                    "multi-disk volume {name} (id {}) is still being deleted; a new one of that name is created once it is gone",
+                    dc.spec.uuid
+                )));
+            }
+            Some(dc) => {
+                let g = k8s::get_opt(&groups, "AntstorVolumeGroup", name).await?;
+                let diff = differences(&dc, g.as_ref(), &want);
+                if !diff.is_empty() {
+                    return Err(CsiError::AlreadyExists(format!(
+                        "multi-disk volume {name} exists with other parameters: {}",
+                        diff.join("; ")
+                    )));
+                }
+                dc
+            }
+            None => {
+                let uuid = uuid::Uuid::new_v4().to_string();
+                let host = match &want.host {
+                    Some(n) => self.node_info(n).await?,
+                    None => NodeInfo::default(),
+                };
+                let (g, dc) = objects(name, &self.cfg.namespace, &uuid, &want, host);
+                // The group first: a data control alone would wait for it, a group alone
+                // is removed with its data control by DeleteVolume all the same.
+                match groups.create(&PostParams::default(), &g).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => {
+                        return Err(CsiError::kube(
+                            format!("create AntstorVolumeGroup {name}"),
+                            e,
+                        ));
+                    }
+                }
+                match dcs.create(&PostParams::default(), &dc).await {
+                    Ok(created) => {
+                        info!(volume = name, id = %created.spec.uuid, size = want.size, raid = ?want.params.raid, engine = ?want.params.engine, "multi-disk volume created");
+                        created
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return Err(CsiError::Busy(format!(
+                            "multi-disk volume {name} was created concurrently; retry"
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(CsiError::kube(
+                            format!("create AntstorDataControl {name}"),
+                            e,
+                        ));
+                    }
+                }
+            }
+        };
+        let g = k8s::get_opt(&groups, "AntstorVolumeGroup", name)
+            .await?
+            .ok_or_else(|| CsiError::Busy(format!("the volume group of {name} is gone; retry")))?;
+        match placement_outcome(&g) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(e),
+            None => match k8s::wait_for(
+                groups,
+                "AntstorVolumeGroup",
+                name,
+                self.cfg.schedule_timeout,
+                |g: &AntstorVolumeGroup| placement_outcome(g).is_some(),
+            )
+            .await?
+            {
+                Waited::Done(g) => {
+                    if let Some(Err(e)) = placement_outcome(&g) {
+                        return Err(e);
+                    }
+                }
+                Waited::Gone => {
+                    return Err(CsiError::Busy(format!(
+                        "multi-disk volume {name} was deleted while being placed; retry"
+                    )));
+                }
+                Waited::TimedOut => {
+                    return Err(CsiError::Pending(format!(
+                        "multi-disk volume {name} is not placed after {}s; the controller may still be working on it, retry",
+                        self.cfg.schedule_timeout.as_secs()
+                    )));
+                }
+            },
+        }
+        let mut ctx = crate::params::volume_context(&HashMap::new(), &dc.spec.uuid, "", &want.fs);
+        if !want.mkfs_params.is_empty() {
+            ctx.insert(keys::SC_PARAM_MKFS_PARAMS.into(), want.mkfs_params.clone());
+        }
+        Ok(Volume {
+            capacity_bytes: dc.spec.total_size,
+            volume_id: dc.spec.uuid.clone(),
+            volume_context: ctx,
+            content_source: None,
+            accessible_topology: Vec::new(),
+        })
+    }
+
+    /// DeleteVolume of a multi-disk volume: the data control and its groups (the controller
+    /// deletes the members once the assembly is gone). Idempotent.
+    pub(crate) async fn delete_group(&self, id: &str) -> Result<()> {
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
+        let Some(dc) = self.data_control_by_id(id).await? else {
+            return Ok(());
+        };
+        let name = dc.name_any();
+        match self
+            .data_controls()
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => info!(volume = %name, id, "AntstorDataControl deletion requested"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(CsiError::kube(
+                    format!("delete AntstorDataControl {name}"),
+                    e,
+                ));
+            }
+        }
+        for g in &dc.spec.volume_groups {
+            match self
+                .groups()
+                .delete(&g.name, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => info!(group = %g.name, "AntstorVolumeGroup deletion requested"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    return Err(CsiError::kube(
+                        format!("delete AntstorVolumeGroup {}", g.name),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// ControllerPublishVolume of a multi-disk volume: `node` becomes its host (the
+    /// controller then lets every member, or the assembled export, admit it).
+    pub(crate) async fn publish_group(&self, id: &str, node: &str) -> Result<()> {
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
+        let dc = self
+            .data_control_by_id(id)
+            .await?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+        if dc.spec.host_node.id == node {
+            return Ok(());
+        }
+        let host = self.node_info(node).await?;
+        let name = dc.name_any();
+        let body = serde_json::json!({
+            "metadata": { "resourceVersion": dc.metadata.resource_version },
+            "spec": { "hostNode": host },
+        });
+        self.data_controls()
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .await
+            .map_err(|e| CsiError::kube(format!("patch AntstorDataControl {name}"), e))?;
+        info!(volume = %name, id, node, "multi-disk volume published to its host");
+        Ok(())
+    }
+}
+
+/// The error for an operation multi-disk volumes do not support yet.
+pub fn unsupported(op: &str, id: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "{op} is not supported for multi-disk volume {id} (volume groups) yet"
+    ))
+}
