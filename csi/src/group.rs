@@ -465,7 +465,10 @@ pub fn objects(
                     annotations::VOLUME_TYPE.to_string(),
                     member_type.to_string(),
                 )]),
-                labels: BTreeMap::new(),
+                // Every member carries the PV's name: its keys are then the PV's Secret
+                // (`liteio-auth-<pv>`, what kubelet passes to NodeStageVolume), one key pair
+                // for every member and the assembled export.
+                labels: BTreeMap::from([(labels::PV_NAME.to_string(), want.pv_name.clone())]),
                 desired_count: 0,
                 count_range: IntRange {
                     min: p.min_volumes(),
@@ -643,6 +646,7 @@ impl ControllerService {
                 }
             }
         };
+        self.ensure_group_keys(&dc, &want.pv_name).await?;
         let g = k8s::get_opt(&groups, "AntstorVolumeGroup", name)
             .await?
             .ok_or_else(|| CsiError::Busy(format!("the volume group of {name} is gone; retry")))?;
@@ -689,6 +693,44 @@ impl ControllerService {
         })
     }
 
+    /// The PV's authentication Secret (`liteio-auth-<pv>`), made now when missing and owned
+    /// by the data control: every member's export, the assembled export and the host's
+    /// NodeStageVolume use its keys.
+    async fn ensure_group_keys(&self, dc: &AntstorDataControl, pv_name: &str) -> Result<()> {
+        use kube::Resource as _;
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        // The Secret as a volume of that PV would have it.
+        let mut as_volume = liteio_api::AntstorVolume::new(&dc.name_any(), Default::default());
+        as_volume.metadata.namespace = Some(self.cfg.namespace.clone());
+        as_volume.metadata.labels = Some(BTreeMap::from([(
+            labels::PV_NAME.to_string(),
+            pv_name.to_string(),
+        )]));
+        as_volume.spec.uuid = dc.spec.uuid.clone();
+        let name = as_volume.auth_secret_name();
+        if k8s::get_opt(&secrets, "Secret", &name).await?.is_some() {
+            return Ok(());
+        }
+        let keys = liteio_api::auth::VolumeKeys::generate(false)
+            .map_err(|e| CsiError::Internal(format!("generate the keys of Secret {name}: {e}")))?;
+        let mut secret = liteio_api::auth::volume_secret(&as_volume, &keys)
+            .map_err(|e| CsiError::invalid("name", e.reason))?;
+        secret.metadata.owner_references = dc.controller_owner_ref(&()).map(|mut o| {
+            o.controller = None;
+            o.block_owner_deletion = None;
+            vec![o]
+        });
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                info!(secret = %name, "authentication keys generated for the multi-disk volume");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(CsiError::kube(format!("create Secret {name}"), e)),
+        }
+    }
+
     /// DeleteVolume of a multi-disk volume: the data control and its groups (the controller
     /// deletes the members once the assembly is gone). Idempotent.
     pub(crate) async fn delete_group(&self, id: &str) -> Result<()> {
@@ -710,6 +752,21 @@ impl ControllerService {
                     e,
                 ));
             }
+        }
+        // The keys go with it (owned by the data control, for the garbage collector; this
+        // is for API servers without one).
+        let pv = dc
+            .labels()
+            .get(labels::PV_NAME)
+            .cloned()
+            .unwrap_or_else(|| name.clone());
+        let secret = liteio_api::naming::auth_secret(&pv);
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        match secrets.delete(&secret, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(CsiError::kube(format!("delete Secret {secret}"), e)),
         }
         for g in &dc.spec.volume_groups {
             match self
