@@ -1,0 +1,298 @@
+//! T1: multi-disk volumes (`obnvmf/pv-type: VolumeGroup`) through the Controller service over
+//! the real gRPC socket against the test API server. The placement is the controller's
+//! (tested in the controller crate); here a stand-in records one member when the group
+//! appears, or refuses it, as the controller does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{NODE, bounded, start};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use liteio_api::PoolMode;
+use liteio_api::datacontrol::RaidLevel;
+use liteio_api::group::ANNO_MEMBER_RESERVE;
+use liteio_api::keys::labels;
+use liteio_api::{AntstorDataControl, AntstorVolumeGroup};
+use liteio_csi::csi::volume_capability::access_mode::Mode;
+use liteio_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use liteio_csi::csi::*;
+use serde_json::json;
+use tonic::Code;
+
+const GIB: i64 = 1 << 30;
+
+fn cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn req(name: &str, bytes: i64, params: &[(&str, &str)]) -> CreateVolumeRequest {
+    let mut parameters: HashMap<String, String> = params
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    parameters.insert("fsType".into(), "ext4".into());
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap()],
+        parameters,
+        ..Default::default()
+    }
+}
+
+/// Stands in for the controller: a new group gets one member holding its total, except
+/// groups named `*-full`, which get the controller's NoStoragePoolAvailable message.
+fn place_groups(client: &kube::Client) -> tokio::task::JoinHandle<()> {
+    let api: Api<AntstorVolumeGroup> = Api::namespaced(client.clone(), "obnvmf");
+    tokio::spawn(async move {
+        let mut s = watcher(api.clone(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(g)) = s.next().await {
+            if !g.spec.volumes.is_empty() || g.status.is_some() {
+                continue;
+            }
+            let name = g.name_any();
+            let pp = PatchParams::default();
+            if name.ends_with("-full") {
+                let _ = api
+                    .patch_status(
+                        &name,
+                        &pp,
+                        &Patch::Merge(json!({"status": {"status": "creating",
+                            "message": "NoStoragePoolAvailable: 1073741824 of the group's 1073741824 bytes have no place"}})),
+                    )
+                    .await;
+                continue;
+            }
+            let size = g.spec.total_size + g.member_reserve() as i64;
+            let _ = api
+                .patch(
+                    &name,
+                    &pp,
+                    &Patch::Merge(json!({"spec": {"volumes": [{
+                        "volId": {"namespace": "obnvmf", "name": format!("{name}-m0"), "uuid": "m0"},
+                        "targetNodeName": NODE, "size": size}]}})),
+                )
+                .await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_multi_disk_volume_is_created_published_and_deleted() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        let placer = place_groups(&env.client);
+        let r = req(
+            "pvc-md",
+            3 * GIB,
+            &[
+                ("obnvmf/pv-type", "VolumeGroup"),
+                ("datacontrol/raid-level", "raid0"),
+                ("volgroup/max-volumes", "3"),
+            ],
+        );
+        let v = env
+            .csi
+            .controller
+            .create_volume(r.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert!(v.volume_id.starts_with("dc-"), "{}", v.volume_id);
+        assert_eq!(v.capacity_bytes, 3 * GIB);
+        let groups: Api<AntstorVolumeGroup> = Api::namespaced(env.client.clone(), "obnvmf");
+        let dcs: Api<AntstorDataControl> = Api::namespaced(env.client.clone(), "obnvmf");
+        let g = groups.get("pvc-md").await.unwrap();
+        let d = &g.spec.desired_volume_spec;
+        assert!(
+            d.size_symmetry.is_symmetric(),
+            "raid0 defaults to Symmetric"
+        );
+        assert_eq!((d.count_range.min, d.count_range.max), (2, 3));
+        assert_eq!(
+            g.annotations().get(ANNO_MEMBER_RESERVE).map(String::as_str),
+            Some("4194304"),
+            "KernelLVM (the default) reserves an extent per member"
+        );
+        assert_eq!(
+            d.labels.get(labels::PV_NAME).map(String::as_str),
+            Some("pvc-md")
+        );
+        let dc = dcs.get("pvc-md").await.unwrap();
+        assert_eq!(dc.spec.uuid, v.volume_id);
+        assert_eq!(dc.spec.engine_type, PoolMode::KernelLVM);
+        assert_eq!(dc.spec.raid.level, RaidLevel::Raid0);
+        assert_eq!(dc.spec.volume_groups[0].name, "pvc-md");
+        // One key Secret for the PV, owned by the data control.
+        let secrets: Api<Secret> = Api::namespaced(env.client.clone(), "obnvmf");
+        let s = secrets.get("liteio-auth-pvc-md").await.unwrap();
+        assert_eq!(s.owner_references()[0].kind, "AntstorDataControl");
+
+        // Idempotent; another size is another volume.
+        let again = env
+            .csi
+            .controller
+            .create_volume(r.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(again.volume_id, v.volume_id);
+        let mut bigger = r.clone();
+        bigger.capacity_range.as_mut().unwrap().required_bytes = 4 * GIB;
+        let e = env.csi.controller.create_volume(bigger).await.unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+
+        // Published to the node: it becomes the host.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.name = Some(NODE.into());
+        nodes
+            .create(&kube::api::PostParams::default(), &node)
+            .await
+            .unwrap();
+        env.csi
+            .controller
+            .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id: v.volume_id.clone(),
+                volume_capabilities: vec![cap()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        env.csi
+            .controller
+            .controller_publish_volume(ControllerPublishVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                node_id: NODE.into(),
+                volume_capability: Some(cap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(dcs.get("pvc-md").await.unwrap().spec.host_node.id, NODE);
+
+        // What groups cannot do yet is refused by name.
+        let e = env
+            .csi
+            .controller
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 4 * GIB,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        let e = env
+            .csi
+            .controller
+            .create_snapshot(CreateSnapshotRequest {
+                name: "snap-md".into(),
+                source_volume_id: v.volume_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+
+        // Deleted: data control, group and keys; twice is fine.
+        for _ in 0..2 {
+            env.csi
+                .controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: v.volume_id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        assert!(dcs.get_opt("pvc-md").await.unwrap().is_none());
+        assert!(groups.get_opt("pvc-md").await.unwrap().is_none());
+        assert!(
+            secrets
+                .get_opt("liteio-auth-pvc-md")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        placer.abort();
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_parameters_and_unplaceable_groups_are_refused() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        let placer = place_groups(&env.client);
+        let vg = ("obnvmf/pv-type", "VolumeGroup");
+        for (params, field) in [
+            (
+                vec![vg, ("datacontrol/raid-level", "raid5")],
+                "datacontrol/raid-level",
+            ),
+            (vec![vg, ("volgroup/max-size", "")], ""),
+            (vec![vg, ("volgroup/min-size", "x")], "volgroup/min-size"),
+            (
+                vec![vg, ("volgroup/max-volumes", "100")],
+                "volgroup/max-volumes",
+            ),
+            (
+                vec![vg, ("liteio.io/qos-iops", "1000")],
+                "liteio.io/qos-iops",
+            ),
+            (vec![vg, ("nvmfTls", "true")], "nvmfTls"),
+        ] {
+            let r = req("pvc-bad", GIB, &params);
+            let res = env.csi.controller.create_volume(r).await;
+            if field.is_empty() {
+                // An empty value is the default (LiteIO panicked on it): not an error.
+                assert!(res.is_ok(), "{params:?}: {res:?}");
+                continue;
+            }
+            let e = res.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{params:?}: {e:?}");
+            assert!(e.message().contains(field), "{params:?}: {}", e.message());
+        }
+        // Nothing fits: RESOURCE_EXHAUSTED with the controller's reason.
+        let e = env
+            .csi
+            .controller
+            .create_volume(req("pvc-full", GIB, &[vg]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message().contains("NoStoragePoolAvailable"),
+            "{}",
+            e.message()
+        );
+        placer.abort();
+        env.stop().await;
+    })
+    .await;
+}
