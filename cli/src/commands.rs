@@ -78,7 +78,10 @@ pub async fn pools(
 /// `volumes`.
 pub async fn volumes(client: &Client, ns: &str, format: OutputFormat) -> Result<String, CliError> {
     let volumes: Vec<AntstorVolume> = list(client, ns, "antstorvolumes").await?;
-    let rows = view::volume_rows(&volumes);
+    let dcs: Vec<liteio_api::AntstorDataControl> = list(client, ns, "antstordatacontrols").await?;
+    let groups: Vec<liteio_api::AntstorVolumeGroup> =
+        list(client, ns, "antstorvolumegroups").await?;
+    let rows = view::volume_rows_with_groups(&volumes, &dcs, &groups);
     table_or(&rows, view::volumes_table(&rows), format, "volumes", ns)
 }
 

@@ -8,7 +8,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use liteio_api::keys::{annotations, labels};
 use liteio_api::size::format_bytes;
-use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeMigration};
+use liteio_api::{
+    AntstorDataControl, AntstorSnapshot, AntstorVolume, AntstorVolumeGroup, StoragePool,
+    VolumeMigration,
+};
 use serde::Serialize;
 
 use crate::table::Table;
@@ -60,6 +63,12 @@ pub struct VolumeRow {
     /// QoS limits (`spec.qos`), `unlimited` when none; `(pending)` appended while the
     /// disk-agent has not applied them.
     pub qos: String,
+    /// A multi-disk volume: how it is assembled (`raid0/KernelLVM`); empty for a volume.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub layout: String,
+    /// A member of a multi-disk volume: that volume's name.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub member_of: String,
 }
 
 /// One row of `snapshots`.
@@ -238,10 +247,87 @@ pub fn volume_rows(volumes: &[AntstorVolume]) -> Vec<VolumeRow> {
             state: volume_state(v),
             export: volume_export(v),
             qos: volume_qos(v),
+            layout: String::new(),
+            member_of: v
+                .labels()
+                .get(labels::VOL_GROUP_NAME)
+                .cloned()
+                .unwrap_or_default(),
         })
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     rows
+}
+
+/// Rows of `volumes` with the multi-disk volumes: each data control's row (its members'
+/// nodes as its pool, where it is assembled) followed by its members' rows; plain volumes
+/// after, by name.
+pub fn volume_rows_with_groups(
+    volumes: &[AntstorVolume],
+    data_controls: &[AntstorDataControl],
+    groups: &[AntstorVolumeGroup],
+) -> Vec<VolumeRow> {
+    let all = volume_rows(volumes);
+    let mut out = Vec::new();
+    let mut dcs: Vec<&AntstorDataControl> = data_controls.iter().collect();
+    dcs.sort_by_key(|d| d.name_any());
+    let mut shown = std::collections::BTreeSet::new();
+    for dc in dcs {
+        let group_names: Vec<&str> = dc
+            .spec
+            .volume_groups
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        let members: Vec<&VolumeRow> = all
+            .iter()
+            .filter(|r| group_names.contains(&r.member_of.as_str()))
+            .collect();
+        let placed_nodes: Vec<String> = groups
+            .iter()
+            .filter(|g| group_names.contains(&g.name_any().as_str()))
+            .flat_map(|g| g.spec.volumes.iter().map(|m| m.target_node_name.clone()))
+            .collect();
+        let state = if dc.metadata.deletion_timestamp.is_some() {
+            "deleting".to_string()
+        } else {
+            dc.status
+                .as_ref()
+                .and_then(|s| s.status)
+                .and_then(|s| serde_json::to_value(s).ok())
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| "creating".into())
+        };
+        out.push(VolumeRow {
+            name: dc.name_any(),
+            uuid: dc.spec.uuid.clone(),
+            size_bytes: u64::try_from(dc.spec.total_size).unwrap_or(0),
+            pool: placed_nodes.join(","),
+            host: dc.spec.host_node.id.clone(),
+            state,
+            export: dc
+                .status
+                .as_ref()
+                .and_then(|s| s.spdk_target.as_ref())
+                .map(|t| format!("{}:{}", t.address, t.svc_id)),
+            qos: "unlimited".into(),
+            layout: format!(
+                "{}/{}",
+                serde_json::to_value(dc.spec.raid.level)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                dc.spec.engine_type
+            ),
+            member_of: String::new(),
+        });
+        for m in members {
+            shown.insert(m.name.clone());
+            out.push(m.clone());
+        }
+    }
+    out.extend(all.into_iter().filter(|r| !shown.contains(&r.name)));
+    out
 }
 
 /// A volume's limits and whether the agent applied them (`liteio.io/qos-in-force`).
@@ -321,8 +407,16 @@ pub fn volumes_table(rows: &[VolumeRow]) -> Table {
         "NAME", "UUID", "SIZE", "POOL", "HOST", "STATE", "EXPORT", "QOS",
     ]);
     for r in rows {
+        // A multi-disk volume names its layout; its members are indented under it.
+        let name = if !r.layout.is_empty() {
+            format!("{} ({})", r.name, r.layout)
+        } else if !r.member_of.is_empty() {
+            format!("  └ {}", r.name)
+        } else {
+            r.name.clone()
+        };
         t.row(vec![
-            r.name.clone(),
+            name,
             or_none(&r.uuid),
             format_bytes(r.size_bytes),
             or_none(&r.pool),

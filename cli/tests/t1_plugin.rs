@@ -863,3 +863,105 @@ async fn qos_shows_changes_and_validates_limits() {
     })
     .await;
 }
+
+/// A multi-disk volume's row (its layout, where its members are) with its members indented
+/// under it; plain volumes after.
+#[tokio::test]
+async fn volumes_show_multi_disk_volumes_with_their_members() {
+    use liteio_api::datacontrol::{AntstorDataControlSpec, Raid, RaidLevel};
+    use liteio_api::group::{AntstorVolumeGroupSpec, EntityIdentity, VolumeMeta};
+    use liteio_api::{AntstorDataControl, AntstorVolumeGroup};
+    within(async {
+        let (_server, client) = seeded().await;
+        let groups: Api<AntstorVolumeGroup> = Api::namespaced(client.clone(), NS);
+        let dcs: Api<AntstorDataControl> = Api::namespaced(client.clone(), NS);
+        let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), NS);
+        let mut g = AntstorVolumeGroup::new(
+            "pvc-md",
+            AntstorVolumeGroupSpec {
+                uuid: "u-md".into(),
+                total_size: 4 * GIB as i64,
+                volumes: ["node-1", "node-2"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| VolumeMeta {
+                        vol_id: EntityIdentity {
+                            namespace: NS.into(),
+                            name: format!("pvc-md-m{i}"),
+                            uuid: format!("u-md-m{i}"),
+                        },
+                        target_node_name: n.to_string(),
+                        size: 2 * GIB as i64,
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        );
+        g.metadata = meta("pvc-md");
+        groups.create(&PostParams::default(), &g).await.unwrap();
+        let mut dc = AntstorDataControl::new(
+            "pvc-md",
+            AntstorDataControlSpec {
+                uuid: "dc-u-md".into(),
+                total_size: 4 * GIB as i64,
+                raid: Raid {
+                    level: RaidLevel::Raid0,
+                },
+                volume_groups: vec![EntityIdentity {
+                    namespace: NS.into(),
+                    name: "pvc-md".into(),
+                    uuid: "u-md".into(),
+                }],
+                host_node: liteio_api::NodeInfo {
+                    id: "node-3".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        dc.metadata = meta("pvc-md");
+        dc.spec.engine_type = liteio_api::PoolMode::KernelLVM;
+        dcs.create(&PostParams::default(), &dc).await.unwrap();
+        for (i, n) in ["node-1", "node-2"].iter().enumerate() {
+            let mut v = AntstorVolume::new(
+                &format!("pvc-md-m{i}"),
+                liteio_api::AntstorVolumeSpec {
+                    uuid: format!("u-md-m{i}"),
+                    size_byte: 2 * GIB,
+                    target_node_id: n.to_string(),
+                    ..Default::default()
+                },
+            );
+            v.metadata = meta(&format!("pvc-md-m{i}"));
+            v.metadata.labels = Some(
+                [(labels::VOL_GROUP_NAME.to_string(), "pvc-md".to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+            vols.create(&PostParams::default(), &v).await.unwrap();
+        }
+        let text = squash(&out(&client, &["volumes"]).await);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].starts_with(
+                "pvc-md (raid0/KernelLVM) dc-u-md 4.0 GiB node-1,node-2 node-3 creating"
+            ),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("└ pvc-md-m0 u-md-m0 2.0 GiB node-1"),
+            "{text}"
+        );
+        assert!(
+            lines[3].starts_with("└ pvc-md-m1 u-md-m1 2.0 GiB node-2"),
+            "{text}"
+        );
+        assert!(lines[4].starts_with("pvc-a "), "{text}");
+        let json: Value =
+            serde_json::from_str(&out(&client, &["volumes", "-o", "json"]).await).unwrap();
+        assert_eq!(json[0]["layout"], "raid0/KernelLVM");
+        assert_eq!(json[1]["memberOf"], "pvc-md");
+        assert_eq!(json[3]["memberOf"], Value::Null);
+    })
+    .await;
+}
