@@ -796,6 +796,20 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     Ns,
                 ),
                 (LITEIO, "antstorsnapshots/status", &["patch"][..], Ns),
+                // Multi-disk volumes assembled in SPDK on this node.
+                (
+                    LITEIO,
+                    "antstordatacontrols",
+                    &["get", "list", "watch", "patch"][..],
+                    Ns,
+                ),
+                (LITEIO, "antstordatacontrols/status", &["patch"][..], Ns),
+                (
+                    LITEIO,
+                    "antstorvolumegroups",
+                    &["get", "list", "watch"][..],
+                    Ns,
+                ),
                 // Hot migration, as the source node.
                 (
                     LITEIO,
@@ -843,6 +857,21 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     Ns,
                 ),
                 (LITEIO, "volumemigrations/status", &["patch"][..], Ns),
+                // Multi-disk volumes: members placed, data controls assigned.
+                (
+                    LITEIO,
+                    "antstorvolumegroups",
+                    &["list", "watch", "patch"][..],
+                    Ns,
+                ),
+                (LITEIO, "antstorvolumegroups/status", &["patch"][..], Ns),
+                (
+                    LITEIO,
+                    "antstordatacontrols",
+                    &["list", "watch", "patch"][..],
+                    Ns,
+                ),
+                (LITEIO, "antstordatacontrols/status", &["patch"][..], Ns),
                 (
                     COORD,
                     "leases",
@@ -885,6 +914,19 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
                     Ns,
                 ),
                 (LITEIO, "storagepools", &["get", "list"][..], Ns),
+                // Multi-disk volumes: a group and a data control per PV.
+                (
+                    LITEIO,
+                    "antstorvolumegroups",
+                    &["get", "list", "watch", "create", "delete"][..],
+                    Ns,
+                ),
+                (
+                    LITEIO,
+                    "antstordatacontrols",
+                    &["get", "list", "create", "patch", "delete"][..],
+                    Ns,
+                ),
                 (CORE, "persistentvolumeclaims", &["get"][..], Cluster),
                 (CORE, "nodes", &["get", "list"][..], Cluster),
                 // external-provisioner.
@@ -985,6 +1027,19 @@ fn needs() -> BTreeMap<&'static str, Vec<Need>> {
             vec![
                 (LITEIO, "antstorvolumes", &["get", "list", "watch"][..], Ns),
                 (LITEIO, "antstorvolumes/status", &["patch"][..], Ns),
+                // Multi-disk volumes: what to assemble on the host.
+                (
+                    LITEIO,
+                    "antstordatacontrols",
+                    &["get", "list", "watch"][..],
+                    Ns,
+                ),
+                (
+                    LITEIO,
+                    "antstorvolumegroups",
+                    &["get", "list", "watch"][..],
+                    Ns,
+                ),
                 // The host's part of a hot migration: spec.migrationInfo and its finalizer.
                 (
                     LITEIO,
