@@ -196,6 +196,28 @@ liteio_raid_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg)
 	return 0;
 }
 
+int
+liteio_raid_add_base(const char *name, const char *base_name, void (*cb_fn)(void *, int),
+		     void *cb_arg)
+{
+	struct raid_bdev *raid = raid_bdev_find_by_name(name);
+
+	if (raid == NULL) {
+		return -ENODEV;
+	}
+	return raid_bdev_add_base_bdev(raid, base_name, cb_fn, cb_arg);
+}
+
+int
+liteio_raid_set_process_limit(uint32_t max_mib_per_sec)
+{
+	struct spdk_raid_bdev_opts opts;
+
+	raid_bdev_get_opts(&opts);
+	opts.process_max_bandwidth_mb_sec = max_mib_per_sec;
+	return raid_bdev_set_opts(&opts);
+}
+
 /* A growing buffer for SPDK's JSON writer. */
 struct json_buf {
 	char *data;

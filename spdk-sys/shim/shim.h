@@ -80,6 +80,17 @@ int liteio_raid_create(const char *name, uint32_t strip_size_kb, enum spdk_bdev_
  * or -ENODEV when there is no such raid (it will not). */
 int liteio_raid_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
 
+/* Add the bdev `base_name` to an empty slot of the raid bdev `name` (a raid1 that lost a
+ * member: SPDK rebuilds onto it). Call on the app thread. Returns 0 when started (`cb_fn(cb_arg,
+ * status)` runs once the member is configured or the rebuild has started), or a negative
+ * errno (it will not): -ENODEV no such raid or base, -EINVAL no empty slot, -EPERM a
+ * background process runs. */
+int liteio_raid_add_base(const char *name, const char *base_name, void (*cb_fn)(void *, int),
+			 void *cb_arg);
+/* Limit the bandwidth of raid background processes (rebuilds) started from now on, in MiB/s;
+ * 0: no limit (SPDK's default). Returns 0 or a negative errno. Call on the app thread. */
+int liteio_raid_set_process_limit(uint32_t max_mib_per_sec);
+
 /* One base bdev slot of a raid bdev. */
 struct liteio_raid_base {
 	/* Name of the base bdev; empty when the slot is missing (never found, or removed). */

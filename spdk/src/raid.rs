@@ -6,8 +6,9 @@
 //!   smallest, in whole strips): the two shapes of a multi-disk volume, whose members are
 //!   volumes of other nodes attached over NVMe/TCP, or local disks for a pool;
 //! - [`RaidLevel::Raid1`] mirrors its members: for replicated volumes (a later issue). It
-//!   stays online with one member left (degraded), and SPDK reports a rebuild onto a
-//!   returning member in [`RaidInfo::process`].
+//!   stays online with one member left (degraded); [`add_raid_base`] puts a new member in the
+//!   empty slot and SPDK rebuilds onto it, which [`RaidInfo::process`] follows
+//!   ([`set_rebuild_limit`] caps its bandwidth).
 //!
 //! Raid5f, which SPDK also has, is not offered. A raid bdev whose members are not all present
 //! is "configuring" inside SPDK and is no bdev yet: [`create_raid`] never leaves one behind,
@@ -126,9 +127,11 @@ pub struct RaidBase {
     pub name: Option<String>,
     /// UUID of the base bdev; empty when none was seen in this slot.
     pub uuid: String,
-    /// The base bdev is open and part of the array.
+    /// The base bdev is open and part of the array (a member being rebuilt counts as
+    /// configured: see `rebuilding`).
     pub configured: bool,
-    /// The base bdev is being written by the background process (a rebuild onto it).
+    /// The base bdev is being rebuilt, from the moment it was added until its rebuild ends:
+    /// its data is not whole yet.
     pub rebuilding: bool,
     /// Blocks of the base bdev before the raid's data (0 without a superblock).
     pub data_offset_blocks: u64,
@@ -179,7 +182,8 @@ pub struct RaidInfo {
     pub superblock: bool,
     /// A delete was started.
     pub deleting: bool,
-    /// The background process, while one runs.
+    /// The background process, while one runs (SPDK starts it a moment after the member is
+    /// added, on a thread of its own).
     pub process: Option<RaidProcess>,
 }
 
@@ -189,9 +193,10 @@ impl RaidInfo {
         self.num_blocks.saturating_mul(u64::from(self.block_size))
     }
 
-    /// Online, but short of members: a raid1 that lost a member and has no rebuild done.
+    /// Online, but short of whole members: a raid1 that lost a member, until a new member's
+    /// rebuild is done.
     pub fn is_degraded(&self) -> bool {
-        self.state == RaidState::Online && self.bases.iter().any(|b| !b.configured)
+        self.state == RaidState::Online && self.bases.iter().any(|b| !b.configured || b.rebuilding)
     }
 
     /// Names of the slots that are missing or not configured (a name is unknown for a
@@ -218,18 +223,23 @@ fn check_bases(level: RaidLevel, bases: &[String]) -> Result<()> {
         });
     }
     for (i, b) in bases.iter().enumerate() {
-        if b.is_empty() || b.len() > MAX_BASE_NAME || b.contains('\0') {
-            return Err(SpdkError::InvalidArgument {
-                field: "base_bdevs",
-                reason: format!("{b:?} must be 1-{MAX_BASE_NAME} characters without NUL"),
-            });
-        }
+        check_base_name("base_bdevs", b)?;
         if bases[..i].contains(b) {
             return Err(SpdkError::InvalidArgument {
                 field: "base_bdevs",
                 reason: format!("{b} is named twice"),
             });
         }
+    }
+    Ok(())
+}
+
+fn check_base_name(field: &'static str, b: &str) -> Result<()> {
+    if b.is_empty() || b.len() > MAX_BASE_NAME || b.contains('\0') {
+        return Err(SpdkError::InvalidArgument {
+            field,
+            reason: format!("{b:?} must be 1-{MAX_BASE_NAME} characters without NUL"),
+        });
     }
     Ok(())
 }
@@ -319,7 +329,10 @@ fn info_now(_r: &Reactor, name: &str) -> Result<Option<RaidInfo>> {
     })?;
     let state = RaidState::from_spdk(info.state).ok_or_else(|| SpdkError::InvalidArgument {
         field: "state",
-        reason: format!("raid bdev {name} has unknown SPDK raid state {}", info.state),
+        reason: format!(
+            "raid bdev {name} has unknown SPDK raid state {}",
+            info.state
+        ),
     })?;
     let process_kind = from_c_array(&info.process_type);
     Ok(Some(RaidInfo {
@@ -360,7 +373,13 @@ fn info_now(_r: &Reactor, name: &str) -> Result<Option<RaidInfo>> {
 
 /// The bases can make a raid now: each exists, is claimed by no module, and all have one
 /// block size that fits in the strip.
-fn check_bases_now(r: &Reactor, bases: &[String], strip_kb: u32) -> Result<()> {
+fn check_bases_now(
+    r: &Reactor,
+    op: &'static str,
+    raid: &str,
+    bases: &[String],
+    strip_kb: u32,
+) -> Result<()> {
     let mut first: Option<(String, u32)> = None;
     for b in bases {
         let bdev = bdev_by_name(r, b).map_err(|_| SpdkError::NotFound {
@@ -374,9 +393,9 @@ fn check_bases_now(r: &Reactor, bases: &[String], strip_kb: u32) -> Result<()> {
             unsafe { spdk_sys::liteio_bdev_claimed_by(bdev, module.as_mut_ptr(), module.len()) };
         if claimed {
             return Err(SpdkError::errno(
-                "create raid bdev",
+                op,
                 format!(
-                    "over {b} (base bdev claimed by the {} module)",
+                    "{raid}: base bdev {b} is claimed by the {} module",
                     from_c_array(&module)
                 ),
                 -libc_errno::EBUSY,
@@ -477,7 +496,7 @@ pub async fn create_raid(
                 ),
             }));
         }
-        if let Err(e) = check_bases_now(r, &bases, strip_kb) {
+        if let Err(e) = check_bases_now(r, "create raid bdev", &name, &bases, strip_kb) {
             return reply.send(Err(e));
         }
         let names: Result<Vec<_>> = bases.iter().map(|b| cstr("base_bdevs", b)).collect();
@@ -515,6 +534,7 @@ pub async fn create_raid(
                 c.as_ptr(),
                 strip_kb,
                 level.to_spdk(),
+                // At most MAX_BASE_BDEVS (255): checked by `check_bases`.
                 ptrs.len() as u8,
                 ptrs.as_ptr(),
                 Some(errno_cb),
@@ -569,7 +589,135 @@ pub async fn delete_raid(name: &str) -> Result<()> {
     .await
 }
 
+/// Add the bdev `base` to the empty slot of the raid bdev `name`: a raid1 that lost a member
+/// takes a new one and SPDK rebuilds the data onto it, which [`RaidInfo::process`] follows
+/// (the member is [`RaidBase::rebuilding`] until the rebuild is done). Returns the raid as it
+/// is once the member is in; the rebuild starts a moment later. Idempotent: a base already in
+/// a slot is taken as it is.
+///
+/// Errors: [`SpdkError::NotFound`] for no such raid bdev or base bdev; `base_bdev`
+/// [`SpdkError::InvalidArgument`] when the raid has no empty slot (concat and raid0 never
+/// have one) or the base is too small or of another block size; `EBUSY` while a rebuild runs
+/// or when another module claimed the base.
+pub async fn add_raid_base(name: &str, base: &str) -> Result<RaidInfo> {
+    check_name("name", name)?;
+    check_base_name("base_bdev", base)?;
+    let (name, base) = (name.to_string(), base.to_string());
+    exec_on(move |r, reply| {
+        let have = match info_now(r, &name) {
+            Ok(Some(i)) => i,
+            Ok(None) => {
+                return reply.send(Err(SpdkError::NotFound {
+                    kind: "raid bdev",
+                    name,
+                }));
+            }
+            Err(e) => return reply.send(Err(e)),
+        };
+        if have.bases.iter().any(|b| b.name.as_deref() == Some(&base)) {
+            return reply.send(Ok(have));
+        }
+        if have.state != RaidState::Online || have.deleting {
+            return reply.send(Err(not_online(&have)));
+        }
+        if let Some(p) = &have.process {
+            return reply.send(Err(SpdkError::errno(
+                "add raid base bdev",
+                format!("{base} to {name} ({} onto {} under way)", p.kind, p.target),
+                -libc_errno::EBUSY,
+            )));
+        }
+        if !have.bases.iter().any(|b| b.name.is_none() && !b.configured) {
+            return reply.send(Err(SpdkError::InvalidArgument {
+                field: "base_bdev",
+                reason: format!("{} {name} has no empty slot for {base}", have.level),
+            }));
+        }
+        if let Err(e) = check_bases_now(
+            r,
+            "add raid base bdev",
+            &name,
+            std::slice::from_ref(&base),
+            0,
+        ) {
+            return reply.send(Err(e));
+        }
+        let need = have
+            .bases
+            .iter()
+            .map(|b| b.data_size_blocks)
+            .max()
+            .unwrap_or(0);
+        let fits = match info_by_name(r, &base) {
+            Ok(b) if b.block_size != have.block_size => Err(format!(
+                "{base} has {}-byte blocks, {name} {}-byte blocks",
+                b.block_size, have.block_size
+            )),
+            Ok(b) if b.num_blocks < need => Err(format!(
+                "{base} has {} blocks, {name} needs {need}",
+                b.num_blocks
+            )),
+            Ok(_) => Ok(()),
+            Err(e) => return reply.send(Err(e)),
+        };
+        if let Err(reason) = fits {
+            return reply.send(Err(SpdkError::InvalidArgument {
+                field: "base_bdev",
+                reason,
+            }));
+        }
+        let (c, b) = match (cstr("name", &name), cstr("base_bdev", &base)) {
+            (Ok(c), Ok(b)) => (c, b),
+            (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
+        };
+        let ctx = errno_ctx(move |r, rc| {
+            if rc != 0 {
+                return reply.send(Err(SpdkError::errno(
+                    "add raid base bdev",
+                    format!("{base} to {name}"),
+                    rc,
+                )));
+            }
+            reply.send(info_now(r, &name).and_then(|i| {
+                i.ok_or(SpdkError::NotFound {
+                    kind: "raid bdev",
+                    name,
+                })
+            }))
+        });
+        // SAFETY: on the app thread; the raid module copies the base name before it returns
+        // (`c` and `b` outlive the call); `ctx` is owned by SPDK when the call returns 0.
+        let rc =
+            unsafe { spdk_sys::liteio_raid_add_base(c.as_ptr(), b.as_ptr(), Some(errno_cb), ctx) };
+        if rc != 0 {
+            // SAFETY: SPDK refused the call and never took `ctx`: it is answered here, once.
+            unsafe { errno_cb(ctx, rc) };
+        }
+    })
+    .await
+}
+
+/// Limit the bandwidth of raid rebuilds started from now on (every raid bdev of this SPDK), in
+/// MiB/s; 0 lifts the limit (SPDK's default). A rebuild under way keeps the limit it started
+/// with.
+pub async fn set_rebuild_limit(mib_per_sec: u32) -> Result<()> {
+    on_reactor_with(move |_r| {
+        // SAFETY: on the app thread, where the raid module reads its options.
+        let rc = unsafe { spdk_sys::liteio_raid_set_process_limit(mib_per_sec) };
+        if rc != 0 {
+            return Err(SpdkError::errno(
+                "set raid rebuild limit",
+                format!("{mib_per_sec} MiB/s"),
+                rc,
+            ));
+        }
+        Ok(())
+    })
+    .await
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -643,7 +791,10 @@ mod tests {
     #[test]
     fn same_shape_or_the_field_that_differs() {
         let have = info(RaidLevel::Raid0, 64, &[Some("a"), Some("b")]);
-        assert_eq!(differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 64), None);
+        assert_eq!(
+            differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 64),
+            None
+        );
         let d = differs(&have, RaidLevel::Concat, &names(&["a", "b"]), 64).unwrap();
         assert!(d.contains("raid_level raid0 (asked concat)"), "{d}");
         let d = differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 128).unwrap();
@@ -654,7 +805,10 @@ mod tests {
         assert!(differs(&have, RaidLevel::Raid0, &names(&["a", "b", "c"]), 64).is_some());
         // A removed raid1 member matches any name; raid1 has no strip to compare.
         let degraded = info(RaidLevel::Raid1, 0, &[Some("a"), None]);
-        assert_eq!(differs(&degraded, RaidLevel::Raid1, &names(&["a", "b"]), 0), None);
+        assert_eq!(
+            differs(&degraded, RaidLevel::Raid1, &names(&["a", "b"]), 0),
+            None
+        );
         assert!(degraded.is_degraded());
         assert_eq!(degraded.unconfigured(), Vec::<String>::new());
     }
