@@ -55,6 +55,10 @@ pub mod finalizers {
     pub const SPDK_TARGET: &str = "antstor.alipay.com/spdk-tgt";
     /// Legacy LVM finalizer, still honoured on delete (also used by AntstorDataControl).
     pub const KERNEL_LVOL: &str = "antstor.alipay.com/lvm";
+    /// AntstorDataControl: the agent of `spec.targetNodeId` built the SpdkLVStore assembly
+    /// (raid bdev, initiator controllers, subsystem); it drops it after the teardown.
+    /// LiteIO's name, the same string as [`KERNEL_LVOL`].
+    pub const ASSEMBLY: &str = KERNEL_LVOL;
     /// Legacy SPDK lvol finalizer, still honoured on delete.
     pub const SPDK_LVOL: &str = "antstor.alipay.com/spdk-lvol";
     /// Added by the agent once a snapshot exists.

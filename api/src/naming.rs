@@ -101,6 +101,40 @@ pub fn nvme_ns_bdev(controller: &str) -> String {
     format!("{controller}n1")
 }
 
+/// Name of the raid bdev that assembles the SpdkLVStore data control `name` (the data
+/// control's own name: Kubernetes names cannot clash with the bdevs the agent makes
+/// otherwise, which are lvol UUIDs, `lvs/lvol` aliases, `<uuid>-gate`, serials and
+/// `<controller>n1`).
+pub fn assembly_bdev(data_control: &str) -> String {
+    data_control.to_string()
+}
+
+/// Prefix of the NVMe controllers with which the assembly of `data_control` attaches its
+/// remote members: `<data control>_m`. Kubernetes names have no `_`, so the prefix of one
+/// data control is never the prefix of another's.
+pub fn assembly_controller_prefix(data_control: &str) -> String {
+    format!("{data_control}_m")
+}
+
+/// The NVMe controller that attaches member number `index` (its place in the raid) of the
+/// assembly of `data_control`: `<data control>_m<index>`; its bdev is
+/// [`nvme_ns_bdev`] of it.
+pub fn assembly_controller(data_control: &str, index: usize) -> String {
+    format!("{}{index}", assembly_controller_prefix(data_control))
+}
+
+/// Prefix of a data control's `spec.uuid` (LiteIO's volume id of a multi-disk volume).
+pub const DATA_CONTROL_UUID_PREFIX: &str = "dc-";
+
+/// The namespace UUID of an assembled data control's export: its `spec.uuid` without the
+/// `dc-` prefix (a namespace UUID must be a UUID).
+pub fn assembly_ns_uuid(data_control_uuid: &str) -> String {
+    data_control_uuid
+        .strip_prefix(DATA_CONTROL_UUID_PREFIX)
+        .unwrap_or(data_control_uuid)
+        .to_string()
+}
+
 /// VG and LV names of a data control.
 pub fn data_control_vg(namespace: &str, name: &str) -> String {
     format!("{namespace}-{name}")
@@ -238,6 +272,22 @@ mod tests {
         assert!(snapshot_name(&"é".repeat(40)).len() <= ENGINE_NAME_MAX);
         assert_eq!(nvme_ns_bdev("mig-1"), "mig-1n1");
         assert_eq!(data_control_vg("obnvmf", "dc"), "obnvmf-dc");
+    }
+
+    #[test]
+    fn assembly_names() {
+        assert_eq!(assembly_bdev("pvc-7"), "pvc-7");
+        assert_eq!(assembly_controller("pvc-7", 2), "pvc-7_m2");
+        assert_eq!(nvme_ns_bdev(&assembly_controller("pvc-7", 0)), "pvc-7_m0n1");
+        // One data control's controllers never carry another's prefix.
+        assert!(
+            !assembly_controller("pvc-7-m1", 0).starts_with(&assembly_controller_prefix("pvc-7"))
+        );
+        assert_eq!(
+            assembly_ns_uuid("dc-0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a11"),
+            "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a11"
+        );
+        assert_eq!(assembly_ns_uuid("0b9d1f3c"), "0b9d1f3c");
     }
 
     #[test]
