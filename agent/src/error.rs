@@ -120,6 +120,17 @@ pub enum AgentError {
         #[source]
         source: ExportError,
     },
+    /// The exporter could not assemble (or tear down) a multi-disk volume.
+    #[error("cannot {op} multi-disk volume {data_control}")]
+    Assembly {
+        /// `assemble` or `tear down`.
+        op: &'static str,
+        /// AntstorDataControl name.
+        data_control: String,
+        /// The exporter's error.
+        #[source]
+        source: ExportError,
+    },
     /// The object cannot be served as it is.
     #[error("{what}: {reason}")]
     InvalidObject {
@@ -158,7 +169,7 @@ impl AgentError {
             },
             Self::Timeout { .. } => ErrorKind::Timeout,
             Self::Engine { source, .. } => ErrorKind::Engine(source.kind()),
-            Self::Export { .. } => ErrorKind::Export,
+            Self::Export { .. } | Self::Assembly { .. } => ErrorKind::Export,
             Self::InvalidObject { .. } => ErrorKind::InvalidObject,
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::Join { .. } => ErrorKind::Internal,
@@ -171,7 +182,8 @@ impl AgentError {
     /// - the engine refuses the arguments (`engine_invalid_argument`, e.g. a shrink);
     /// - the pool holds a different object under the name (`engine_already_exists_different`);
     /// - the object cannot be served as it is (`invalid_object`);
-    /// - the export cannot be made by this agent (built without an NVMe-oF target).
+    /// - the export cannot be made by this agent (built without an NVMe-oF target), or the
+    ///   assembly of a multi-disk volume (a target without SPDK, or SPDK in interrupt mode).
     ///
     /// The exporter's `InvalidRequest` stays transient: some of its refusals depend on the
     /// order of steps in a migration (no export yet for a pipe) and heal on the next pass.
@@ -184,12 +196,17 @@ impl AgentError {
             },
             Self::InvalidObject { .. } => Retry::OnChange,
             Self::Export {
-                source: ExportError::Unavailable { .. },
+                source: ExportError::Unavailable { .. } | ExportError::Unsupported(_),
+                ..
+            }
+            | Self::Assembly {
+                source: ExportError::Unavailable { .. } | ExportError::Unsupported(_),
                 ..
             } => Retry::OnChange,
             Self::Kube { .. }
             | Self::Timeout { .. }
             | Self::Export { .. }
+            | Self::Assembly { .. }
             | Self::NotFound { .. }
             | Self::Join { .. } => Retry::Backoff,
         }
@@ -319,6 +336,14 @@ mod tests {
                     },
                 },
             ),
+            (
+                "export",
+                AgentError::Assembly {
+                    op: "assemble",
+                    data_control: "pvc-1".into(),
+                    source: ExportError::Unsupported("no SPDK".into()),
+                },
+            ),
         ];
         for (kind, e) in &permanent {
             assert_eq!(e.kind().as_str(), *kind, "{}", e.chain());
@@ -373,6 +398,14 @@ mod tests {
                 volume: "pvc-1".into(),
                 source: ExportError::Target {
                     message: "listener refused".into(),
+                    source: None,
+                },
+            },
+            AgentError::Assembly {
+                op: "assemble",
+                data_control: "pvc-1".into(),
+                source: ExportError::Target {
+                    message: "attach refused".into(),
                     source: None,
                 },
             },

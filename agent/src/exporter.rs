@@ -20,6 +20,12 @@
 //! [`NoExporter`] is the implementation when the agent has no NVMe-oF target (built without
 //! the `spdk` feature): every export request fails with [`ExportError::Unavailable`], so a
 //! remote volume stays `creating` with a message instead of being reported ready.
+//!
+//! Multi-disk volumes of engine SpdkLVStore are assembled here too
+//! ([`Exporter::ensure_assembly`], [`Exporter::remove_assembly`]): the members attached with
+//! the target's NVMe/TCP initiator (remote) or opened directly (local), a raid bdev over
+//! them, one subsystem for it. An exporter without SPDK refuses
+//! ([`ExportError::Unsupported`]) and [`Exporter::assembles`] says so beforehand.
 
 use std::fmt;
 use std::future::Future;
@@ -98,6 +104,97 @@ impl PathState {
     }
 }
 
+/// How the members of an assembly are combined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AssemblyLevel {
+    /// One after another (LiteIO's `linear`): a concat raid bdev.
+    Concat,
+    /// Striped (`raid0`).
+    Raid0,
+}
+
+impl AssemblyLevel {
+    /// The name used in messages (`concat`, `raid0`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Concat => "concat",
+            Self::Raid0 => "raid0",
+        }
+    }
+}
+
+/// Where the target finds one member of an assembly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberSource {
+    /// A volume of this node's lvstore, opened directly (not exported: see
+    /// `sync::volume::assembled_locally`).
+    Local {
+        /// Its lvol.
+        lvol: SpdkLvol,
+    },
+    /// A volume of another node, attached over NVMe/TCP as this node's host NQN with the
+    /// assembly's keys.
+    Remote {
+        /// Its export (`spec.spdkTarget`).
+        target: SpdkTarget,
+    },
+}
+
+/// One member of an assembly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssemblyMember {
+    /// AntstorVolume name (for messages).
+    pub volume: String,
+    /// Its node.
+    pub node: String,
+    /// Where it is.
+    pub source: MemberSource,
+}
+
+/// What to assemble: a multi-disk volume of engine SpdkLVStore on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssemblyRequest {
+    /// AntstorDataControl name: the raid bdev's name (`naming::assembly_bdev`) and the
+    /// prefix of its initiator controllers (`naming::assembly_controller`).
+    pub name: String,
+    /// Its `spec.uuid` (`dc-<uuid>`): subsystem NQN, serial, key names; the namespace UUID
+    /// is the uuid without `dc-`.
+    pub uuid: String,
+    /// How the members are combined.
+    pub level: AssemblyLevel,
+    /// Strip size in KiB (concat: each member is rounded down to whole strips).
+    pub strip_kb: u32,
+    /// The members in the raid's order (the groups' `spec.volumes`, in order). One member
+    /// is exported as it is, without a raid.
+    pub members: Vec<AssemblyMember>,
+    /// The assembled device must hold at least this many bytes (`spec.totalSize`).
+    pub size_bytes: u64,
+    /// This node's host NQN: the remote members' exports admit it.
+    pub hostnqn: String,
+    /// Host NQNs allowed to connect to the assembled export: exactly these.
+    pub allowed_hosts: Vec<String>,
+    /// The PV's keys (`None` when [`Exporter::authenticates`] is false): the remote members
+    /// and the assembled export use the same ones.
+    pub keys: Option<liteio_api::auth::VolumeKeys>,
+    /// The target recorded on the data control (`status.spdkTarget`) by an earlier
+    /// assembly: kept (NQN, serial, namespace UUID, port when free).
+    pub preset: Option<SpdkTarget>,
+}
+
+/// What to tear down: the assembly of a data control.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnassembleRequest {
+    /// AntstorDataControl name.
+    pub name: String,
+    /// Its `spec.uuid`.
+    pub uuid: String,
+    /// The target recorded on it, if any.
+    pub target: Option<SpdkTarget>,
+    /// How many members it has (their controllers are detached by index, besides those
+    /// found by name).
+    pub members: usize,
+}
+
 /// What to stop exporting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnexportRequest {
@@ -141,6 +238,10 @@ pub enum ExportError {
     /// The request cannot be served (no device and no lvol, …).
     #[error("{0}")]
     InvalidRequest(String),
+    /// This target cannot do it at all (no SPDK, SPDK without its NVMe/TCP initiator): only
+    /// a change of the object or of the node's configuration helps.
+    #[error("{0}")]
+    Unsupported(String),
     /// The target failed.
     #[error("NVMe-oF target: {message}")]
     Target {
@@ -210,6 +311,37 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     /// Tells the export that the volume grew to `req.size_bytes`. No export (a restarted
     /// target) is success: the next `ensure_export` exports the grown volume.
     fn resize_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, ()> {
+        let _ = req;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Whether this target assembles multi-disk volumes of engine SpdkLVStore
+    /// ([`Exporter::ensure_assembly`]).
+    fn assembles(&self) -> bool {
+        false
+    }
+
+    /// Creates or re-asserts the assembly of a multi-disk volume and its export; returns the
+    /// target to record (`status.spdkTarget`). Idempotent and level-triggered like
+    /// [`Exporter::ensure_export`]: what exists is checked and kept, what is missing is made
+    /// (after an agent restart, everything), the allowed hosts are set to exactly
+    /// `allowed_hosts`. A failed call removes what it made itself, so a failed first
+    /// assembly leaves no raid bdev, initiator controller or subsystem behind (a working
+    /// assembly that fails a re-assertion keeps serving). The default refuses: only an
+    /// SPDK target assembles.
+    fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
+        Box::pin(async move {
+            Err(ExportError::Unsupported(format!(
+                "multi-disk volume {} (engine SpdkLVStore) is assembled in SPDK, and this agent's target has no SPDK (an agent built without the spdk feature, or another pool engine): it cannot assemble it",
+                req.name
+            )))
+        })
+    }
+
+    /// Tears an assembly down: the subsystem, then the raid bdev, then the initiator
+    /// controllers of its remote members, then its keys. Idempotent: nothing left is
+    /// success. The default has nothing to remove (a target without SPDK never assembled).
+    fn remove_assembly<'a>(&'a self, req: &'a UnassembleRequest) -> ExportFuture<'a, ()> {
         let _ = req;
         Box::pin(async { Ok(()) })
     }
