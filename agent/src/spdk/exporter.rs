@@ -4,6 +4,12 @@
 //! pass-through bdev over the lvol, `<lvol bdev>-gate`, where hot migration mirrors and
 //! copies; see `liteio_spdk::gate`); LVM and file volumes through an aio bdev named after the
 //! volume's serial number.
+//!
+//! It also assembles multi-disk volumes of engine SpdkLVStore: the remote members attached
+//! with SPDK's NVMe/TCP initiator (controllers `<data control>_m<i>`, reconnecting for
+//! [`MEMBER_RECONNECT`] when a member's target goes away), the local members' lvols opened
+//! directly, a concat or raid0 bdev named after the data control over them, and one
+//! subsystem for it, built like a volume's export.
 
 use std::sync::Mutex;
 
@@ -12,10 +18,12 @@ use liteio_api::{SpdkTarget, naming};
 use super::error::SpdkError;
 use super::initiator;
 use super::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec, TcpTransportOptions};
+use super::raid::{self, RaidLevel, RaidState};
 use super::{Spdk, bdev, gate, keyring};
 use crate::exporter::{
-    CopyPhase, CopyStatus, ExportError, ExportFuture, ExportRequest, Exporter, ExporterHealth,
-    Migrator, PathState, PipeRequest, UnexportRequest,
+    AssemblyLevel, AssemblyRequest, CopyPhase, CopyStatus, ExportError, ExportFuture,
+    ExportRequest, Exporter, ExporterHealth, MemberSource, Migrator, PathState, PipeRequest,
+    UnassembleRequest, UnexportRequest,
 };
 
 /// Exports volumes through the embedded SPDK NVMe-oF/TCP target.
@@ -40,6 +48,29 @@ pub struct SpdkExporter {
     /// SPDK runs in interrupt mode, where its NVMe/TCP initiator (the migration pipe)
     /// cannot run.
     interrupt_mode: bool,
+}
+
+/// How the initiator of an assembly rides out a member's target going away (its agent
+/// restarting: the export comes back with the same NQN and port within seconds): it
+/// reconnects every second and holds the raid's I/O to that member meanwhile; after a minute
+/// the controller is given up, its bdev goes, and the raid with it (the next reconcile of the
+/// data control assembles it again once the member is back).
+pub const MEMBER_RECONNECT: initiator::Reconnect = initiator::Reconnect {
+    delay: std::time::Duration::from_secs(1),
+    give_up_after: std::time::Duration::from_secs(60),
+};
+
+/// What one [`Exporter::ensure_assembly`] call made, removed again when the call fails.
+#[derive(Debug, Default)]
+struct Made {
+    /// Keys loaded for a new assembly (its uuid).
+    keys: Option<String>,
+    /// Initiator controllers attached.
+    controllers: Vec<String>,
+    /// The raid bdev.
+    raid: Option<String>,
+    /// The subsystem (NQN).
+    subsystem: Option<String>,
 }
 
 /// Names of a volume's keys in SPDK's keyring: host key, controller key, TLS PSK.
@@ -173,16 +204,30 @@ impl SpdkExporter {
     /// Put the request's keys into SPDK's keyring under the volume's key names (a changed key
     /// replaces the old one) and say how the subsystem's hosts use them.
     async fn load_keys(&self, req: &ExportRequest) -> Result<(HostKeys, bool), ExportError> {
+        self.load_keys_of(
+            &format!("volume {}", req.volume),
+            &req.uuid,
+            req.keys.as_ref(),
+        )
+        .await
+    }
+
+    /// [`Self::load_keys`] for `what` (messages) with uuid `uuid` and keys `keys`.
+    async fn load_keys_of(
+        &self,
+        what: &str,
+        uuid: &str,
+        keys: Option<&liteio_api::auth::VolumeKeys>,
+    ) -> Result<(HostKeys, bool), ExportError> {
         if !self.auth {
             return Ok((HostKeys::default(), false));
         }
-        let Some(k) = &req.keys else {
+        let Some(k) = keys else {
             return Err(ExportError::InvalidRequest(format!(
-                "volume {}: this target requires host authentication and the export request has no keys",
-                req.volume
+                "{what}: this target requires host authentication and the request has no keys"
             )));
         };
-        let [host, ctrl, psk] = key_names(&req.uuid);
+        let [host, ctrl, psk] = key_names(uuid);
         keyring::add_key(&host, k.host.expose())
             .await
             .map_err(target_err)?;
@@ -276,6 +321,85 @@ impl SpdkExporter {
             .remove(&port);
     }
 
+    /// Serves subsystem `nqn` as `spec(port)` says: an existing one (every reconcile of a
+    /// ready volume comes here) is checked and gets its host list brought up to date, without
+    /// the creation lock, and is promoted to `path_state` when that is optimized; a new one
+    /// gets a free port of the range (`preferred` first). Returns the subsystem and its host
+    /// listener's port.
+    async fn serve<F>(
+        &self,
+        nqn: &str,
+        spec: F,
+        path_state: PathState,
+        preferred: Option<u16>,
+    ) -> Result<(nvmf::SubsystemInfo, u16), ExportError>
+    where
+        F: Fn(u16) -> SubsystemSpec + Sync,
+    {
+        let existing = nvmf::find_subsystem(nqn).await.map_err(target_err)?;
+        if let Some(port) =
+            existing.and_then(|s| host_port(&s.listeners, &self.address, self.known_host_port(nqn)))
+        {
+            let info = nvmf::create_subsystem(spec(port))
+                .await
+                .map_err(target_err)?;
+            // Promoted only (see `ExportRequest::path_state`), and only when it is not
+            // optimized yet: a change pauses and resumes the subsystem, which would end a
+            // switch-over's fence.
+            if path_state == PathState::Optimized
+                && nvmf::ana_state(nqn, &self.address, port, 1)
+                    .await
+                    .map_err(target_err)?
+                    != ana(PathState::Optimized)
+            {
+                nvmf::set_ana_state(nqn, &self.address, port, ana(PathState::Optimized), 1)
+                    .await
+                    .map_err(target_err)?;
+            }
+            return Ok((info, port));
+        }
+        // A new subsystem: the port is chosen under the lock and reserved until the subsystem
+        // exists, so two volumes never pick the same port; the creations themselves run
+        // concurrently (one slow subsystem start must not hold every other export of the
+        // node).
+        let mut tried = std::collections::HashSet::new();
+        let mut last = None;
+        loop {
+            let Some(port) = self.reserve_port(preferred, &tried).await? else {
+                let (lo, hi) = (*self.ports.start(), *self.ports.end());
+                return Err(last.map_or_else(
+                    || ExportError::Target {
+                        message: format!(
+                            "every port of {lo}-{hi} is taken or being given to another volume; widen the listen port range"
+                        ),
+                        source: None,
+                    },
+                    target_err,
+                ));
+            };
+            let created = nvmf::create_subsystem(spec(port)).await;
+            self.release_port(port);
+            match created {
+                Ok(info) => {
+                    self.host_ports
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(nqn.to_string(), port);
+                    // Hosts can connect from now on: after a restart, the moment a volume is
+                    // served again (the restart benchmark reads it).
+                    tracing::info!(nqn = %nqn, port, "NVMe-oF subsystem listening");
+                    return Ok((info, port));
+                }
+                // Another program holds the port: try the next one.
+                Err(e @ SpdkError::Errno { op: "listen", .. }) => {
+                    tried.insert(port);
+                    last = Some(e);
+                }
+                Err(e) => return Err(target_err(e)),
+            }
+        }
+    }
+
     fn target(
         &self,
         bdev_name: String,
@@ -292,6 +416,267 @@ impl SpdkExporter {
             ns_uuid,
             address: self.address.clone(),
             addr_fam: naming::ADDR_FAM_IPV4.into(),
+        }
+    }
+}
+
+impl SpdkExporter {
+    /// The bdev a member of `req` is found at, attaching a remote one when missing (recorded
+    /// in `made`).
+    async fn member_bdev(
+        &self,
+        req: &AssemblyRequest,
+        index: usize,
+        keys: &HostKeys,
+        made: &mut Made,
+    ) -> Result<String, ExportError> {
+        let m = &req.members[index];
+        match &m.source {
+            MemberSource::Local { lvol } => {
+                let alias = lvol.full_name();
+                // Its canonical name (the lvol's UUID): what SPDK reports as the raid's base.
+                let b = bdev::get(&alias).await.map_err(target_err)?.ok_or_else(|| {
+                    ExportError::InvalidRequest(format!(
+                        "multi-disk volume {}: member {} ({alias}) is not in this node's lvstore",
+                        req.name, m.volume
+                    ))
+                })?;
+                Ok(b.name)
+            }
+            MemberSource::Remote { target } => {
+                let ctrl = naming::assembly_controller(&req.name, index);
+                let ns = naming::nvme_ns_bdev(&ctrl);
+                if bdev::get(&ns).await.map_err(target_err)?.is_some() {
+                    return Ok(ns);
+                }
+                let port: u16 = target.svc_id.parse().map_err(|_| {
+                    ExportError::InvalidRequest(format!(
+                        "multi-disk volume {}: member {}'s export spec.spdkTarget.svcID is {:?}, not a port",
+                        req.name, m.volume, target.svc_id
+                    ))
+                })?;
+                // A controller left without its namespace (it gave up reconnecting) is
+                // attached anew.
+                match initiator::detach(&ctrl).await {
+                    Ok(()) | Err(SpdkError::NotFound { .. }) => {}
+                    Err(e) => return Err(target_err(e)),
+                }
+                let names = initiator::attach_tcp_auth(
+                    &ctrl,
+                    &target.address,
+                    port,
+                    &target.subsys_nqn,
+                    &req.hostnqn,
+                    Some(MEMBER_RECONNECT),
+                    keys,
+                )
+                .await
+                .map_err(|e| ExportError::Target {
+                    message: format!(
+                        "multi-disk volume {}: cannot attach member {} (node {}) at {}:{port} as {}",
+                        req.name, m.volume, m.node, target.address, req.hostnqn
+                    ),
+                    source: Some(Box::new(e)),
+                })?;
+                made.controllers.push(ctrl.clone());
+                if !names.contains(&ns) {
+                    return Err(ExportError::Target {
+                        message: format!(
+                            "multi-disk volume {}: member {} at {}:{port} has no namespace 1 (got {names:?})",
+                            req.name, m.volume, target.address
+                        ),
+                        source: None,
+                    });
+                }
+                tracing::info!(assembly = %req.name, member = %m.volume, node = %m.node, controller = %ctrl, "member attached");
+                Ok(ns)
+            }
+        }
+    }
+
+    /// The raid bdev over `bases` (made when missing, recorded in `made`); a raid that lost
+    /// a member (configuring, offline, being deleted) is made again.
+    async fn raid_over(
+        &self,
+        req: &AssemblyRequest,
+        bases: &[String],
+        made: &mut Made,
+    ) -> Result<String, ExportError> {
+        let name = naming::assembly_bdev(&req.name);
+        let level = match req.level {
+            AssemblyLevel::Concat => RaidLevel::Concat,
+            AssemblyLevel::Raid0 => RaidLevel::Raid0,
+        };
+        let had = match raid::raid_info(&name).await.map_err(target_err)? {
+            Some(i) if i.state != RaidState::Online || i.deleting => {
+                tracing::warn!(assembly = %req.name, state = %i.state, "raid bdev lost a member; making it again");
+                raid::delete_raid(&name).await.map_err(target_err)?;
+                false
+            }
+            Some(_) => true,
+            None => false,
+        };
+        raid::create_raid(&name, level, bases, req.strip_kb)
+            .await
+            .map_err(|e| ExportError::Target {
+                message: format!(
+                    "multi-disk volume {}: cannot make the {} bdev over [{}]",
+                    req.name,
+                    level,
+                    bases.join(", ")
+                ),
+                source: Some(Box::new(e)),
+            })?;
+        if !had {
+            made.raid = Some(name.clone());
+            tracing::info!(assembly = %req.name, level = %level, strip_kb = req.strip_kb, members = bases.len(), "raid bdev made");
+        }
+        Ok(name)
+    }
+
+    /// [`Exporter::ensure_assembly`]'s work; what it makes is recorded in `made`.
+    async fn assemble(
+        &self,
+        req: &AssemblyRequest,
+        made: &mut Made,
+    ) -> Result<SpdkTarget, ExportError> {
+        if req.members.is_empty() {
+            return Err(ExportError::InvalidRequest(format!(
+                "multi-disk volume {} has no members to assemble",
+                req.name
+            )));
+        }
+        let remote = req
+            .members
+            .iter()
+            .filter(|m| matches!(m.source, MemberSource::Remote { .. }))
+            .count();
+        if remote > 0 && self.interrupt_mode {
+            return Err(ExportError::Unsupported(format!(
+                "multi-disk volume {} has {remote} member(s) on other nodes, which this node attaches with SPDK's NVMe/TCP initiator, and this node's SPDK runs in interrupt mode (spdk.interruptMode: true), where that initiator cannot run; a node that assembles multi-disk volumes (the node of a volume's largest member) needs spdk.interruptMode: false",
+                req.name
+            )));
+        }
+        let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
+        let nqn = preset.map_or_else(|| naming::subsys_nqn(&req.uuid), |t| t.subsys_nqn.clone());
+        let fresh = nvmf::find_subsystem(&nqn)
+            .await
+            .map_err(target_err)?
+            .is_none()
+            && raid::raid_info(&naming::assembly_bdev(&req.name))
+                .await
+                .map_err(target_err)?
+                .is_none();
+        let what = format!("multi-disk volume {}", req.name);
+        let (keys, secure_channel) = self
+            .load_keys_of(&what, &req.uuid, req.keys.as_ref())
+            .await?;
+        if fresh && self.auth {
+            made.keys = Some(req.uuid.clone());
+        }
+        let mut bases = Vec::with_capacity(req.members.len());
+        for i in 0..req.members.len() {
+            bases.push(self.member_bdev(req, i, &keys, made).await?);
+        }
+        // One member needs no raid (SPDK's raids take two or more).
+        let exported = match bases.as_slice() {
+            [one] => one.clone(),
+            _ => self.raid_over(req, &bases, made).await?,
+        };
+        let size = bdev::get(&exported)
+            .await
+            .map_err(target_err)?
+            .map_or(0, |b| b.size_bytes());
+        if size < req.size_bytes {
+            return Err(ExportError::InvalidRequest(format!(
+                "multi-disk volume {}: the {} of its {} member(s) holds {size} bytes, less than its spec.totalSize {}",
+                req.name,
+                req.level.as_str(),
+                bases.len(),
+                req.size_bytes
+            )));
+        }
+        // A subsystem that exports something else (the raid was made again, and SPDK took
+        // the old one's namespace away with it) is made again.
+        if let Some(sub) = nvmf::find_subsystem(&nqn).await.map_err(target_err)?
+            && sub.bdevs != [exported.clone()]
+        {
+            tracing::warn!(assembly = %req.name, nqn = %nqn, bdevs = ?sub.bdevs, "the assembly's subsystem exports another bdev; making it again");
+            nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
+        }
+        let existed = nvmf::find_subsystem(&nqn)
+            .await
+            .map_err(target_err)?
+            .is_some();
+        let ns_uuid = preset
+            .map(|t| t.ns_uuid.clone())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| naming::assembly_ns_uuid(&req.uuid));
+        let serial = preset
+            .map(|t| t.sn.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| naming::serial_number(&req.uuid));
+        let (min_cntlid, max_cntlid) = naming::cntlid_range(&self.address);
+        let spec = |port| SubsystemSpec {
+            nqn: nqn.clone(),
+            serial: serial.clone(),
+            model: ns_uuid.chars().take(40).collect(),
+            bdev: exported.clone(),
+            ns_uuid: ns_uuid.clone(),
+            address: self.address.clone(),
+            port,
+            hosts: req.allowed_hosts.clone(),
+            keys: keys.clone(),
+            secure_channel,
+            keyless_hosts: Vec::new(),
+            // As every export: ANA reporting and this node's controller IDs.
+            multipath: Some(Multipath {
+                ana_state: AnaState::Optimized,
+                min_cntlid,
+                max_cntlid,
+            }),
+        };
+        let preferred = preset.and_then(|t| t.svc_id.parse().ok());
+        let (info, port) = self
+            .serve(&nqn, spec, PathState::Optimized, preferred)
+            .await?;
+        if !existed {
+            made.subsystem = Some(nqn.clone());
+        }
+        Ok(self.target(exported, info, port, ns_uuid))
+    }
+
+    /// Removes what a failed [`Exporter::ensure_assembly`] made, newest first (best effort:
+    /// a failure is logged, and the data control's deletion removes it later).
+    async fn undo(&self, name: &str, made: Made) {
+        if let Some(nqn) = &made.subsystem {
+            if let Err(e) = nvmf::delete_subsystem(nqn).await {
+                tracing::warn!(assembly = name, nqn = %nqn, error = %e, "cannot remove the subsystem of a failed assembly");
+            }
+            self.host_ports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(nqn);
+        }
+        if let Some(r) = &made.raid
+            && let Err(e) = raid::delete_raid(r).await
+        {
+            tracing::warn!(assembly = name, raid = %r, error = %e, "cannot remove the raid bdev of a failed assembly");
+        }
+        for c in made.controllers.iter().rev() {
+            match initiator::detach(c).await {
+                Ok(()) | Err(SpdkError::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(assembly = name, controller = %c, error = %e, "cannot detach a member of a failed assembly");
+                }
+            }
+        }
+        if let Some(uuid) = &made.keys {
+            for k in key_names(uuid) {
+                if let Err(e) = keyring::remove_key(&k).await {
+                    tracing::warn!(assembly = name, error = %e, "cannot remove the keys of a failed assembly");
+                }
+            }
         }
     }
 }
@@ -410,76 +795,76 @@ impl Exporter for SpdkExporter {
                     max_cntlid,
                 }),
             };
-            // Already exported (every reconcile of a ready volume comes here): check it and
-            // bring its host list up to date, without the creation lock.
-            let existing = nvmf::find_subsystem(&nqn).await.map_err(target_err)?;
-            if let Some(port) = existing
-                .and_then(|s| host_port(&s.listeners, &self.address, self.known_host_port(&nqn)))
-            {
-                let info = nvmf::create_subsystem(spec(port))
-                    .await
-                    .map_err(target_err)?;
-                // Promoted only (see `ExportRequest::path_state`), and only when it is not
-                // optimized yet: a change pauses and resumes the subsystem, which would end
-                // a switch-over's fence.
-                if req.path_state == PathState::Optimized
-                    && nvmf::ana_state(&nqn, &self.address, port, 1)
-                        .await
-                        .map_err(target_err)?
-                        != ana(PathState::Optimized)
-                {
-                    nvmf::set_ana_state(&nqn, &self.address, port, ana(PathState::Optimized), 1)
-                        .await
-                        .map_err(target_err)?;
-                }
-                return Ok(self.target(bdev_name, info, port, ns_uuid));
-            }
-            // A new subsystem: the port is chosen under the lock and reserved until the
-            // subsystem exists, so two volumes never pick the same port; the creations
-            // themselves run concurrently (one slow subsystem start must not hold every
-            // other export of the node).
             let preferred = preset.and_then(|t| t.svc_id.parse().ok());
-            let mut tried = std::collections::HashSet::new();
-            let mut last = None;
-            loop {
-                let Some(port) = self.reserve_port(preferred, &tried).await? else {
-                    let (lo, hi) = (*self.ports.start(), *self.ports.end());
-                    return Err(last.map_or_else(
-                        || ExportError::Target {
-                            message: format!(
-                                "every port of {lo}-{hi} is taken or being given to another volume; widen the listen port range"
-                            ),
-                            source: None,
-                        },
-                        target_err,
-                    ));
-                };
-                let created = nvmf::create_subsystem(spec(port)).await;
-                self.release_port(port);
-                match created {
-                    Ok(info) => {
-                        self.host_ports
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .insert(nqn.clone(), port);
-                        // Hosts can connect from now on: after a restart, the moment a
-                        // volume is served again (the restart benchmark reads it).
-                        tracing::info!(nqn = %nqn, port, "NVMe-oF subsystem listening");
-                        return Ok(self.target(bdev_name, info, port, ns_uuid));
-                    }
-                    // Another program holds the port: try the next one.
-                    Err(e @ SpdkError::Errno { op: "listen", .. }) => {
-                        tried.insert(port);
-                        last = Some(e);
-                    }
-                    Err(e) => return Err(target_err(e)),
-                }
-            }
+            let (info, port) = self.serve(&nqn, spec, req.path_state, preferred).await?;
+            Ok(self.target(bdev_name, info, port, ns_uuid))
         })
     }
 
     fn authenticates(&self) -> bool {
         self.auth
+    }
+
+    fn assembles(&self) -> bool {
+        true
+    }
+
+    fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
+        Box::pin(async move {
+            let mut made = Made::default();
+            let res = self.assemble(req, &mut made).await;
+            if res.is_err() {
+                self.undo(&req.name, made).await;
+            }
+            res
+        })
+    }
+
+    fn remove_assembly<'a>(&'a self, req: &'a UnassembleRequest) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            let nqn = req
+                .target
+                .as_ref()
+                .map(|t| t.subsys_nqn.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
+            nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
+            self.host_ports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&nqn);
+            let raid_name = naming::assembly_bdev(&req.name);
+            if raid::raid_info(&raid_name)
+                .await
+                .map_err(target_err)?
+                .is_some()
+            {
+                raid::delete_raid(&raid_name).await.map_err(target_err)?;
+            }
+            // The members' controllers: by index, and any other found by name.
+            let prefix = naming::assembly_controller_prefix(&req.name);
+            let mut controllers: Vec<String> = (0..req.members)
+                .map(|i| naming::assembly_controller(&req.name, i))
+                .collect();
+            for b in bdev::list().await.map_err(target_err)? {
+                if let Some(c) = b.name.strip_suffix("n1")
+                    && c.starts_with(&prefix)
+                    && !controllers.iter().any(|k| k == c)
+                {
+                    controllers.push(c.to_string());
+                }
+            }
+            for c in controllers {
+                match initiator::detach(&c).await {
+                    Ok(()) | Err(SpdkError::NotFound { .. }) => {}
+                    Err(e) => return Err(target_err(e)),
+                }
+            }
+            for k in key_names(&req.uuid) {
+                keyring::remove_key(&k).await.map_err(target_err)?;
+            }
+            Ok(())
+        })
     }
 
     fn is_listening<'a>(&'a self, target: &'a SpdkTarget) -> ExportFuture<'a, bool> {

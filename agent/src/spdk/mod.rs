@@ -4,7 +4,7 @@
 
 pub use liteio_spdk::{ErrorKind, Result, Spdk, SpdkError, SpdkOptions};
 pub use liteio_spdk::{
-    bdev, deprecation, error, gate, initiator, io, keyring, lvol, nvmf, runtime,
+    bdev, deprecation, error, gate, initiator, io, keyring, lvol, nvmf, raid, runtime,
 };
 
 pub mod exporter;
