@@ -21,7 +21,9 @@
 //!    recreated** (that would hand out an empty disk as if it held data).
 //! 7. Expansion (label `obnvmf/expansion-original-size`, or `sizeByte` above the recorded
 //!    allocated size): resize, tell the exporter, update `allocated-bytes`, drop the label.
-//! 8. Export when the volume is an SPDK lvol or its consumer runs on another node: the
+//! 8. Export when the volume is an SPDK lvol (except a member of a multi-disk volume that
+//!    is assembled on this node, see [`assembled_locally`]) or its consumer runs on another
+//!    node: the
 //!    exporter re-asserts it on every pass (so exports come back after a restart and follow a
 //!    change of host); `spec.spdkTarget` and `spdk-tgt` are written when they differ.
 //!    The consumer's entry has no DH-HMAC-CHAP keys where `spec.hostAuth` and its Node's
@@ -103,15 +105,33 @@ pub fn engine_name(vol: &AntstorVolume) -> String {
         .unwrap_or_else(|| vol.name_any())
 }
 
-/// Whether the volume needs an NVMe-oF export: always for SPDK lvols, otherwise when the
-/// consumer is known and runs on another node.
+/// Whether the volume needs an NVMe-oF export: for SPDK lvols always but when they are
+/// [`assembled_locally`], otherwise when the consumer is known and runs on another node.
 pub fn needs_export(vol: &AntstorVolume, kind: EngineKind) -> bool {
-    kind == EngineKind::SpdkLvs
-        || vol
+    if kind == EngineKind::SpdkLvs {
+        return !assembled_locally(vol);
+    }
+    vol.spec
+        .host_node
+        .as_ref()
+        .is_some_and(|h| !h.id.is_empty() && h.id != vol.spec.target_node_id)
+}
+
+/// Whether the volume is a member of a multi-disk volume of engine SpdkLVStore (label
+/// `obnvmf/vol-group-name`, annotation `obnvmf/volume-type: SpdkLVol`) that is assembled on
+/// its own node (`spec.hostNode` is `spec.targetNodeId`): the raid bdev of this node's SPDK
+/// opens its lvol directly, without a network hop. It is not exported: an export's gate would
+/// claim the lvol, and a raid cannot claim a bdev that is claimed already. (A KernelLVM
+/// member is read by the host's kernel, which needs an export even on the same node.)
+pub fn assembled_locally(vol: &AntstorVolume) -> bool {
+    label(&vol.metadata, labels::VOL_GROUP_NAME).is_some()
+        && annotation(&vol.metadata, annotations::VOLUME_TYPE)
+            == Some(VolumeType::SpdkLVol.to_string().as_str())
+        && vol
             .spec
             .host_node
             .as_ref()
-            .is_some_and(|h| !h.id.is_empty() && h.id != vol.spec.target_node_id)
+            .is_some_and(|h| !h.id.is_empty() && h.id == vol.spec.target_node_id)
 }
 
 /// Whether the engine volume was created and recorded (`spec.kernelLvol` / `spec.spdkLvol`
@@ -872,7 +892,11 @@ async fn withdraw_export(
         "spec": {"spdkTarget": Value::Null},
     });
     let v = patch_guarded(ctx, api, vol, body).await?;
-    info!("export withdrawn: the consumer is on this node");
+    if assembled_locally(&v) {
+        info!("export withdrawn: this node's multi-disk assembly opens the volume directly");
+    } else {
+        info!("export withdrawn: the consumer is on this node");
+    }
     Ok(v)
 }
 
@@ -1004,6 +1028,51 @@ mod tests {
             )]));
         }
         v
+    }
+
+    fn member(annotation: &str, host: &str) -> AntstorVolume {
+        let mut v = AntstorVolume::new(
+            "pvc-g-0123456789",
+            liteio_api::AntstorVolumeSpec {
+                uuid: "u-m".into(),
+                target_node_id: "n1".into(),
+                host_node: Some(liteio_api::NodeInfo {
+                    id: host.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        v.metadata.labels = Some(BTreeMap::from([(
+            labels::VOL_GROUP_NAME.to_string(),
+            "pvc-g".to_string(),
+        )]));
+        v.metadata.annotations = Some(BTreeMap::from([(
+            annotations::VOLUME_TYPE.to_string(),
+            annotation.to_string(),
+        )]));
+        v
+    }
+
+    #[test]
+    fn an_spdk_member_assembled_on_its_own_node_is_not_exported() {
+        // Assembled here: the raid opens the lvol.
+        assert!(assembled_locally(&member("SpdkLVol", "n1")));
+        assert!(!needs_export(
+            &member("SpdkLVol", "n1"),
+            EngineKind::SpdkLvs
+        ));
+        // Assembled on another node: exported to it.
+        assert!(needs_export(&member("SpdkLVol", "n2"), EngineKind::SpdkLvs));
+        // Not yet told where it is assembled: exported (to nobody) meanwhile.
+        assert!(needs_export(&member("SpdkLVol", ""), EngineKind::SpdkLvs));
+        // A KernelLVM member read by the host's kernel on the same node needs its export.
+        assert!(!assembled_locally(&member("Flexible", "n1")));
+        assert!(needs_export(&member("Flexible", "n1"), EngineKind::SpdkLvs));
+        // A plain SPDK volume consumed on its own node is exported as ever.
+        let mut plain = member("SpdkLVol", "n1");
+        plain.metadata.labels = None;
+        assert!(needs_export(&plain, EngineKind::SpdkLvs));
     }
 
     #[test]
