@@ -2,8 +2,8 @@
 //!
 //! [`Agent::start`] prepares the pool (`ensure_pool`), loads the host NQN, starts the metrics
 //! server, and spawns a supervisor that registers the StoragePool (retrying until it
-//! succeeds), runs one recovery scan, then runs the heartbeat, the pool reporter, the volume
-//! and snapshot syncs and the periodic orphan scan. [`Agent::shutdown`] stops the watches,
+//! succeeds), runs one recovery scan, then runs the heartbeat, the pool reporter, the volume,
+//! snapshot, data-control and migration syncs and the periodic orphan scan. [`Agent::shutdown`] stops the watches,
 //! lets the pool reporter write a final status, and stops the heartbeat; nothing that holds
 //! data is released (volumes, exports of the engine and the Lease stay as they are).
 
@@ -361,6 +361,18 @@ async fn supervise(
         labels::TARGET_NODE_ID,
         sync::snapshot::reconcile,
         sync::no_triggers,
+        shutdown.subscribe(),
+    ));
+    // Multi-disk volumes assembled here (SpdkLVStore); also without SPDK, to say why not.
+    set.spawn(sync::run_controller(
+        Arc::clone(&ctx),
+        sync::datacontrol::RESOURCE,
+        labels::TARGET_NODE_ID,
+        sync::datacontrol::reconcile,
+        {
+            let ctx = Arc::clone(&ctx);
+            move |store| sync::datacontrol::triggers(&ctx, store)
+        },
         shutdown.subscribe(),
     ));
     // Only a target that can copy and switch over takes part in migrations as a source.

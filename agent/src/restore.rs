@@ -5,20 +5,25 @@
 //! takes a second node's exports away while the first one's are still coming back.
 //!
 //! The exports to wait for: this node's volumes (label `obnvmf/target-node-id`) that this
-//! agent exported (finalizer `obnvmf/spdk-target`) and that are not being deleted. They are
+//! agent exported (finalizer `obnvmf/spdk-target`) and that are not being deleted, and the
+//! multi-disk volumes this agent assembled (AntstorDataControls with that label, the
+//! `antstor.alipay.com/lvm` finalizer and a `status.spdkTarget`). They are
 //! listed once at start (retried until the API server answers) and again every
-//! [`RELIST`], so that a volume deleted or moved meanwhile is not waited for. The volume
-//! reconcilers restore the exports; this only watches them come back, through the exporter.
+//! [`RELIST`], so that a volume deleted or moved meanwhile is not waited for. The volume and
+//! data-control reconcilers restore the exports; this only watches them come back, through
+//! the exporter. (An assembly comes back only once its remote members' nodes serve them: a
+//! rollout then waits for those too, which is what keeps it from restarting them all at
+//! once.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use liteio_api::AntstorVolume;
 use liteio_api::common::SpdkTarget;
 use liteio_api::keys::{finalizers, labels};
 use liteio_api::meta::has_finalizer;
+use liteio_api::{AntstorDataControl, AntstorVolume};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -40,7 +45,7 @@ async fn exports(ctx: &Ctx) -> crate::error::Result<Vec<(String, SpdkTarget)>> {
             api.list(&lp),
         )
         .await?;
-    Ok(list
+    let mut out: Vec<(String, SpdkTarget)> = list
         .items
         .into_iter()
         .filter(|v| {
@@ -52,7 +57,33 @@ async fn exports(ctx: &Ctx) -> crate::error::Result<Vec<(String, SpdkTarget)>> {
             let name = v.name_any();
             v.spec.spdk_target.map(|t| (name, t))
         })
-        .collect())
+        .collect();
+    if ctx.exporter.assembles() {
+        // In the agent's namespace, where its Role lets it list them.
+        let dcs: Api<AntstorDataControl> =
+            Api::namespaced(ctx.client.clone(), liteio_api::keys::DEFAULT_NAMESPACE);
+        let list = ctx
+            .timed(
+                "list",
+                format!("AntstorDataControls of node {}", ctx.node),
+                dcs.list(&lp),
+            )
+            .await?;
+        out.extend(
+            list.items
+                .into_iter()
+                .filter(|d| {
+                    d.metadata.deletion_timestamp.is_none()
+                        && d.spec.target_node_id == ctx.node
+                        && has_finalizer(&d.metadata, finalizers::ASSEMBLY)
+                })
+                .filter_map(|d| {
+                    let name = format!("AntstorDataControl {}", d.name_any());
+                    d.status.and_then(|s| s.spdk_target).map(|t| (name, t))
+                }),
+        );
+    }
+    Ok(out)
 }
 
 /// Waits until every export this node had listens again, then marks the agent restored

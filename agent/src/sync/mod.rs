@@ -1,6 +1,7 @@
-//! Volume, snapshot and migration sync: kube-runtime controllers over the AntstorVolumes and
-//! AntstorSnapshots labelled `obnvmf/target-node-id=<node>` and the VolumeMigrations
-//! labelled `migrate.obnvmf/source-node-id=<node>`, in namespace `obnvmf`.
+//! Volume, snapshot, data-control and migration sync: kube-runtime controllers over the
+//! AntstorVolumes, AntstorSnapshots and AntstorDataControls labelled
+//! `obnvmf/target-node-id=<node>` and the VolumeMigrations labelled
+//! `migrate.obnvmf/source-node-id=<node>`, in namespace `obnvmf`.
 //!
 //! A failed object is retried with per-object exponential back-off and jitter
 //! ([`backoff`]); a change of the object, or of the pool while some object waits for a
@@ -12,6 +13,7 @@
 
 pub mod auth;
 pub mod backoff;
+pub mod datacontrol;
 pub mod migration;
 pub mod node_auth;
 pub mod provision;

@@ -1,0 +1,529 @@
+//! Data-control sync: the SpdkLVStore assembly of the multi-disk volumes whose
+//! AntstorDataControl names this node (`spec.targetNodeId`, label `obnvmf/target-node-id`).
+//! Engine KernelLVM data controls are assembled by the CSI node on the host: ignored here.
+//!
+//! **Expected flow** (one pass does every step that is due; writes are guarded by the
+//! object's resourceVersion):
+//! 1. Deleting (`deletionTimestamp`) with the `antstor.alipay.com/lvm` finalizer
+//!    ([`finalizers::ASSEMBLY`]): remove the assembly (subsystem, raid bdev, initiator
+//!    controllers, keys; idempotent), then drop the finalizer. The controller deletes the
+//!    members only once the data control is gone.
+//! 2. Refuse what cannot be assembled: a target without SPDK, a raid level other than
+//!    linear and raid0 (permanent errors, in `status.message`).
+//! 3. Wait (`status.message` says for what) until every group is fully placed and every
+//!    member, in the groups' `spec.volumes` order, is ready and admits this node
+//!    (`spec.hostNode`): a remote member exported to this node (`spec.spdkTarget`,
+//!    annotation `liteio.io/exported-to`), a local one with its lvol recorded and no export
+//!    (its own agent withdraws it: this node's raid opens the lvol, which an export's gate
+//!    would hold). The members' changes reconcile the data control at once ([`triggers`]).
+//! 4. Add the finalizer **before** building anything, so that an agent killed in the middle
+//!    still tears down on deletion.
+//! 5. [`Exporter::ensure_assembly`](crate::exporter::Exporter::ensure_assembly): remote
+//!    members attached as this node's host NQN with the PV's keys, a concat (linear) or
+//!    raid0 bdev with [`STRIP_KB`] strips named after the data control, one subsystem
+//!    admitting exactly the host of `spec.hostNode` with the same keys. Every pass re-asserts
+//!    it: after a restart the assembly comes back from the objects, and a new `hostNode`
+//!    replaces the allowed host.
+//! 6. Record `status.spdkTarget`, `status.status: ready` and the annotation
+//!    `liteio.io/exported-to` (the host the export admits) when they differ.
+//!
+//! **Guarantees.** Idempotent: a second pass writes nothing and changes nothing in SPDK. A
+//! failed assembly leaves nothing of what it made (the exporter's contract). A data control
+//! that was ready stays ready while a member looks unready for a moment (its assembly keeps
+//! serving; the initiator rides out a member's restart). **Errors** go to `status.message`
+//! (except conflicts) and are retried with back-off, or wait for a change when permanent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::api::PartialObjectMeta;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use liteio_api::common::{PoolMode, VolumeStatus};
+use liteio_api::datacontrol::RaidLevel;
+use liteio_api::keys::{self, annotations, finalizers, labels};
+use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, SpdkTarget};
+use serde_json::json;
+use tracing::{debug, info, instrument, warn};
+
+use super::{annotation, has_finalizer, label, patch_guarded, patch_status, remove_finalizers};
+use crate::context::Ctx;
+use crate::error::{AgentError, ErrorKind, Result};
+use crate::exporter::{
+    AssemblyLevel, AssemblyMember, AssemblyRequest, MemberSource, UnassembleRequest,
+};
+
+/// The `resource` label of this reconciler's errors.
+pub(crate) const RESOURCE: &str = "antstordatacontrol";
+
+/// Strip size of the assembled raids, in KiB. raid0: 64 KiB is what the KernelLVM assembly
+/// stripes with (LVM's default stripe size), so both engines lay a volume out alike; a 4 KiB
+/// I/O touches one member, and a 1 MiB one is spread over 16 strips (all members). It is
+/// below the 128 KiB a member's NVMe/TCP controller takes in one command, so a strip never
+/// splits on the wire. Concat: only rounds each member down to whole strips, and members are
+/// whole multiples of 4 MiB.
+pub const STRIP_KB: u32 = 64;
+
+/// The key of a data control in [`Ctx::own_writes`] (a volume may have the same name).
+fn own_key(dc: &AntstorDataControl) -> String {
+    format!("AntstorDataControl/{}", super::object_key(dc))
+}
+
+fn namespace(dc: &AntstorDataControl) -> String {
+    dc.namespace()
+        .unwrap_or_else(|| keys::DEFAULT_NAMESPACE.to_string())
+}
+
+/// The assembly's level for `spec.raid.level`; the reason when it has none.
+pub fn level_of(dc: &AntstorDataControl) -> std::result::Result<AssemblyLevel, String> {
+    match dc.spec.raid.level {
+        RaidLevel::Linear => Ok(AssemblyLevel::Concat),
+        RaidLevel::Raid0 => Ok(AssemblyLevel::Raid0),
+        other => Err(format!(
+            "spec.raid.level: {} is not assembled (linear and raid0 are)",
+            serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+/// The members of `groups` (in their `spec.volumes` order) as this node assembles them, from
+/// the member volumes `vols` (by name); `Err` says what to wait for.
+///
+/// A member must exist, be ready and admit `node` (`spec.hostNode`). One on another node must
+/// be exported to `node` (`spec.spdkTarget` and `liteio.io/exported-to: <node>`); one on
+/// `node` must have its lvol recorded and no export (see `volume::assembled_locally`).
+pub fn assembly_members(
+    node: &str,
+    groups: &[AntstorVolumeGroup],
+    vols: &BTreeMap<String, AntstorVolume>,
+) -> std::result::Result<Vec<AssemblyMember>, String> {
+    let mut out = Vec::new();
+    for g in groups {
+        if !g.fully_placed() {
+            return Err(format!(
+                "waiting for AntstorVolumeGroup {} to be placed",
+                g.name_any()
+            ));
+        }
+        for m in &g.spec.volumes {
+            let name = &m.vol_id.name;
+            let Some(v) = vols.get(name) else {
+                return Err(format!("waiting for member AntstorVolume {name}"));
+            };
+            if v.metadata.deletion_timestamp.is_some() {
+                return Err(format!("member AntstorVolume {name} is being deleted"));
+            }
+            if v.phase() != VolumeStatus::Ready {
+                return Err(format!("waiting for member {name} to be ready"));
+            }
+            if v.spec.host_node.as_ref().map(|h| h.id.as_str()) != Some(node) {
+                return Err(format!(
+                    "waiting for member {name} to admit this node (spec.hostNode)"
+                ));
+            }
+            let on = v.spec.target_node_id.as_str();
+            let source = if on == node {
+                let Some(lvol) = v.spec.spdk_lvol.clone().filter(|l| !l.name.is_empty()) else {
+                    return Err(format!(
+                        "member {name} on this node has no spec.spdkLvol: the SpdkLVStore assembly needs SPDK lvols"
+                    ));
+                };
+                if v.spec.spdk_target.is_some()
+                    || has_finalizer(&v.metadata, finalizers::SPDK_TARGET)
+                {
+                    return Err(format!(
+                        "waiting for member {name} to be unexported (this node's raid opens its lvol directly)"
+                    ));
+                }
+                MemberSource::Local { lvol }
+            } else {
+                let exported = v
+                    .spec
+                    .spdk_target
+                    .clone()
+                    .filter(|t| !t.subsys_nqn.is_empty() && !t.address.is_empty());
+                let Some(target) = exported
+                    .filter(|_| annotation(&v.metadata, annotations::EXPORTED_TO) == Some(node))
+                else {
+                    return Err(format!(
+                        "waiting for member {name} on node {on} to be exported to this node"
+                    ));
+                };
+                MemberSource::Remote { target }
+            };
+            out.push(AssemblyMember {
+                volume: name.clone(),
+                node: on.to_string(),
+                source,
+            });
+        }
+    }
+    if out.is_empty() {
+        return Err("its volume groups have no members".into());
+    }
+    Ok(out)
+}
+
+/// Reconciles one AntstorDataControl. See the module documentation for the flow, guarantees
+/// and errors.
+#[instrument(skip_all, fields(data_control = %dc.name_any(), node = %ctx.node))]
+pub async fn reconcile(dc: Arc<AntstorDataControl>, ctx: Arc<Ctx>) -> Result<Action> {
+    match reconcile_inner(&dc, &ctx).await {
+        Ok(a) => Ok(a),
+        Err(e) => {
+            if !matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound)
+                && dc.metadata.deletion_timestamp.is_none()
+                && dc.spec.engine_type == PoolMode::SpdkLVStore
+            {
+                set_message(&ctx, &dc, &e.chain()).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Writes `status.message` (keeping the status; `creating` when there is none) when it
+/// differs (best effort: a failure is logged).
+async fn set_message(ctx: &Ctx, dc: &AntstorDataControl, msg: &str) {
+    let st = dc.status.clone().unwrap_or_default();
+    if st.message == msg && st.status.is_some() {
+        return;
+    }
+    let status = json!({"status": st.status.unwrap_or(VolumeStatus::Creating), "message": msg});
+    if let Err(e) = patch_status(ctx, &api(ctx, dc), dc, status).await {
+        ctx.metrics.reconcile_error(RESOURCE, e.kind().as_str());
+        warn!(error = %e.chain(), "cannot write the data control's status message");
+    }
+}
+
+fn api(ctx: &Ctx, dc: &AntstorDataControl) -> Api<AntstorDataControl> {
+    Api::namespaced(ctx.client.clone(), &namespace(dc))
+}
+
+fn is_ready(dc: &AntstorDataControl) -> bool {
+    dc.status
+        .as_ref()
+        .is_some_and(|s| s.status == Some(VolumeStatus::Ready) && s.spdk_target.is_some())
+}
+
+async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
+    let key = own_key(dc);
+    if ctx
+        .own_writes
+        .is_superseded(&key, dc.metadata.resource_version.as_deref())
+    {
+        debug!("a copy this agent superseded; waiting for its own last write");
+        return Ok(Action::await_change());
+    }
+    if dc.metadata.deletion_timestamp.is_some() {
+        return tear_down(ctx, dc).await;
+    }
+    // KernelLVM: the CSI node assembles it on the host.
+    if dc.spec.engine_type != PoolMode::SpdkLVStore || dc.spec.target_node_id != ctx.node {
+        return Ok(Action::await_change());
+    }
+    let what = format!("AntstorDataControl {}/{}", namespace(dc), dc.name_any());
+    if !ctx.exporter.assembles() {
+        // The exporter's own refusal names what is missing.
+        let req = AssemblyRequest {
+            name: dc.name_any(),
+            uuid: dc.spec.uuid.clone(),
+            level: AssemblyLevel::Concat,
+            strip_kb: STRIP_KB,
+            members: Vec::new(),
+            size_bytes: 0,
+            hostnqn: String::new(),
+            allowed_hosts: Vec::new(),
+            keys: None,
+            preset: None,
+        };
+        return match ctx.exporter.ensure_assembly(&req).await {
+            Err(source) => Err(AgentError::Assembly {
+                op: "assemble",
+                data_control: dc.name_any(),
+                source,
+            }),
+            Ok(_) => Err(AgentError::InvalidObject {
+                what,
+                reason: "this agent's target does not assemble multi-disk volumes".into(),
+            }),
+        };
+    }
+    if dc.spec.uuid.is_empty() {
+        return Err(AgentError::InvalidObject {
+            what,
+            reason: "spec.uuid: is required".into(),
+        });
+    }
+    let level = level_of(dc).map_err(|reason| AgentError::InvalidObject {
+        what: what.clone(),
+        reason,
+    })?;
+    let (groups, vols) = match read_members(ctx, dc).await? {
+        Ok(x) => x,
+        Err(why) => return wait(ctx, dc, &why).await,
+    };
+    let members = match assembly_members(&ctx.node, &groups, &vols) {
+        Ok(m) => m,
+        Err(why) => return wait(ctx, dc, &why).await,
+    };
+    let api = api(ctx, dc);
+    let mut dc = dc.clone();
+    let mut rvs: Vec<String> = dc.metadata.resource_version.iter().cloned().collect();
+    if !has_finalizer(&dc.metadata, finalizers::ASSEMBLY) {
+        let body = json!({"metadata": {
+            "finalizers": super::with_finalizer(&dc.metadata, finalizers::ASSEMBLY),
+        }});
+        dc = patch_guarded(ctx, &api, &dc, body).await?;
+        rvs.extend(dc.metadata.resource_version.iter().cloned());
+    }
+    // Every member carries the PV's name: its Secret holds the PV's keys, which the remote
+    // members' exports, this export and the host all use. The first local member's, which
+    // this node's identity may read.
+    let keys = if ctx.exporter.authenticates() {
+        let holder = members
+            .iter()
+            .find(|m| matches!(m.source, MemberSource::Local { .. }))
+            .or(members.first())
+            .and_then(|m| vols.get(&m.volume));
+        match holder {
+            Some(v) => Some(super::auth::volume_keys(ctx, v, false).await?),
+            None => None,
+        }
+    } else {
+        None
+    };
+    let hostnqn = super::volume::node_host_nqn(ctx, &ctx.node).await?;
+    let host = dc.spec.host_node.id.clone();
+    let allowed_hosts = if host.is_empty() {
+        Vec::new()
+    } else {
+        vec![super::volume::node_host_nqn(ctx, &host).await?]
+    };
+    let req = AssemblyRequest {
+        name: dc.name_any(),
+        uuid: dc.spec.uuid.clone(),
+        level,
+        strip_kb: STRIP_KB,
+        members,
+        size_bytes: u64::try_from(dc.spec.total_size).unwrap_or(0),
+        hostnqn,
+        allowed_hosts,
+        keys,
+        preset: dc.status.as_ref().and_then(|s| s.spdk_target.clone()),
+    };
+    let target: SpdkTarget =
+        ctx.exporter
+            .ensure_assembly(&req)
+            .await
+            .map_err(|source| AgentError::Assembly {
+                op: "assemble",
+                data_control: dc.name_any(),
+                source,
+            })?;
+    // Whose host NQN the export admits now (as on volumes: the CSI node waits for its node
+    // here after the consumer moved).
+    let exported_to = Some(host.as_str()).filter(|h| !h.is_empty());
+    if annotation(&dc.metadata, annotations::EXPORTED_TO) != exported_to {
+        let body = json!({"metadata": {"annotations": {annotations::EXPORTED_TO: exported_to}}});
+        dc = patch_guarded(ctx, &api, &dc, body).await?;
+        rvs.extend(dc.metadata.resource_version.iter().cloned());
+        info!(host = %host, "assembled export admits its host");
+    }
+    let st = dc.status.clone().unwrap_or_default();
+    if st.status != Some(VolumeStatus::Ready)
+        || st.spdk_target.as_ref() != Some(&target)
+        || !st.message.is_empty()
+    {
+        let status = json!({"status": VolumeStatus::Ready, "spdkTarget": target, "message": ""});
+        dc = patch_status(ctx, &api, &dc, status).await?;
+        rvs.extend(dc.metadata.resource_version.iter().cloned());
+        info!(nqn = %target.subsys_nqn, address = %target.address, port = %target.svc_id, members = req.members.len(), level = req.level.as_str(), "multi-disk volume assembled and exported");
+    }
+    ctx.own_writes.record(key, rvs);
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// The data control's groups and their member volumes (by name); `Err` says what to wait
+/// for.
+async fn read_members(
+    ctx: &Ctx,
+    dc: &AntstorDataControl,
+) -> Result<std::result::Result<(Vec<AntstorVolumeGroup>, BTreeMap<String, AntstorVolume>), String>>
+{
+    let ns = namespace(dc);
+    let mut groups = Vec::new();
+    let mut vols = BTreeMap::new();
+    for id in &dc.spec.volume_groups {
+        let gns = if id.namespace.is_empty() {
+            ns.clone()
+        } else {
+            id.namespace.clone()
+        };
+        let gapi: Api<AntstorVolumeGroup> = Api::namespaced(ctx.client.clone(), &gns);
+        let Some(g) = ctx
+            .timed(
+                "get",
+                format!("AntstorVolumeGroup {gns}/{}", id.name),
+                gapi.get_opt(&id.name),
+            )
+            .await?
+        else {
+            return Ok(Err(format!("waiting for AntstorVolumeGroup {}", id.name)));
+        };
+        for m in &g.spec.volumes {
+            let vns = if m.vol_id.namespace.is_empty() {
+                gns.clone()
+            } else {
+                m.vol_id.namespace.clone()
+            };
+            let vapi: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &vns);
+            let name = &m.vol_id.name;
+            if let Some(v) = ctx
+                .timed(
+                    "get",
+                    format!("AntstorVolume {vns}/{name}"),
+                    vapi.get_opt(name),
+                )
+                .await?
+            {
+                vols.insert(name.clone(), v);
+            }
+        }
+        groups.push(g);
+    }
+    Ok(Ok((groups, vols)))
+}
+
+/// Not assembled yet: say what for (a data control that is ready keeps serving and keeps its
+/// status). The members' and groups' changes reconcile it again ([`triggers`]).
+async fn wait(ctx: &Ctx, dc: &AntstorDataControl, why: &str) -> Result<Action> {
+    if is_ready(dc) {
+        debug!(
+            reason = why,
+            "assembled; a member is not as expected, the assembly keeps serving"
+        );
+        return Ok(Action::requeue(ctx.resync));
+    }
+    debug!(reason = why, "not assembled yet");
+    let st = dc.status.clone().unwrap_or_default();
+    if st.message != why || st.status != Some(VolumeStatus::Creating) {
+        patch_status(
+            ctx,
+            &api(ctx, dc),
+            dc,
+            json!({"status": VolumeStatus::Creating, "message": why}),
+        )
+        .await?;
+    }
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// Deleted: the assembly goes, then the finalizer (idempotent; nothing to do without it).
+async fn tear_down(ctx: &Ctx, dc: &AntstorDataControl) -> Result<Action> {
+    if !has_finalizer(&dc.metadata, finalizers::ASSEMBLY) {
+        return Ok(Action::await_change());
+    }
+    // The groups outlive the data control (the controller deletes them after it): their
+    // member count bounds the controllers to detach (the exporter finds them by name too).
+    let members = match read_members(ctx, dc).await? {
+        Ok((groups, _)) => groups.iter().map(|g| g.spec.volumes.len()).sum(),
+        Err(_) => 0,
+    };
+    let req = UnassembleRequest {
+        name: dc.name_any(),
+        uuid: dc.spec.uuid.clone(),
+        target: dc.status.as_ref().and_then(|s| s.spdk_target.clone()),
+        members,
+    };
+    ctx.exporter
+        .remove_assembly(&req)
+        .await
+        .map_err(|source| AgentError::Assembly {
+            op: "tear down",
+            data_control: dc.name_any(),
+            source,
+        })?;
+    remove_finalizers(ctx, &api(ctx, dc), dc, &[finalizers::ASSEMBLY]).await?;
+    info!("assembly removed");
+    Ok(Action::await_change())
+}
+
+/// The data controls (in the controller's cache `store`) that use group `group` of namespace
+/// `ns`.
+pub fn using_group(
+    store: &Store<AntstorDataControl>,
+    ns: &str,
+    group: &str,
+) -> Vec<ObjectRef<AntstorDataControl>> {
+    store
+        .state_filter(|dc| {
+            let dns = namespace(dc);
+            dc.spec.volume_groups.iter().any(|g| {
+                g.name == group
+                    && if g.namespace.is_empty() {
+                        dns == ns
+                    } else {
+                        g.namespace == ns
+                    }
+            })
+        })
+        .iter()
+        .map(|dc| ObjectRef::from_obj(dc.as_ref()))
+        .collect()
+}
+
+/// The data controls to reconcile because one of their groups or members changed: watches
+/// of the volume groups and of the member volumes (label `obnvmf/vol-group-name`), metadata
+/// only, mapped through the data-control controller's cache `store`. Empty when the exporter
+/// does not assemble.
+pub(crate) fn triggers(
+    ctx: &Arc<Ctx>,
+    store: Store<AntstorDataControl>,
+) -> BoxStream<'static, ObjectRef<AntstorDataControl>> {
+    if !ctx.exporter.assembles() {
+        return futures::stream::empty().boxed();
+    }
+    let vols: Api<PartialObjectMeta<AntstorVolume>> =
+        Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+    let groups: Api<PartialObjectMeta<AntstorVolumeGroup>> =
+        Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+    let s = store.clone();
+    let members = watcher(
+        vols,
+        watcher::Config::default().labels(labels::VOL_GROUP_NAME),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(move |r| match r {
+        Ok(v) => match label(&v.metadata, labels::VOL_GROUP_NAME) {
+            Some(g) => using_group(&s, &v.namespace().unwrap_or_default(), g),
+            None => Vec::new(),
+        },
+        Err(e) => {
+            warn!(error = %e, "cannot watch the member volumes of multi-disk volumes; retrying");
+            Vec::new()
+        }
+    });
+    let groups = watcher(groups, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .map(move |r| match r {
+            Ok(g) => using_group(&store, &g.namespace().unwrap_or_default(), &g.name_any()),
+            Err(e) => {
+                warn!(error = %e, "cannot watch the volume groups; retrying");
+                Vec::new()
+            }
+        });
+    futures::stream::select(members, groups)
+        .flat_map(futures::stream::iter)
+        .boxed()
+}
