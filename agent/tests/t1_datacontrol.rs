@@ -1,0 +1,654 @@
+//! T1: the data-control sync's decisions for multi-disk volumes of engine SpdkLVStore,
+//! against the test API server with a fake exporter that records the assemblies it is asked
+//! for: it waits for the groups and members, asks for the right assembly (members in order,
+//! remote and local, this node's host NQN, the host's NQN, the PV's keys), records the
+//! export, the status and the finalizer, follows a change of host, tears down on delete,
+//! reports and retries a failed assembly, re-asserts after a restart, refuses without SPDK
+//! and leaves KernelLVM data controls alone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use liteio_agent::exporter::{
+    AssemblyLevel, AssemblyRequest, ExportError, ExportFuture, ExportRequest, Exporter,
+    ExporterHealth, MemberSource, UnassembleRequest, UnexportRequest,
+};
+use liteio_api::common::{PoolMode, VolumeStatus};
+use liteio_api::datacontrol::{AntstorDataControlSpec, Raid, RaidLevel};
+use liteio_api::group::{AntstorVolumeGroupSpec, EntityIdentity, VolumeMeta};
+use liteio_api::keys::{self, annotations, finalizers, labels};
+use liteio_api::{
+    AntstorDataControl, AntstorVolume, AntstorVolumeGroup, NodeInfo, SpdkLvol, SpdkTarget,
+    StoragePool, VolumeType, naming,
+};
+use serde_json::json;
+
+const PV: &str = "pvc-multi";
+const UUID: &str = "7e1c2a90-3b4d-4f5e-8a6b-1c2d3e4f5a6b";
+const GIB: u64 = 1 << 30;
+/// Members: (name, node, size); the second is on this agent's node.
+const MEMBERS: [(&str, &str, u64); 3] = [
+    ("pvc-multi-aaaaaaaaaa", "node-x", GIB),
+    ("pvc-multi-bbbbbbbbbb", NODE, 2 * GIB),
+    ("pvc-multi-cccccccccc", "node-y", GIB),
+];
+
+/// Records the assemblies asked for; hands out a target named after the request.
+#[derive(Debug, Default)]
+struct FakeAssembler {
+    assemblies: Mutex<Vec<AssemblyRequest>>,
+    removed: Mutex<Vec<UnassembleRequest>>,
+    /// Fail this many calls of `ensure_assembly` before succeeding.
+    fail: AtomicUsize,
+}
+
+fn target_of(req: &AssemblyRequest) -> SpdkTarget {
+    SpdkTarget {
+        bdev_name: naming::assembly_bdev(&req.name),
+        subsys_nqn: naming::subsys_nqn(&req.uuid),
+        svc_id: "4520".into(),
+        sn: naming::serial_number(&req.uuid),
+        trans_type: naming::TRANS_TYPE_TCP.into(),
+        ns_uuid: naming::assembly_ns_uuid(&req.uuid),
+        address: NODE_IP.into(),
+        addr_fam: naming::ADDR_FAM_IPV4.into(),
+    }
+}
+
+impl Exporter for FakeAssembler {
+    fn health(&self) -> ExportFuture<'_, ExporterHealth> {
+        Box::pin(async {
+            Ok(ExporterHealth::Ok {
+                version: "v24.01".into(),
+            })
+        })
+    }
+    fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
+        Box::pin(async move {
+            Err(ExportError::InvalidRequest(format!(
+                "no volume is exported in this test ({})",
+                req.volume
+            )))
+        })
+    }
+    fn remove_export<'a>(&'a self, _req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn authenticates(&self) -> bool {
+        true
+    }
+    fn assembles(&self) -> bool {
+        true
+    }
+    fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
+        Box::pin(async move {
+            self.assemblies.lock().unwrap().push(req.clone());
+            if self
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(ExportError::Target {
+                    message: "attach NVMe controller pvc-multi_m0: connection refused".into(),
+                    source: None,
+                });
+            }
+            Ok(target_of(req))
+        })
+    }
+    fn remove_assembly<'a>(&'a self, req: &'a UnassembleRequest) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            self.removed.lock().unwrap().push(req.clone());
+            Ok(())
+        })
+    }
+}
+
+impl FakeAssembler {
+    fn calls(&self) -> usize {
+        self.assemblies.lock().unwrap().len()
+    }
+    fn last(&self) -> Option<AssemblyRequest> {
+        self.assemblies.lock().unwrap().last().cloned()
+    }
+}
+
+fn dcs(env: &Env) -> Api<AntstorDataControl> {
+    Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE)
+}
+
+fn vols(env: &Env) -> Api<AntstorVolume> {
+    Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE)
+}
+
+/// The data control as the controller leaves it for this node: SpdkLVStore, assigned here,
+/// consumed by node-b.
+fn data_control(name: &str, engine: PoolMode, level: RaidLevel) -> AntstorDataControl {
+    let mut dc = AntstorDataControl::new(
+        name,
+        AntstorDataControlSpec {
+            uuid: format!("dc-{UUID}"),
+            total_size: i64::try_from(4 * GIB).unwrap(),
+            engine_type: engine,
+            raid: Raid { level },
+            host_node: NodeInfo {
+                id: "node-b".into(),
+                ..NodeInfo::default()
+            },
+            target_node_id: NODE.into(),
+            volume_groups: vec![EntityIdentity {
+                namespace: keys::DEFAULT_NAMESPACE.into(),
+                name: PV.into(),
+                uuid: UUID.into(),
+            }],
+            ..AntstorDataControlSpec::default()
+        },
+    );
+    dc.metadata.namespace = Some(keys::DEFAULT_NAMESPACE.into());
+    dc.metadata.labels = Some(BTreeMap::from([
+        (labels::TARGET_NODE_ID.to_string(), NODE.to_string()),
+        (labels::PV_NAME.to_string(), PV.to_string()),
+    ]));
+    dc
+}
+
+/// The group, fully placed with [`MEMBERS`].
+fn group() -> AntstorVolumeGroup {
+    let mut g = AntstorVolumeGroup::new(
+        PV,
+        AntstorVolumeGroupSpec {
+            uuid: UUID.into(),
+            total_size: i64::try_from(4 * GIB).unwrap(),
+            volumes: MEMBERS
+                .iter()
+                .enumerate()
+                .map(|(i, (name, node, size))| VolumeMeta {
+                    vol_id: EntityIdentity {
+                        namespace: keys::DEFAULT_NAMESPACE.into(),
+                        name: (*name).into(),
+                        uuid: format!("0000000{i}-3b4d-4f5e-8a6b-1c2d3e4f5a6b"),
+                    },
+                    target_node_name: (*node).into(),
+                    size: i64::try_from(*size).unwrap(),
+                })
+                .collect(),
+            ..AntstorVolumeGroupSpec::default()
+        },
+    );
+    g.metadata.namespace = Some(keys::DEFAULT_NAMESPACE.into());
+    g
+}
+
+/// Member `i` as its agent leaves it once it admits this node: remote ones exported to it,
+/// the local one with its lvol and (`exported`) still its own export. No `in-state`
+/// finalizer and no node label: this agent's volume sync leaves them alone.
+fn member(i: usize, exported: bool) -> AntstorVolume {
+    let (name, node, size) = MEMBERS[i];
+    let uuid = format!("0000000{i}-3b4d-4f5e-8a6b-1c2d3e4f5a6b");
+    let mut v = AntstorVolume::new(
+        name,
+        liteio_api::AntstorVolumeSpec {
+            uuid: uuid.clone(),
+            size_byte: size,
+            type_: Some(VolumeType::SpdkLVol),
+            target_node_id: node.into(),
+            host_node: Some(NodeInfo {
+                id: NODE.into(),
+                ..NodeInfo::default()
+            }),
+            spdk_lvol: Some(SpdkLvol {
+                name: name.into(),
+                lvs_name: format!("lvs-{node}"),
+                thin: false,
+            }),
+            spdk_target: exported.then(|| SpdkTarget {
+                subsys_nqn: naming::subsys_nqn(&uuid),
+                svc_id: format!("{}", 4420 + i),
+                address: format!("10.0.0.{}", 20 + i),
+                ..SpdkTarget::default()
+            }),
+            ..liteio_api::AntstorVolumeSpec::default()
+        },
+    );
+    v.metadata.namespace = Some(keys::DEFAULT_NAMESPACE.into());
+    v.metadata.labels = Some(BTreeMap::from([
+        (labels::VOL_GROUP_NAME.to_string(), PV.to_string()),
+        (labels::PV_NAME.to_string(), PV.to_string()),
+    ]));
+    v.metadata.annotations = Some(BTreeMap::from([
+        (annotations::VOLUME_TYPE.to_string(), "SpdkLVol".to_string()),
+        (annotations::EXPORTED_TO.to_string(), NODE.to_string()),
+    ]));
+    v
+}
+
+async fn set_ready(api: &Api<AntstorVolume>, name: &str) {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"status": "ready"}})),
+    )
+    .await
+    .unwrap();
+}
+
+async fn status_message(api: &Api<AntstorDataControl>, name: &str) -> String {
+    api.get(name)
+        .await
+        .unwrap()
+        .status
+        .map(|s| s.message)
+        .unwrap_or_default()
+}
+
+async fn wait_message(api: &Api<AntstorDataControl>, name: &str, needle: &str) -> String {
+    eventually(
+        &format!("status.message of {name} saying {needle:?}"),
+        Duration::from_secs(10),
+        || async {
+            let m = status_message(api, name).await;
+            m.contains(needle).then_some(m)
+        },
+    )
+    .await
+}
+
+/// The host NQN this agent published on its StoragePool.
+async fn own_nqn(env: &Env) -> String {
+    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    eventually("this node's host NQN", Duration::from_secs(5), || async {
+        pools
+            .get_opt(NODE)
+            .await
+            .unwrap()?
+            .host_nqn()
+            .map(str::to_string)
+    })
+    .await
+}
+
+/// Some node's StoragePool publishing `nqn`.
+async fn host_pool(env: &Env, node: &str, nqn: &str) {
+    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    let mut p = StoragePool::new(node, Default::default());
+    p.metadata.annotations = Some(BTreeMap::from([(
+        annotations::HOST_NQN.to_string(),
+        nqn.to_string(),
+    )]));
+    p.spec.node_info.id = node.into();
+    p.spec.kernel_lvm.name = "vg".into();
+    pools.create(&PostParams::default(), &p).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        consumer_pool(&env.client).await;
+        let (dapi, vapi) = (dcs(&env), vols(&env));
+        let groups: Api<AntstorVolumeGroup> =
+            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+
+        // The data control before its group: it waits and says for what.
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Linear),
+        )
+        .await
+        .unwrap();
+        wait_message(&dapi, PV, "waiting for AntstorVolumeGroup pvc-multi").await;
+        groups
+            .create(&PostParams::default(), &group())
+            .await
+            .unwrap();
+        wait_message(
+            &dapi,
+            PV,
+            "waiting for member AntstorVolume pvc-multi-aaaaaaaaaa",
+        )
+        .await;
+
+        // The members appear (each change reconciles the data control at once): not ready,
+        // then ready, the local one still exported by its own agent.
+        for i in 0..3 {
+            vapi.create(&PostParams::default(), &member(i, true))
+                .await
+                .unwrap();
+        }
+        wait_message(
+            &dapi,
+            PV,
+            "waiting for member pvc-multi-aaaaaaaaaa to be ready",
+        )
+        .await;
+        for (name, _, _) in MEMBERS {
+            set_ready(&vapi, name).await;
+        }
+        wait_message(
+            &dapi,
+            PV,
+            "waiting for member pvc-multi-bbbbbbbbbb to be unexported",
+        )
+        .await;
+        assert_eq!(
+            fake.calls(),
+            0,
+            "nothing is assembled before every member is in place"
+        );
+        assert!(
+            !dapi
+                .get(PV)
+                .await
+                .unwrap()
+                .finalizers()
+                .contains(&finalizers::ASSEMBLY.to_string())
+        );
+
+        // Its agent withdraws the export: assembled.
+        vapi.patch(
+            MEMBERS[1].0,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"spdkTarget": null}})),
+        )
+        .await
+        .unwrap();
+        let dc = eventually(
+            "the data control ready",
+            Duration::from_secs(10),
+            || async {
+                let dc = dapi.get(PV).await.unwrap();
+                dc.status
+                    .as_ref()
+                    .is_some_and(|s| s.status == Some(VolumeStatus::Ready))
+                    .then_some(dc)
+            },
+        )
+        .await;
+        // The first assembly (the pass that follows the agent's own last write re-asserts it).
+        let req = fake.assemblies.lock().unwrap()[0].clone();
+        assert_eq!(req.name, PV);
+        assert_eq!(req.uuid, format!("dc-{UUID}"));
+        assert_eq!(req.level, AssemblyLevel::Concat, "linear is a concat");
+        assert_eq!(req.strip_kb, 64);
+        assert_eq!(req.size_bytes, 4 * GIB);
+        // In the group's order; the remote members through their exports, the local one
+        // by its lvol.
+        let got: Vec<(&str, &str)> = req
+            .members
+            .iter()
+            .map(|m| (m.volume.as_str(), m.node.as_str()))
+            .collect();
+        assert_eq!(got, MEMBERS.map(|(n, node, _)| (n, node)));
+        for (i, m) in req.members.iter().enumerate() {
+            match (&m.source, i) {
+                (MemberSource::Local { lvol }, 1) => {
+                    assert_eq!(lvol.full_name(), format!("lvs-{NODE}/{}", MEMBERS[1].0))
+                }
+                (MemberSource::Remote { target }, 0 | 2) => {
+                    assert_eq!(target.address, format!("10.0.0.{}", 20 + i));
+                    assert_eq!(target.svc_id, format!("{}", 4420 + i));
+                }
+                other => panic!("member {i} is {other:?}"),
+            }
+        }
+        assert_eq!(
+            req.hostnqn,
+            own_nqn(&env).await,
+            "the members admit this node's NQN"
+        );
+        assert_eq!(
+            req.allowed_hosts,
+            [HOST_B.to_string()],
+            "the export admits the host only"
+        );
+        assert!(req.preset.is_none());
+        // The PV's keys, from its Secret (made here: no CSI in this test).
+        let keys = req.keys.clone().expect("keys");
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let s = secrets.get(&naming::auth_secret(PV)).await.unwrap();
+        let stored =
+            liteio_api::auth::VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap();
+        assert_eq!(stored.host.expose(), keys.host.expose());
+        // Status, finalizer, whom it admits; never a key in the object.
+        let st = dc.status.clone().unwrap();
+        assert_eq!(st.spdk_target, Some(target_of(&req)));
+        assert!(st.message.is_empty(), "{}", st.message);
+        assert!(dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()));
+        assert_eq!(
+            dc.annotations()
+                .get(annotations::EXPORTED_TO)
+                .map(String::as_str),
+            Some("node-b")
+        );
+        let text = serde_json::to_string(&dc).unwrap();
+        assert!(!text.contains(keys.host.expose()) && !text.contains(keys.ctrl.expose()));
+
+        // A pass over a ready data control writes nothing (idempotent): a label's change
+        // brings one, which re-asserts the assembly.
+        let before = fake.calls();
+        let touched = dapi
+            .patch(
+                PV,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"touch": "1"}}})),
+            )
+            .await
+            .unwrap();
+        eventually(
+            "the pass after the touch",
+            Duration::from_secs(5),
+            || async { (fake.calls() > before).then_some(()) },
+        )
+        .await;
+        let after = dapi.get(PV).await.unwrap();
+        assert_eq!(
+            after.resource_version(),
+            touched.resource_version(),
+            "the agent wrote again"
+        );
+        assert_eq!(
+            fake.last().unwrap().preset,
+            Some(target_of(&req)),
+            "the recorded target is kept"
+        );
+
+        // A new host: the export admits it instead.
+        host_pool(&env, "node-c", "nqn.test:host-c").await;
+        dapi.patch(
+            PV,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hostNode": {"id": "node-c"}}})),
+        )
+        .await
+        .unwrap();
+        eventually(
+            "the export admits node-c",
+            Duration::from_secs(10),
+            || async {
+                let dc = dapi.get(PV).await.unwrap();
+                (fake.last().unwrap().allowed_hosts == ["nqn.test:host-c".to_string()]
+                    && dc
+                        .annotations()
+                        .get(annotations::EXPORTED_TO)
+                        .map(String::as_str)
+                        == Some("node-c"))
+                .then_some(())
+            },
+        )
+        .await;
+
+        // Deleted: torn down, then released.
+        dapi.delete(PV, &DeleteParams::default()).await.unwrap();
+        eventually("the data control gone", Duration::from_secs(10), || async {
+            dapi.get_opt(PV).await.unwrap().is_none().then_some(())
+        })
+        .await;
+        let removed = fake.removed.lock().unwrap().clone();
+        assert_eq!(removed.len(), 1, "{removed:?}");
+        assert_eq!(removed[0].name, PV);
+        assert_eq!(removed[0].uuid, format!("dc-{UUID}"));
+        assert_eq!(removed[0].target, Some(target_of(&req)));
+        assert_eq!(removed[0].members, 3);
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// Creates the group and three ready members that admit this node (the local one
+/// unexported).
+async fn members_in_place(env: &Env) {
+    consumer_pool(&env.client).await;
+    let groups: Api<AntstorVolumeGroup> =
+        Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    groups
+        .create(&PostParams::default(), &group())
+        .await
+        .unwrap();
+    let vapi = vols(env);
+    for (i, (name, _, _)) in MEMBERS.iter().enumerate() {
+        vapi.create(&PostParams::default(), &member(i, i != 1))
+            .await
+            .unwrap();
+        set_ready(&vapi, name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        fake.fail.store(2, Ordering::SeqCst);
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        members_in_place(&env).await;
+        let dapi = dcs(&env);
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid0),
+        )
+        .await
+        .unwrap();
+        let msg = wait_message(&dapi, PV, "connection refused").await;
+        assert!(
+            msg.starts_with("cannot assemble multi-disk volume pvc-multi"),
+            "{msg}"
+        );
+        let dc = dapi.get(PV).await.unwrap();
+        assert_eq!(
+            dc.status.as_ref().and_then(|s| s.status),
+            Some(VolumeStatus::Creating)
+        );
+        // The finalizer comes before anything is built: a half-made assembly is torn down on
+        // deletion even after a crash.
+        assert!(dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()));
+        // Retried with back-off until it succeeds.
+        let dc = eventually(
+            "ready after the retries",
+            Duration::from_secs(10),
+            || async {
+                let dc = dapi.get(PV).await.unwrap();
+                (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready))
+                    .then_some(dc)
+            },
+        )
+        .await;
+        assert!(fake.calls() >= 3, "two failures, then success");
+        assert_eq!(fake.last().unwrap().level, AssemblyLevel::Raid0);
+        assert!(dc.status.as_ref().unwrap().message.is_empty());
+        let target = dc.status.unwrap().spdk_target.unwrap();
+        agent.shutdown(Duration::from_secs(5)).await;
+
+        // A restarted agent (its SPDK empty) assembles again from the objects, keeping the
+        // recorded target.
+        let before = fake.calls();
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        eventually(
+            "the assembly re-asserted",
+            Duration::from_secs(10),
+            || async { (fake.calls() > before).then_some(()) },
+        )
+        .await;
+        assert_eq!(fake.last().unwrap().preset, Some(target));
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_spdk_it_refuses_with_a_message_and_kernel_lvm_is_left_to_the_host() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        // The file engine's agent without an NVMe-oF target.
+        let agent = env.start_agent().await;
+        members_in_place(&env).await;
+        let dapi = dcs(&env);
+        dapi.create(
+            &PostParams::default(),
+            &data_control("pvc-lvm", PoolMode::KernelLVM, RaidLevel::Linear),
+        )
+        .await
+        .unwrap();
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Linear),
+        )
+        .await
+        .unwrap();
+        let msg = wait_message(&dapi, PV, "has no SPDK").await;
+        assert!(
+            msg.contains("multi-disk volume pvc-multi (engine SpdkLVStore) is assembled in SPDK"),
+            "{msg}"
+        );
+        let dc = dapi.get(PV).await.unwrap();
+        assert!(
+            !dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()),
+            "nothing was built"
+        );
+        // The KernelLVM data control of this node (its host) got nothing from the agent.
+        let lvm = dapi.get("pvc-lvm").await.unwrap();
+        assert!(lvm.status.is_none(), "{:?}", lvm.status);
+        assert!(lvm.finalizers().is_empty());
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raid_level_that_is_not_assembled_is_refused_by_name() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        members_in_place(&env).await;
+        let dapi = dcs(&env);
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid5),
+        )
+        .await
+        .unwrap();
+        let msg = wait_message(&dapi, PV, "spec.raid.level").await;
+        assert!(
+            msg.contains("raid5 is not assembled (linear and raid0 are)"),
+            "{msg}"
+        );
+        assert_eq!(fake.calls(), 0);
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
