@@ -58,6 +58,9 @@ struct Args {
     /// Seconds of 4 KiB random I/O, half reads and half writes (0 = skip).
     #[arg(long, default_value_t = 0)]
     random_seconds: u64,
+    /// Share of reads in the random phase, in percent (100: reads only, 0: writes only).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    read_percent: u8,
     /// I/Os in flight during the random phase.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
     queue_depth: u32,
@@ -399,6 +402,7 @@ async fn random_io(
     let until = Instant::now() + Duration::from_secs(args.random_seconds);
     let start = Instant::now();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
+    let read_percent = u64::from(args.read_percent);
     let ops = futures::stream::iter(std::iter::from_fn(|| {
         (Instant::now() < until).then(|| next(&mut seed))
     }))
@@ -407,7 +411,7 @@ async fn random_io(
         async move {
             let offset = (r % blocks) * BLOCK;
             let t = Instant::now();
-            let res = if r & (1 << 40) == 0 {
+            let res = if (r >> 33) % 100 < read_percent {
                 io::read_at(&name, offset, BLOCK as usize).await.map(|_| ())
             } else {
                 io::write_at(&name, offset, pattern(r, offset, BLOCK)).await
@@ -428,12 +432,13 @@ async fn random_io(
     let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
     let mean = lat.iter().sum::<Duration>() / u32::try_from(lat.len().max(1)).unwrap_or(1);
     println!(
-        "4 KiB random I/O (50 % reads, queue depth {}) for {:.1} s: {} I/Os, {iops:.0} IOPS, latency mean {:?}, p50 {p50:?}, p99 {p99:?}",
+        "4 KiB random I/O ({read_percent} % reads, queue depth {}) for {:.1} s: {} I/Os, {iops:.0} IOPS, latency mean {:?}, p50 {p50:?}, p99 {p99:?}",
         args.queue_depth,
         elapsed.as_secs_f64(),
         lat.len(),
         mean,
     );
+    report.insert("random_read_percent".into(), json!(read_percent));
     report.insert("random_ios".into(), json!(lat.len()));
     report.insert("random_iops".into(), json!(iops.round()));
     report.insert("random_p50_us".into(), json!(p50.as_micros()));
