@@ -448,6 +448,171 @@ fn a_multi_disk_volume_is_assembled_in_spdk_written_end_to_end_and_leaves_nothin
     });
 }
 
+/// The host writes numbered blocks one after another through the assembled export
+/// (reconnecting for up to 90 s), while the agent of node `k` is killed (SIGKILL) and
+/// started again; returns the tool's result once every block is verified.
+async fn writes_across_a_kill(
+    c: &mut Cluster,
+    t: &SpdkTarget,
+    keys: &datapath::KeysFile,
+    k: usize,
+) -> Result<Value, String> {
+    let hostnqn = c.node_dir(HOST).join("hostnqn");
+    let mut child = datapath::check_command(
+        &c.bin_dir,
+        &c.net.exec_prefix(HOST).map_err(err("netns"))?,
+        t,
+        HostNqn::File(&hostnqn),
+        Some(keys),
+        &[
+            "--check-bytes",
+            "0",
+            "--write-seconds",
+            "20",
+            "--reconnect-seconds",
+            "90",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map_err(err("spawn nvmf-check"))?;
+    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+    let mut seen = Vec::new();
+    // Under way once 64 blocks are written (with 64 KiB strips: on every member).
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
+            .map_err(err("read"))?
+            .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
+        let started = line.starts_with("written 64 blocks");
+        seen.push(line);
+        if started {
+            break;
+        }
+    }
+    c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
+    c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
+    while let Some(l) = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
+        .await
+        .map_err(|_| format!("nvmf-check stalled: {seen:?}"))?
+        .map_err(err("read"))?
+    {
+        seen.push(l);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+        .await
+        .map_err(|_| "nvmf-check did not end".to_string())?
+        .map_err(err("wait"))?;
+    let r: Value = seen
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| format!("no JSON result: {seen:?}"))?;
+    if !status.success() || r["blocks_after_stall"].as_u64().unwrap_or(0) == 0 {
+        return Err(format!(
+            "the host's writes did not ride out the kill of {}'s agent ({status}): {r}",
+            c.node_name(k)
+        ));
+    }
+    Ok(r)
+}
+
+/// A raid0 multi-disk volume under the host's writes: a remote member's agent is killed
+/// (the assembling node's initiator reconnects to its export when it is back, the raid's I/O
+/// to it waits meanwhile), then the assembling agent itself (it assembles again from the
+/// objects, with the same NQN, port and namespace, and the host reconnects). Every block the
+/// host wrote reads back, and DeleteVolume still leaves nothing.
+#[test]
+fn an_assembly_rides_out_the_kill_of_a_member_node_and_of_its_own_agent() {
+    if skip("SpdkLVStore assembly across agent kills") {
+        return;
+    }
+    let dir = scratch("t3-multidisk-kill");
+    with_cluster(&dir, cluster(), Duration::from_secs(900), |c| {
+        Box::pin(async move {
+            let client = c.kube().await.map_err(err("kube"))?;
+            let free0 = free_bytes(c).await?;
+            let id = create_volume_sized(
+                c,
+                "pvc-kill",
+                Some(c.node_name(HOST)),
+                params("raid0"),
+                2304 << 20,
+            )
+            .await
+            .map_err(err("join"))??;
+            let dc = ready_data_control(c, "pvc-kill").await?;
+            let before = dc.status.and_then(|s| s.spdk_target).ok_or("no export")?;
+            let asm = node_index(c, &dc.spec.target_node_id)?;
+            let remote = (1..=c.opts.nodes)
+                .find(|&k| k != asm)
+                .ok_or("no other node")?;
+            let groups: Api<AntstorVolumeGroup> =
+                Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+            let g = groups.get("pvc-kill").await.map_err(err("group"))?;
+            let keys =
+                datapath::keys_file(&client, &g.spec.volumes[0].vol_id.name, &c.node_dir(HOST))
+                    .await
+                    .map_err(err("keys"))?
+                    .ok_or("no Secret")?;
+            for (who, k) in [
+                ("a remote member's node", remote),
+                ("the assembling node", asm),
+            ] {
+                let r = writes_across_a_kill(c, &before, &keys, k).await?;
+                println!(
+                    "agent of {who} ({}) killed and restarted: the host's writes stalled {} ms, {} blocks after, all {} verified",
+                    c.node_name(k),
+                    r["longest_stall_ms"],
+                    r["blocks_after_stall"],
+                    r["written_blocks"]
+                );
+                let now = ready_data_control(c, "pvc-kill")
+                    .await?
+                    .status
+                    .and_then(|s| s.spdk_target)
+                    .ok_or("no export after the restart")?;
+                if (&now.subsys_nqn, &now.svc_id, &now.ns_uuid, &now.address)
+                    != (
+                        &before.subsys_nqn,
+                        &before.svc_id,
+                        &before.ns_uuid,
+                        &before.address,
+                    )
+                {
+                    return Err(format!("the export changed: {before:?} -> {now:?}"));
+                }
+            }
+            drop(keys);
+            let mut csi = liteio_csi::client::connect(&c.csi_controller_endpoint())
+                .await
+                .map_err(err("csi"))?;
+            csi.controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| format!("DeleteVolume: {}", s.message()))?;
+            eventually(
+                c,
+                "every pool's free space back",
+                180,
+                Role::Agent(asm),
+                || async { free_bytes(c).await.is_ok_and(|f| f == free0) },
+            )
+            .await?;
+            for k in 1..=c.opts.nodes {
+                let left = leftovers(c, k, "pvc-kill", &before.subsys_nqn).await?;
+                if !left.is_empty() {
+                    return Err(format!("left on {}: {left:?}", c.node_name(k)));
+                }
+            }
+            Ok(())
+        })
+    });
+}
+
 /// One `nvmf-check` run of `secs` seconds of 4 KiB random I/O at queue depth 32 from the host
 /// node against `t`, with `read_percent` % reads; its IOPS.
 async fn random_iops(
