@@ -11,7 +11,9 @@
 
 #include "spdk/bdev.h"
 #include "spdk/lvol.h"
+#include "spdk/module/bdev/raid.h"
 #include "spdk/nvmf.h"
+#include "spdk/uuid.h"
 
 #define LITEIO_NAME_MAX 128
 
@@ -63,11 +65,84 @@ void liteio_malloc_delete(const char *name, void (*cb_fn)(void *, int), void *cb
 int liteio_null_create(const char *name, uint64_t num_blocks, uint32_t block_size);
 /* Delete a null bdev. */
 void liteio_null_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
-/* Create a raid0 bdev over `num_base` bdevs with a strip size in KiB. */
-int liteio_raid0_create(const char *name, uint32_t strip_size_kb, uint8_t num_base,
-			const char *const *base_names, void (*cb_fn)(void *, int), void *cb_arg);
-/* Delete a raid bdev by name; -ENODEV when there is none. */
+/* Create a raid bdev (no superblock) of `level` (SPDK_BDEV_RAID_LEVEL_CONCAT, _RAID0 or _RAID1)
+ * over `num_base` bdevs, with a strip size in KiB (0 for raid1). Call on the app thread.
+ * Returns 0 when the operation started (`cb_fn(cb_arg, status)` will run, possibly before this
+ * returns; on a failure SPDK has removed the raid again by then), or a negative errno (it will
+ * not): -EINVAL another level, a bad strip size or too few bases, -EEXIST the name is taken.
+ * A base bdev that does not exist leaves the raid "configuring" with `cb_fn(cb_arg, 0)`: the
+ * caller checks the bases first and the state after. */
+int liteio_raid_create(const char *name, uint32_t strip_size_kb, enum spdk_bdev_raid_level level,
+		       uint8_t num_base, const char *const *base_names,
+		       void (*cb_fn)(void *, int), void *cb_arg);
+/* Delete a raid bdev by name, also one still configuring (not registered as a bdev). Returns
+ * 0 when started (`cb_fn(cb_arg, status)` will run; -EALREADY when a delete is under way),
+ * or -ENODEV when there is no such raid (it will not). */
 int liteio_raid_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
+
+/* Add the bdev `base_name` to an empty slot of the raid bdev `name` (a raid1 that lost a
+ * member: SPDK rebuilds onto it). Call on the app thread. Returns 0 when started (`cb_fn(cb_arg,
+ * status)` runs once the member is configured or the rebuild has started), or a negative
+ * errno (it will not): -ENODEV no such raid or base, -EINVAL no empty slot, -EPERM a
+ * background process runs. */
+int liteio_raid_add_base(const char *name, const char *base_name, void (*cb_fn)(void *, int),
+			 void *cb_arg);
+/* Limit the bandwidth of raid background processes (rebuilds) started from now on, in MiB/s;
+ * 0: no limit (SPDK's default). Returns 0 or a negative errno. Call on the app thread. */
+int liteio_raid_set_process_limit(uint32_t max_mib_per_sec);
+
+/* One base bdev slot of a raid bdev. */
+struct liteio_raid_base {
+	/* Name of the base bdev; empty when the slot is missing (never found, or removed). */
+	char name[LITEIO_NAME_MAX];
+	/* UUID of the base bdev; empty when none was ever seen in this slot. */
+	char uuid[SPDK_UUID_STRING_LEN];
+	/* Blocks from the start of the base bdev to its data, and of data. */
+	uint64_t data_offset;
+	uint64_t data_size;
+	/* The base bdev is open and part of the array. */
+	bool configured;
+	/* The base bdev is the target of the background process (a rebuild). */
+	bool process_target;
+};
+
+/* Facts about a raid bdev, read on the app thread. */
+struct liteio_raid_info {
+	char name[LITEIO_NAME_MAX];
+	char uuid[SPDK_UUID_STRING_LEN];
+	/* enum spdk_bdev_raid_level */
+	int32_t level;
+	/* enum spdk_bdev_raid_state */
+	uint32_t state;
+	uint32_t strip_size_kb;
+	/* Block size and blocks of the raid bdev (0 while configuring). */
+	uint32_t block_size;
+	uint64_t num_blocks;
+	uint8_t num_base_bdevs;
+	uint8_t num_base_bdevs_discovered;
+	uint8_t num_base_bdevs_operational;
+	uint8_t min_base_bdevs_operational;
+	bool superblock;
+	/* A delete was started. */
+	bool destroying;
+	/* The background process, when `process_type` is not empty: its type ("rebuild"), the
+	 * base bdev it writes, the blocks done and the percentage, as SPDK reports them in
+	 * bdev_raid_get_bdevs. */
+	char process_type[32];
+	char process_target[LITEIO_NAME_MAX];
+	uint64_t process_blocks;
+	uint32_t process_percent;
+};
+
+/* Fill `info` and up to `max` entries of `bases` (slot order) with the facts of the raid bdev
+ * `name`. Returns its number of base bdev slots (may exceed `max`), or -ENODEV when there is
+ * no such raid. Call on the app thread. */
+int liteio_raid_get_info(const char *name, struct liteio_raid_info *info,
+			 struct liteio_raid_base *bases, int max);
+
+/* Write the name of the module that claimed `bdev` to `out` (`len` bytes) and return true, or
+ * return false when no module claimed it. Call on an SPDK thread. */
+bool liteio_bdev_claimed_by(struct spdk_bdev *bdev, char *out, size_t len);
 
 /* Tunables of the NVMe/TCP transport; zero keeps SPDK's default. */
 struct liteio_tcp_opts {

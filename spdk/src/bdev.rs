@@ -1,5 +1,6 @@
-//! Block devices: malloc (tests), null (benchmarks), aio over a file or block device, raid0,
-//! listing and I/O statistics.
+//! Block devices: malloc (tests), null (benchmarks), aio over a file or block device,
+//! listing, I/O statistics and QoS limits. Raid bdevs (concat, raid0, raid1) are in
+//! [`super::raid`]; [`create_raid0`] and [`delete_raid`] here are its older entry points.
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -114,7 +115,7 @@ pub(crate) unsafe fn bdev_info(bdev: *mut spdk_sys::spdk_bdev) -> BdevInfo {
     }
 }
 
-fn check_name(field: &'static str, name: &str) -> Result<()> {
+pub(crate) fn check_name(field: &'static str, name: &str) -> Result<()> {
     if name.is_empty() || name.len() > 63 || name.contains(['/', '\0', ' ']) {
         return Err(SpdkError::InvalidArgument {
             field,
@@ -245,7 +246,6 @@ enum Module {
     Malloc,
     Null,
     Aio,
-    Raid,
 }
 
 async fn delete_with(module: Module, name: &str) -> Result<()> {
@@ -272,14 +272,6 @@ async fn delete_with(module: Module, name: &str) -> Result<()> {
                 Module::Malloc => spdk_sys::liteio_malloc_delete(c.as_ptr(), Some(errno_cb), ctx),
                 Module::Null => spdk_sys::liteio_null_delete(c.as_ptr(), Some(errno_cb), ctx),
                 Module::Aio => spdk_sys::bdev_aio_delete(c.as_ptr(), Some(errno_cb), ctx),
-                Module::Raid => {
-                    let rc = spdk_sys::liteio_raid_delete(c.as_ptr(), Some(errno_cb), ctx);
-                    if rc != 0 {
-                        // No raid of that name: SPDK never takes `ctx`, so it is answered
-                        // here, once.
-                        errno_cb(ctx, if rc == -libc_errno::ENODEV { 0 } else { rc });
-                    }
-                }
             }
         }
     })
@@ -392,57 +384,16 @@ pub async fn delete_aio(name: &str) -> Result<()> {
     delete_with(Module::Aio, name).await
 }
 
-/// Create a raid0 bdev over `bases` with a strip size in KiB.
+/// Create a raid0 bdev over `bases` with a strip size in KiB:
+/// [`super::raid::create_raid`] with [`RaidLevel::Raid0`](super::raid::RaidLevel::Raid0).
 pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result<BdevInfo> {
-    check_name("name", name)?;
-    if bases.len() < 2 || bases.len() > 255 {
-        return Err(SpdkError::InvalidArgument {
-            field: "base_bdevs",
-            reason: format!("raid0 needs 2-255 bdevs, got {}", bases.len()),
-        });
-    }
-    let (name, bases) = (name.to_string(), bases.to_vec());
-    exec_on(move |r, reply| {
-        if let Ok(info) = info_by_name(r, &name) {
-            return reply.send(same_or_conflict(&info, "Raid Volume", None, &name).map(|()| info));
-        }
-        let names: Result<Vec<_>> = bases.iter().map(|b| cstr("base_bdevs", b)).collect();
-        let (c, names) = match (cstr("name", &name), names) {
-            (Ok(c), Ok(n)) => (c, n),
-            (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
-        };
-        let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
-        let n2 = name.clone();
-        let ctx = errno_ctx(move |r, rc| {
-            reply.send(if rc == 0 {
-                info_by_name(r, &n2)
-            } else {
-                Err(SpdkError::errno("create raid0", n2, rc))
-            })
-        });
-        // SAFETY: on the reactor; strings are copied by the raid module; `ctx` is owned by
-        // SPDK when the call returns 0.
-        let rc = unsafe {
-            spdk_sys::liteio_raid0_create(
-                c.as_ptr(),
-                strip_kb,
-                ptrs.len() as u8,
-                ptrs.as_ptr(),
-                Some(errno_cb),
-                ctx,
-            )
-        };
-        if rc != 0 {
-            // SAFETY: SPDK refused the call and never took `ctx`: it is answered here, once.
-            unsafe { errno_cb(ctx, rc) };
-        }
-    })
-    .await
+    super::raid::create_raid(name, super::raid::RaidLevel::Raid0, bases, strip_kb).await
 }
 
-/// Delete a raid bdev; missing = success.
+/// Delete a raid bdev, also one still configuring; missing = success:
+/// [`super::raid::delete_raid`].
 pub async fn delete_raid(name: &str) -> Result<()> {
-    delete_with(Module::Raid, name).await
+    super::raid::delete_raid(name).await
 }
 
 /// Wait until every bdev module finished examining new bdevs (lvstores loaded).

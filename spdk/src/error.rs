@@ -120,6 +120,7 @@ pub(crate) mod libc_errno {
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
     pub const EEXIST: i32 = 17;
+    pub const EBUSY: i32 = 16;
     pub const ENODEV: i32 = 19;
     pub const EINVAL: i32 = 22;
     pub const ENOSPC: i32 = 28;

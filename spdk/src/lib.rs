@@ -1,5 +1,9 @@
-//! Safe SPDK: the embedded SPDK runtime and typed calls into it (bdevs, lvstores and lvols,
-//! the NVMe-oF target and initiator, block I/O, thread statistics).
+//! Safe SPDK: the embedded SPDK runtime and typed calls into it (bdevs, raid bdevs, lvstores
+//! and lvols, the NVMe-oF target and initiator, block I/O, thread statistics).
+//!
+//! Raid bdevs ([`raid`]) come in three levels: concat and raid0 join the members of a
+//! multi-disk volume (chained or striped), raid1 mirrors the replicas of a replicated volume
+//! (a later issue).
 //!
 //! With `spdk-sys` this is the only crate of the workspace with `unsafe` code. Every call
 //! runs its SPDK work on SPDK's application thread and answers through a oneshot channel;
@@ -20,6 +24,7 @@ pub mod io;
 pub mod keyring;
 pub mod lvol;
 pub mod nvmf;
+pub mod raid;
 pub mod runtime;
 pub mod stats;
 
