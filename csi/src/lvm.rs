@@ -245,19 +245,42 @@ pub fn pvcreate_argv(devs: &[String], create: &[String]) -> Result<Vec<String>> 
     Ok(a)
 }
 
-/// `vgcreate -s 4m --addtag <tag> <vg> <devs…>`.
-pub fn vgcreate_argv(devs: &[String], n: &Names) -> Result<Vec<String>> {
+/// An LVM version (`2.03.16`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+/// The first LVM with `vgcreate --setautoactivation`.
+pub const SETAUTOACTIVATION_SINCE: Version = Version(2, 3, 12);
+
+/// `lvm version`.
+pub fn version_argv() -> Vec<String> {
+    ["lvm", "version"].map(String::from).to_vec()
+}
+
+/// The LVM version in the output of `lvm version` (`  LVM version:     2.03.16(2) (2022-05-18)`).
+pub fn parse_version(out: &str) -> Option<Version> {
+    let v = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("LVM version:"))?
+        .trim();
+    let end = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(v.len());
+    let mut parts = v[..end].split('.').map(|p| p.parse::<u32>().ok());
+    Some(Version(parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// `vgcreate -s 4m --addtag <tag> [--setautoactivation n] <vg> <devs…>`. With `manual`
+/// (LVM 2.03.12 or later, [`SETAUTOACTIVATION_SINCE`]) the host's own LVM never activates
+/// the VG when its members appear (udev's `pvscan --cache -aay`): the CSI node activates it
+/// at NodeStageVolume and deactivates it at NodeUnstageVolume, and nothing else does.
+pub fn vgcreate_argv(devs: &[String], n: &Names, manual: bool) -> Result<Vec<String>> {
     let mut a = lvm("vgcreate", devs)?;
-    a.extend(
-        [
-            "--physicalextentsize",
-            "4m",
-            "--addtag",
-            n.tag.as_str(),
-            n.vg.as_str(),
-        ]
-        .map(String::from),
-    );
+    a.extend(["--physicalextentsize", "4m", "--addtag", n.tag.as_str()].map(String::from));
+    if manual {
+        a.extend(["--setautoactivation".to_string(), "n".into()]);
+    }
+    a.push(n.vg.clone());
     a.extend(devs.iter().cloned());
     Ok(a)
 }
@@ -800,7 +823,7 @@ mod tests {
             vgs_argv(&devs()).unwrap(),
             lvs_argv(&devs(), &n.vg).unwrap(),
             pvcreate_argv(&devs(), &devs()[1..]).unwrap(),
-            vgcreate_argv(&devs(), &n).unwrap(),
+            vgcreate_argv(&devs(), &n, true).unwrap(),
             lvcreate_argv(&devs(), &n, Layout::Striped, 30).unwrap(),
             vgchange_argv(&devs(), &n.vg, true).unwrap(),
             vgremove_argv(&devs(), &n.vg).unwrap(),
@@ -843,11 +866,18 @@ mod tests {
             "/dev/nvme2n1"
         );
         assert_eq!(
-            line(vgcreate_argv(&devs(), &n).unwrap()),
+            line(vgcreate_argv(&devs(), &n, false).unwrap()),
             format!(
                 "--physicalextentsize 4m --addtag liteio.volume.{ID} pvc-1 /dev/nvme1n1 /dev/nvme2n1"
             )
         );
+        assert_eq!(
+            line(vgcreate_argv(&devs(), &n, true).unwrap()),
+            format!(
+                "--physicalextentsize 4m --addtag liteio.volume.{ID} --setautoactivation n pvc-1 /dev/nvme1n1 /dev/nvme2n1"
+            )
+        );
+        assert_eq!(version_argv().join(" "), "lvm version");
         assert_eq!(
             line(lvcreate_argv(&devs(), &n, Layout::Striped, 30).unwrap()),
             "-y -l 30 -i 2 -I 64k -n pvc-1 pvc-1 /dev/nvme1n1 /dev/nvme2n1"
@@ -927,6 +957,21 @@ mod tests {
             e.to_string().contains("pv_pe_count") && e.to_string().contains("many"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn versions() {
+        // LVM 2.03.16 (Debian 12) and 2.03.11 (Ubuntu 22.04), as `lvm version` prints them.
+        let v = parse_version(
+            "  LVM version:     2.03.16(2) (2022-05-18)\n  Library version: 1.02.185 (2022-05-18)\n  Driver version:  4.48.0\n",
+        );
+        assert_eq!(v, Some(Version(2, 3, 16)));
+        assert!(v.unwrap() >= SETAUTOACTIVATION_SINCE);
+        let old = parse_version("  LVM version:     2.03.11(2) (2021-01-08)\n").unwrap();
+        assert!(old < SETAUTOACTIVATION_SINCE);
+        assert!(Version(2, 2, 187) < SETAUTOACTIVATION_SINCE);
+        assert_eq!(parse_version("lvm: command not found"), None);
+        assert_eq!(parse_version("  LVM version: 2.03\n"), None);
     }
 
     #[test]

@@ -173,6 +173,9 @@ pub struct Host {
     cfg: Arc<DriverConfig>,
     runner: Arc<dyn CommandRunner>,
     fabrics: Arc<dyn nvme::Fabrics>,
+    /// This host's LVM version (`lvm version`), asked once, when a multi-disk volume's
+    /// volume group is first made.
+    lvm_version: Arc<std::sync::OnceLock<Option<crate::lvm::Version>>>,
 }
 
 fn is_file(p: &Path) -> bool {
@@ -188,6 +191,7 @@ impl Host {
             cfg,
             runner,
             fabrics,
+            lvm_version: Arc::default(),
         }
     }
 

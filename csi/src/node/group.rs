@@ -359,6 +359,19 @@ impl Host {
         }
     }
 
+    /// Whether this host's LVM can make a VG that only the CSI node activates
+    /// ([`lvm::vgcreate_argv`]); asked once (`lvm version`), no on any failure.
+    fn manual_activation(&self) -> bool {
+        let v = self.lvm_version.get_or_init(|| {
+            let v = cmd::run_ok(self.runner.as_ref(), &lvm::version_argv())
+                .ok()
+                .and_then(|o| lvm::parse_version(&o.stdout));
+            info!(version = ?v, "this host's LVM");
+            v
+        });
+        v.is_some_and(|v| v >= lvm::SETAUTOACTIVATION_SINCE)
+    }
+
     fn lvs(&self, devs: &[String], vg: &str) -> Result<Vec<lvm::Lv>> {
         lvm::parse_lvs(&self.run_lvm(&lvm::lvs_argv(devs, vg)?)?.stdout)
     }
@@ -454,7 +467,8 @@ impl Host {
                         return Err(e);
                     }
                 }
-                if let Err(e) = self.run_lvm(&lvm::vgcreate_argv(&devs, n)?) {
+                let manual = self.manual_activation();
+                if let Err(e) = self.run_lvm(&lvm::vgcreate_argv(&devs, n, manual)?) {
                     self.undo_assembly(&a);
                     return Err(e);
                 }
@@ -1089,17 +1103,21 @@ mod tests {
         let dm = d.path().join("dm-node");
         fs::write(&dm, "").unwrap();
         let r = Arc::new(ScriptedRunner::new());
-        r.once(&["pvs"], empty("pv"))
-            .on(
-                &["pvs"],
-                pvs(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 16)]),
-            )
-            .on(&["vgs"], empty("vg"))
-            .on(&["blkid"], Output::fail(2, ""))
-            .on(&["pvcreate"], Output::ok(""))
-            .on(&["vgcreate"], Output::ok(""))
-            .on(&["lvcreate"], Output::ok(""))
-            .on(&["lvs"], lvs("striped", 2, true, &dm));
+        r.on(
+            &["lvm", "version"],
+            Output::ok("  LVM version:     2.03.16(2) (2022-05-18)\n"),
+        )
+        .once(&["pvs"], empty("pv"))
+        .on(
+            &["pvs"],
+            pvs(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 16)]),
+        )
+        .on(&["vgs"], empty("vg"))
+        .on(&["blkid"], Output::fail(2, ""))
+        .on(&["pvcreate"], Output::ok(""))
+        .on(&["vgcreate"], Output::ok(""))
+        .on(&["lvcreate"], Output::ok(""))
+        .on(&["lvs"], lvs("striped", 2, true, &dm));
         let host = Host::new(cfg(d.path()), r.clone());
         let a = host
             .assemble_lvm(&names(), Layout::Striped, &members())
@@ -1109,7 +1127,8 @@ mod tests {
         assert_eq!(
             commands(&r),
             [
-                "pvs", "vgs", "blkid", "blkid", "pvcreate", "vgcreate", "pvs", "lvcreate", "lvs"
+                "pvs", "vgs", "blkid", "blkid", "pvcreate", "lvm", "vgcreate", "pvs", "lvcreate",
+                "lvs"
             ]
         );
         let lines = r.lines();
@@ -1118,21 +1137,26 @@ mod tests {
             "{}",
             lines[4]
         );
+        // LVM 2.03.16: a VG only the CSI node activates.
         assert!(
-            lines[5].ends_with(&format!(
-                "--physicalextentsize 4m --addtag liteio.volume.{ID} pvc-1 /dev/nvme1n1 /dev/nvme2n1"
+            lines[6].ends_with(&format!(
+                "--physicalextentsize 4m --addtag liteio.volume.{ID} --setautoactivation n pvc-1 /dev/nvme1n1 /dev/nvme2n1"
             )),
             "{}",
-            lines[5]
+            lines[6]
         );
         // Equal stripes: twice the smaller member's 15 extents.
         assert!(
-            lines[7].ends_with("-y -l 30 -i 2 -I 64k -n pvc-1 pvc-1 /dev/nvme1n1 /dev/nvme2n1"),
+            lines[8].ends_with("-y -l 30 -i 2 -I 64k -n pvc-1 pvc-1 /dev/nvme1n1 /dev/nvme2n1"),
             "{}",
-            lines[7]
+            lines[8]
         );
         // Every LVM command is confined to the two members.
-        for c in r.calls().iter().filter(|c| c[0] != "blkid") {
+        for c in r
+            .calls()
+            .iter()
+            .filter(|c| c[0] != "blkid" && c[0] != "lvm")
+        {
             assert_eq!(c[1], "--config");
             assert!(
                 c[2].starts_with(
@@ -1282,23 +1306,24 @@ mod tests {
         assert_eq!(
             commands(&r),
             [
-                "pvs", "vgs", "blkid", "blkid", "pvcreate", "vgcreate", "pvs", "lvcreate",
+                "pvs", "vgs", "blkid", "blkid", "pvcreate", "lvm", "vgcreate", "pvs", "lvcreate",
                 "vgremove", "pvremove"
             ]
         );
-        let lines = r.lines();
+        let calls = r.calls();
+        assert_eq!(calls[4][3..], ["/dev/nvme2n1"], "only the blank one");
+        // LVM's version unknown: a VG without --setautoactivation, which older LVM refuses.
         assert!(
-            lines[4].ends_with(" /dev/nvme2n1"),
-            "only the blank one: {}",
-            lines[4]
+            !calls[6].iter().any(|a| a == "--setautoactivation"),
+            "{:?}",
+            calls[6]
         );
-        assert!(lines[8].ends_with("-y -f pvc-1"), "{}", lines[8]);
-        assert!(
-            lines[9].ends_with("' /dev/nvme2n1") || lines[9].ends_with(" /dev/nvme2n1"),
-            "{}",
-            lines[9]
+        assert_eq!(calls[9][3..], ["-y", "-f", "pvc-1"]);
+        assert_eq!(
+            calls[10][3..],
+            ["/dev/nvme2n1"],
+            "the orphan PV it found stays"
         );
-        assert!(!lines[9].contains("} /dev/nvme1n1"), "{}", lines[9]);
     }
 
     /// A fake sysfs with the LV's device-mapper device `dm-3` and, when `members`, the two
