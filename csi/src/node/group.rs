@@ -316,6 +316,18 @@ pub fn dm_device(sysfs: &Path, dm_name: &str) -> Option<String> {
         })
 }
 
+/// The device-mapper device (`dm-3`) a mount source is: `/dev/dm-3`, or a name LVM made
+/// without udev (`/dev/mapper/<vg>-<lv>` is then a device node of its own, and
+/// `/dev/<vg>/<lv>` a link to it), found by its device-mapper name.
+pub fn dm_of(sysfs: &Path, source: &Path) -> Option<String> {
+    let real = std::fs::canonicalize(source).ok()?;
+    let name = real.file_name()?.to_string_lossy().into_owned();
+    if name.starts_with("dm-") {
+        return Some(name);
+    }
+    dm_device(sysfs, &name)
+}
+
 /// The subsystem NQNs of the NVMe namespaces under device-mapper device `dm` (`dm-3`):
 /// `<sysfs>/block/dm-3/slaves/nvmeXnY`, whose `device/subsysnqn` names the subsystem
 /// (the controller's, or the multipath subsystem's).
@@ -480,6 +492,8 @@ impl Host {
                 let mut lvs = self.lvs(&devs, &n.vg)?;
                 if lvm::plan_lv(n, &lvs)? {
                     self.create_lv(n, layout, &devs)?;
+                    // lvcreate activates it: a failure from here deactivates it again.
+                    a.activated = true;
                     lvs = self.lvs(&devs, &n.vg)?;
                 }
                 if !lvs.iter().any(|l| l.name == n.lv && l.active()) {
@@ -649,11 +663,7 @@ impl Host {
     fn unstage_group(&self, staging: &Path, known: Option<Staged>, gone: bool) -> Result<()> {
         if gone
             && let Some(m) = self.mounted(staging)?
-            && let Ok(real) = std::fs::canonicalize(&m.source)
-            && let Some(dm) = real
-                .file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .filter(|s| s.starts_with("dm-"))
+            && let Some(dm) = dm_of(&self.cfg.sysfs_root, Path::new(&m.source))
         {
             // The volume was deleted under its mount: its members' targets will not come
             // back, and the kernel would hold the unmount's writes until ctrl-loss-tmo.
@@ -979,7 +989,23 @@ impl NodeService {
             .find_data_control(id)
             .await?
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
-        let expected = self.expected(&dc).await?;
+        // What the API says this host connected (for the key refresh and, without a
+        // record, the device): a failure to tell is a warning, not a failed publish.
+        let expected = match self.expected(&dc).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(volume = %dc.name_any(), error = %e.chain(), "cannot tell the members of the multi-disk volume; their keys are not refreshed at this publish");
+                let n = lvm::names(&dc.name_any(), id);
+                Staged {
+                    id: id.to_string(),
+                    data_control: dc.name_any(),
+                    engine: dc.spec.engine_type,
+                    vg: n.vg,
+                    lv: n.lv,
+                    members: Vec::new(),
+                }
+            }
+        };
         let holder = {
             let mut v = AntstorVolume::new(&dc.name_any(), Default::default());
             v.metadata.labels = dc.metadata.labels.clone();
@@ -1384,6 +1410,17 @@ mod tests {
             slave_nqns(&d.path().join("sys"), "dm-3"),
             ["nqn.m1", "nqn.m2"]
         );
+        // The mount source LVM made without udev: a node named after the LV, found by name.
+        let node = d.path().join("pvc--1-pvc--1");
+        fs::write(&node, "").unwrap();
+        assert_eq!(dm_of(&d.path().join("sys"), &node).as_deref(), Some("dm-3"));
+        let other = d.path().join("sda1");
+        fs::write(&other, "").unwrap();
+        assert_eq!(dm_of(&d.path().join("sys"), &other), None);
+        assert_eq!(
+            dm_of(&d.path().join("sys"), &d.path().join("missing")),
+            None
+        );
         let gone = d.path().join("sys/block/dm-3");
         let r = Arc::new(ScriptedRunner::new());
         r.on_with(&["vgchange"], Output::ok(""), move |_| {
@@ -1533,6 +1570,82 @@ mod tests {
             "no LVM before every member is there"
         );
         assert_eq!(Staged::read(&staging).unwrap(), None);
+    }
+
+    #[test]
+    fn an_assembled_export_is_staged_and_unstaged_as_a_plain_remote_volume() {
+        // SpdkLVStore: one connection to status.spdkTarget, no LVM; a raw-block stage.
+        let d = tempfile::tempdir().unwrap();
+        let cfg = cfg(d.path());
+        let sys = cfg.sysfs_root.clone();
+        let r = Arc::new(ScriptedRunner::new());
+        r.on_with(&["nvme", "connect"], Output::ok(""), move |_| {
+            let c = sys.join("class/nvme/nvme4");
+            fs::create_dir_all(c.join("nvme4n1")).unwrap();
+            fs::write(c.join("serial"), "SNDC\n").unwrap();
+            fs::write(c.join("subsysnqn"), "nqn.dc\n").unwrap();
+        })
+        .on(&["nvme", "disconnect"], Output::ok(""));
+        let host = Host::new(Arc::clone(&cfg), r.clone());
+        let mut dc = dc(PoolMode::SpdkLVStore, "node-1");
+        dc.status = Some(liteio_api::datacontrol::AntstorDataControlStatus {
+            status: Some(VolumeStatus::Ready),
+            spdk_target: Some(SpdkTarget {
+                subsys_nqn: "nqn.dc".into(),
+                sn: "SNDC".into(),
+                address: "127.10.0.2".into(),
+                svc_id: "4430".into(),
+                trans_type: "TCP".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let plan = assembled_target(&dc).unwrap();
+        let staging = d.path().join("staging");
+        let record = Staged {
+            id: ID.into(),
+            data_control: "pvc-1".into(),
+            engine: PoolMode::SpdkLVStore,
+            vg: String::new(),
+            lv: String::new(),
+            members: vec![StagedMember::of("pvc-1", &plan)],
+        };
+        let g = GroupStage {
+            record: record.clone(),
+            lvm: None,
+            members: vec![MemberConnect {
+                volume: "pvc-1".into(),
+                plan,
+                keys: None,
+            }],
+            staging: staging.clone(),
+            access: Access::Block,
+            fs: "ext4".into(),
+            mkfs: String::new(),
+            total_size: 1 << 30,
+        };
+        host.stage_group(&g).unwrap();
+        assert_eq!(
+            r.lines(),
+            [
+                "nvme connect -t tcp -a 127.10.0.2 -s 4430 -n nqn.dc --hostnqn nqn.2021-03.com.alipay.host:uuid:node-1 --reconnect-delay 1 --ctrl-loss-tmo 600"
+            ]
+        );
+        assert_eq!(Staged::read(&staging).unwrap(), Some(record.clone()));
+        assert_eq!(
+            host.group_device(&record).unwrap(),
+            Some(PathBuf::from("/dev/nvme4n1"))
+        );
+        // Staged again: connected already, nothing more runs.
+        host.stage_group(&g).unwrap();
+        assert_eq!(r.calls().len(), 1);
+        // Unstaged from the record (the data control may be gone): disconnected, no LVM.
+        host.unstage_group(&staging, None, true).unwrap();
+        assert_eq!(r.lines()[1..], ["nvme disconnect -n nqn.dc"]);
+        assert_eq!(Staged::read(&staging).unwrap(), None);
+        // Twice: nothing left to do.
+        host.unstage_group(&staging, None, true).unwrap();
+        assert_eq!(r.calls().len(), 2);
     }
 
     fn dc(engine: PoolMode, host: &str) -> AntstorDataControl {
