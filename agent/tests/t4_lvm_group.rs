@@ -15,6 +15,8 @@
 //! - DeleteVolume: no data control, group, member AntstorVolume or Secret is left, no lvol
 //!   or subsystem on the storage nodes, and no PV, VG, LV, device-mapper device or NVMe
 //!   controller in the VM.
+//! - A volume deleted while staged and mounted: unpublish and unstage still succeed, within
+//!   a minute (not the kernel's ctrl-loss-tmo), and leave nothing in the guest.
 //!
 //! Needs SPDK (the agent's `spdk` feature), root, network namespaces and a bootable VM;
 //! elsewhere it prints one `SKIP` line.
@@ -277,13 +279,14 @@ async fn release(
     Ok(took)
 }
 
-async fn one_volume(
+/// CreateVolume of `case` (one member on each storage node, each smaller than the volume),
+/// ControllerPublishVolume to the VM node, until the data control is ready; its id.
+async fn create(
     c: &Cluster,
-    node: &mut VmNode,
-    csi: &mut CsiClient,
+    node: &VmNode,
     ctl: &mut CsiClient,
     case: &Case,
-) -> Result<(), String> {
+) -> Result<String, String> {
     let Case { pv, raid, fs } = *case;
     println!("--- {pv}: {raid}, {fs}, {} MiB", SIZE >> 20);
     let params = HashMap::from([
@@ -338,15 +341,37 @@ async fn one_volume(
         "a member as large as the volume"
     );
 
-    ctl.controller
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node.name.clone(),
-            volume_capability: Some(mount_capability(fs)),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("ControllerPublishVolume {pv}: {}", e.message()))?;
+    // ABORTED (the data control changed under the call: the controller writes it too) is
+    // retried, as the external-attacher does.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match ctl
+            .controller
+            .controller_publish_volume(ControllerPublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: node.name.clone(),
+                volume_capability: Some(mount_capability(fs)),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if e.code() == Code::Aborted && attempts < 5 => {
+                println!(
+                    "ControllerPublishVolume {pv} aborted, retried: {}",
+                    e.message()
+                );
+            }
+            Err(e) => {
+                return Err(format!(
+                    "ControllerPublishVolume {pv} (attempt {attempts}): {:?}: {}",
+                    e.code(),
+                    e.message()
+                ));
+            }
+        }
+    }
     let t = Instant::now();
     eventually(
         c,
@@ -364,7 +389,18 @@ async fn one_volume(
         "data control ready {:.2}s after ControllerPublishVolume",
         t.elapsed().as_secs_f64()
     );
+    Ok(id)
+}
 
+async fn one_volume(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+    case: &Case,
+) -> Result<(), String> {
+    let Case { pv, raid, fs } = *case;
+    let id = create(c, node, ctl, case).await?;
     let secrets = pv_secrets(c, pv).await?;
     let staging = format!("/tmp/stage/{pv}");
     let target = format!("/tmp/pods/{pv}/mount");
@@ -389,6 +425,21 @@ async fn one_volume(
     )
     .await?;
     println!("guest:\n{report}");
+    // The report the CSI node parses, as this LVM prints it.
+    let json = guest(
+        node,
+        &format!(
+            "lvs --reportformat json --units b --nosuffix -o {} {pv}",
+            liteio_csi::lvm::LV_FIELDS
+        ),
+    )
+    .await?;
+    println!("lvs --reportformat json:\n{json}");
+    let parsed = liteio_csi::lvm::parse_lvs(&json).map_err(|e| e.to_string())?;
+    check!(
+        parsed.iter().all(|l| l.name == pv && l.active()),
+        "{parsed:?}"
+    );
     // `pvs`: one line per member, each in the VG with extents allocated to the LV.
     let pvs: Vec<Vec<&str>> = report
         .lines()
@@ -588,6 +639,67 @@ async fn one_volume(
     Ok(())
 }
 
+/// A multi-disk volume deleted while it is staged and mounted (its members and their
+/// exports go): unpublish and unstage still succeed, at once rather than after the
+/// kernel's ctrl-loss-tmo, and leave nothing in the guest.
+async fn deleted_while_staged(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+) -> Result<(), String> {
+    let case = Case {
+        pv: "pvc-gone",
+        raid: "raid0",
+        fs: "ext4",
+    };
+    let id = create(c, node, ctl, &case).await?;
+    let secrets = pv_secrets(c, case.pv).await?;
+    let (staging, target) = ("/tmp/stage/pvc-gone", "/tmp/pods/pvc-gone/mount");
+    stage(csi, &id, staging, case.fs, &secrets).await?;
+    publish(csi, &id, staging, target, case.fs, &secrets).await?;
+    guest(
+        node,
+        &format!("head -c 4M /dev/urandom > {target}/f && sync && echo more >> {target}/f"),
+    )
+    .await?;
+    ctl.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("delete {id}: {}", e.message()))?;
+    eventually(
+        c,
+        "pvc-gone's members and exports gone",
+        120,
+        Role::Controller(0),
+        || async {
+            data_control(c, case.pv).await.is_none()
+                && members(c, case.pv).await.is_ok_and(|m| m.is_empty())
+                && storage_state(c).is_ok_and(|s| s.iter().all(|&(l, n)| l == 0 && n == 0))
+        },
+    )
+    .await?;
+    let took = release(node, csi, &id, staging, target).await?;
+    println!(
+        "a multi-disk volume deleted under its mount: unstaged in {:.2}s",
+        took.as_secs_f64()
+    );
+    // The kernel would hold the unmount's writes for ctrl-loss-tmo (600 s): the CSI node
+    // deletes the members' controllers first.
+    check!(took < Duration::from_secs(60), "unstaging took {took:?}");
+    let log = node.csi_log(200).await;
+    check!(
+        log.matches("deleted its member's NVMe controllers before unmounting")
+            .count()
+            == 2,
+        "the unstage did not delete both members' controllers first:\n{log}"
+    );
+    Ok(())
+}
+
 #[test]
 fn kernel_lvm_multi_disk_volumes_are_assembled_on_a_kernel_host() {
     if skip_vm("t4 KernelLVM multi-disk volumes", &Kernel::Backports) {
@@ -631,9 +743,13 @@ fn kernel_lvm_multi_disk_volumes_are_assembled_on_a_kernel_host() {
                     return Err(format!("{e}\nCSI node log:\n{log}"));
                 }
             }
+            if let Err(e) = deleted_while_staged(c, &mut node, &mut csi, &mut ctl).await {
+                let log = node.csi_log(60).await;
+                return Err(format!("{e}\nCSI node log:\n{log}"));
+            }
             node.vm.shutdown().await;
             println!(
-                "both volumes in {:.1}s (VM included)",
+                "three volumes in {:.1}s (VM included)",
                 started.elapsed().as_secs_f64()
             );
             Ok(())

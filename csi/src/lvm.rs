@@ -752,24 +752,27 @@ mod tests {
   }
 "#;
 
-    /// A striped LV over two PVs, then one linear LV with two segments.
+    /// LVM 2.03.16's report of a raid0 group's LV, active and open (recorded in the T4 VM,
+    /// names replaced).
     const LVS: &str = r#"  {
       "report": [
           {
               "lv": [
-                  {"lv_name":"pvc-1", "vg_name":"pvc-1", "lv_uuid":"Qe1x2C-aaaa-bbbb-cccc-dddd-eeee-ffffff", "lv_size":"125829120", "lv_path":"/dev/pvc-1/pvc-1", "lv_dm_path":"/dev/mapper/pvc--1-pvc--1", "lv_attr":"-wi-a-----", "segtype":"striped", "stripes":"2", "stripe_size":"65536"}
+                  {"lv_name":"pvc-1", "vg_name":"pvc-1", "lv_uuid":"xLcYw9-03SH-O7f3-qRDr-NnMQ-E3L9-tKfI17", "lv_size":"671088640", "lv_path":"/dev/pvc-1/pvc-1", "lv_dm_path":"/dev/mapper/pvc--1-pvc--1", "lv_attr":"-wi-ao----", "segtype":"striped", "stripes":"2", "stripe_size":"65536"}
               ]
           }
       ]
   }
 "#;
 
+    /// A linear group's LV over two members: one row per segment (recorded likewise, then
+    /// shown inactive).
     const LVS_LINEAR: &str = r#"  {
       "report": [
           {
               "lv": [
-                  {"lv_name":"pvc-1", "vg_name":"pvc-1", "lv_uuid":"Qe1x2C", "lv_size":"125829120", "lv_path":"/dev/pvc-1/pvc-1", "lv_dm_path":"/dev/mapper/pvc--1-pvc--1", "lv_attr":"-wi-------", "segtype":"linear", "stripes":"1", "stripe_size":"0"},
-                  {"lv_name":"pvc-1", "vg_name":"pvc-1", "lv_uuid":"Qe1x2C", "lv_size":"125829120", "lv_path":"/dev/pvc-1/pvc-1", "lv_dm_path":"/dev/mapper/pvc--1-pvc--1", "lv_attr":"-wi-------", "segtype":"linear", "stripes":"1", "stripe_size":"0"}
+                  {"lv_name":"pvc-1", "vg_name":"pvc-1", "lv_uuid":"vKytvM-AKIb-lsRf-lXBz-RahE-GeSq-6o9zcB", "lv_size":"671088640", "lv_path":"/dev/pvc-1/pvc-1", "lv_dm_path":"/dev/mapper/pvc--1-pvc--1", "lv_attr":"-wi-------", "segtype":"linear", "stripes":"1", "stripe_size":"0"},
+                  {"lv_name":"pvc-1", "vg_name":"pvc-1", "lv_uuid":"vKytvM-AKIb-lsRf-lXBz-RahE-GeSq-6o9zcB", "lv_size":"671088640", "lv_path":"/dev/pvc-1/pvc-1", "lv_dm_path":"/dev/mapper/pvc--1-pvc--1", "lv_attr":"-wi-------", "segtype":"linear", "stripes":"1", "stripe_size":"0"}
               ]
           }
       ]
