@@ -323,7 +323,8 @@ pub fn member_volume(
             uuid: m.vol_id.uuid.clone(),
             size_byte: u64::try_from(m.size).unwrap_or(0),
             type_: Some(member_type),
-            position_advice: VolumePosition::MustRemote,
+            // Placed already; its reader (host or assembling node) may be its own node.
+            position_advice: VolumePosition::NoPreference,
             target_node_id: m.target_node_name.clone(),
             ..Default::default()
         },

@@ -28,6 +28,10 @@ pub struct Metrics {
     pub migration_switch_seconds: Histogram,
     /// Time from a VolumeMigration's creation to `Finished`.
     pub migration_seconds: Histogram,
+    /// 1 per member volume of a multi-disk volume: `pv` (the PV), `group`, `volume` (the
+    /// member AntstorVolume, as the agents' per-volume series name it) and `node`; joins the
+    /// members' I/O series with their PV.
+    pub group_members: IntGaugeVec,
 }
 
 impl Metrics {
@@ -77,6 +81,14 @@ impl Metrics {
                 1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 86400.0,
             ]),
         )?;
+        let group_members = IntGaugeVec::new(
+            Opts::new(
+                "volume_group_member_info",
+                "1 per member volume of a multi-disk volume (joins the agents' per-volume series with the PV)",
+            ),
+            &["pv", "group", "volume", "node"],
+        )?;
+        registry.register(Box::new(group_members.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(schedule_seconds.clone()))?;
         registry.register(Box::new(schedule_failures.clone()))?;
@@ -95,6 +107,7 @@ impl Metrics {
             migrations,
             migration_switch_seconds,
             migration_seconds,
+            group_members,
         })
     }
 

@@ -197,6 +197,14 @@ async fn a_kernel_lvm_group_is_placed_assembled_on_its_host_and_deleted_in_order
             .status
             .unwrap();
         assert_eq!(st.volume_status.len(), 2);
+        // The members join their PV in the controller's metrics.
+        let text = h.ctx.metrics.render();
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("liteio_controller_volume_group_member_info{"))
+            .collect();
+        assert_eq!(info.len(), 2, "{text}");
+        assert!(info.iter().all(|l| l.contains("group=\"pvc-a\"")), "{text}");
 
         // Deleted: the group waits for its data control, then its members go, then it.
         groups(&h.client)
@@ -226,6 +234,10 @@ async fn a_kernel_lvm_group_is_placed_assembled_on_its_host_and_deleted_in_order
             h.ctx.state().free_bytes("n1") == Some(i128::from(20 * GIB))
         })
         .await;
+        assert!(
+            !h.ctx.metrics.render().contains("volume_group_member_info{"),
+            "member series outlive the group"
+        );
         h.stop().await;
     })
     .await

@@ -791,29 +791,47 @@ impl ControllerService {
     /// controller then lets every member, or the assembled export, admit it).
     pub(crate) async fn publish_group(&self, id: &str, node: &str) -> Result<()> {
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
-        let dc = self
-            .data_control_by_id(id)
-            .await?
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
-        if dc.spec.host_node.id == node {
-            return Ok(());
+        // Guarded by the resourceVersion; the controller writes the same object (status,
+        // target node), so a conflict is read again and retried, as for volumes.
+        for attempt in 0..5 {
+            let dc = self
+                .data_control_by_id(id)
+                .await?
+                .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+            if dc.spec.host_node.id == node {
+                return Ok(());
+            }
+            let host = self.node_info(node).await?;
+            let name = dc.name_any();
+            let body = serde_json::json!({
+                "metadata": { "resourceVersion": dc.metadata.resource_version },
+                "spec": { "hostNode": host },
+            });
+            match self
+                .data_controls()
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&body),
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(volume = %name, id, node, "multi-disk volume published to its host");
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
+                Err(e) => {
+                    return Err(CsiError::kube(
+                        format!("patch AntstorDataControl {name}"),
+                        e,
+                    ));
+                }
+            }
         }
-        let host = self.node_info(node).await?;
-        let name = dc.name_any();
-        let body = serde_json::json!({
-            "metadata": { "resourceVersion": dc.metadata.resource_version },
-            "spec": { "hostNode": host },
-        });
-        self.data_controls()
-            .patch(
-                &name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&body),
-            )
-            .await
-            .map_err(|e| CsiError::kube(format!("patch AntstorDataControl {name}"), e))?;
-        info!(volume = %name, id, node, "multi-disk volume published to its host");
-        Ok(())
+        Err(CsiError::Busy(format!(
+            "volume {id} changed under every attempt to publish it; retry"
+        )))
     }
 }
 

@@ -61,6 +61,17 @@ pub async fn volume_by_uuid(api: &Api<AntstorVolume>, uuid: &str) -> Result<Opti
     .await
 }
 
+/// The AntstorDataControl whose uuid (a multi-disk volume's id, `dc-<uuid>`) is `uuid`.
+pub async fn data_control_by_uuid(
+    api: &Api<liteio_api::AntstorDataControl>,
+    uuid: &str,
+) -> Result<Option<liteio_api::AntstorDataControl>> {
+    by_uuid(api, "AntstorDataControl", labels::VOL_UUID, uuid, |d| {
+        d.spec.uuid.as_str()
+    })
+    .await
+}
+
 /// The AntstorSnapshot whose uuid (the CSI snapshot id) is `uuid`.
 pub async fn snapshot_by_uuid(
     api: &Api<AntstorSnapshot>,

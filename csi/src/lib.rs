@@ -20,6 +20,7 @@ pub mod error;
 pub mod group;
 pub mod identity;
 pub mod k8s;
+pub mod lvm;
 pub mod metrics;
 pub mod migration;
 pub mod mount;

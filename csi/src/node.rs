@@ -48,6 +48,8 @@ use crate::mount::{self, MountEntry};
 use crate::nvme;
 use crate::params::{self, Access};
 
+pub mod group;
+
 /// Capabilities the node advertises.
 pub const NODE_CAPABILITIES: [RpcType; 4] = [
     RpcType::StageUnstageVolume,
@@ -171,6 +173,9 @@ pub struct Host {
     cfg: Arc<DriverConfig>,
     runner: Arc<dyn CommandRunner>,
     fabrics: Arc<dyn nvme::Fabrics>,
+    /// This host's LVM version (`lvm version`), asked once, when a multi-disk volume's
+    /// volume group is first made.
+    lvm_version: Arc<std::sync::OnceLock<Option<crate::lvm::Version>>>,
 }
 
 fn is_file(p: &Path) -> bool {
@@ -186,6 +191,7 @@ impl Host {
             cfg,
             runner,
             fabrics,
+            lvm_version: Arc::default(),
         }
     }
 
@@ -423,6 +429,57 @@ impl Host {
     }
 }
 
+/// NodePublishVolume's host part: bind-mounts the staging mount (a file system) or the
+/// device `device` finds (raw block, onto a file) at `target`, read-only when asked.
+/// Nothing to do when `target` is mounted already.
+fn publish_bind(
+    host: &Host,
+    access: Access,
+    staging: &Path,
+    t: &Path,
+    readonly: bool,
+    device: impl FnOnce(&Host) -> Result<Option<PathBuf>>,
+) -> Result<()> {
+    if host.mounted(t)?.is_some() {
+        return Ok(());
+    }
+    let source = match access {
+        Access::Block => {
+            let dev = device(host)?.ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "staging_target_path: volume is not staged at {} (no device on this node)",
+                    staging.display()
+                ))
+            })?;
+            if let Some(dir) = t.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| CsiError::io(format!("create {}", dir.display()), e))?;
+            }
+            if !t.exists() {
+                std::fs::File::create(t)
+                    .map_err(|e| CsiError::io(format!("create target_path {}", t.display()), e))?;
+            }
+            dev
+        }
+        Access::Mount { .. } => {
+            if host.mounted(staging)?.is_none() {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "staging_target_path: {} is not staged (nothing is mounted there)",
+                    staging.display()
+                )));
+            }
+            std::fs::create_dir_all(t)
+                .map_err(|e| CsiError::io(format!("create target_path {}", t.display()), e))?;
+            staging.to_path_buf()
+        }
+    };
+    cmd::run_ok(host.runner.as_ref(), &mount::bind_argv(&source, t))?;
+    if readonly {
+        cmd::run_ok(host.runner.as_ref(), &mount::remount_ro_argv(t))?;
+    }
+    Ok(())
+}
+
 /// The Node service.
 #[derive(Clone)]
 pub struct NodeService {
@@ -605,6 +662,9 @@ impl NodeService {
             .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
         let access = params::check_capability("volume_capability", cap)?;
         let _g = self.inflight.claim(&format!("volume {id}"))?;
+        if crate::group::is_group_id(id) {
+            return self.stage_group(req, id, staging, access).await;
+        }
         let vol = self.find_volume(id).await?;
         let vol = self.wait_ready(vol).await?;
         check_host(&vol, &self.cfg.node_id)?;
@@ -814,6 +874,9 @@ impl NodeService {
         let id = require("volume_id", &req.volume_id)?;
         let staging = PathBuf::from(require("staging_target_path", &req.staging_target_path)?);
         let _g = self.inflight.claim(&format!("volume {id}"))?;
+        if crate::group::is_group_id(id) {
+            return self.unstage_group(id, staging).await;
+        }
         let vol = k8s::volume_by_uuid(&self.volumes(), id).await?;
         let host = self.host.clone();
         let node = self.cfg.node_id.clone();
@@ -922,6 +985,9 @@ impl NodeService {
             .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
         let access = params::check_capability("volume_capability", cap)?;
         let _g = self.inflight.claim(&format!("volume {id}"))?;
+        if crate::group::is_group_id(id) {
+            return self.publish_group(req, id, target, staging, access).await;
+        }
         let vol = self.find_volume(id).await?;
         let plan = attach_plan(&vol, &self.cfg.node_id)?;
         self.refresh_keys(&vol, &plan, req).await;
@@ -929,41 +995,9 @@ impl NodeService {
         let readonly = req.readonly;
         let t = target.clone();
         blocking(move || {
-            if host.mounted(&t)?.is_some() {
-                return Ok(());
-            }
-            let source = match access {
-                Access::Block => {
-                    let dev = host.find_device(&plan)?.ok_or_else(|| {
-                        CsiError::FailedPrecondition(format!(
-                            "staging_target_path: volume is not staged at {} (no device on this node)",
-                            staging.display()
-                        ))
-                    })?;
-                    if let Some(dir) = t.parent() {
-                        std::fs::create_dir_all(dir).map_err(|e| CsiError::io(format!("create {}", dir.display()), e))?;
-                    }
-                    if !t.exists() {
-                        std::fs::File::create(&t).map_err(|e| CsiError::io(format!("create target_path {}", t.display()), e))?;
-                    }
-                    dev
-                }
-                Access::Mount { .. } => {
-                    if host.mounted(&staging)?.is_none() {
-                        return Err(CsiError::FailedPrecondition(format!(
-                            "staging_target_path: {} is not staged (nothing is mounted there)",
-                            staging.display()
-                        )));
-                    }
-                    std::fs::create_dir_all(&t).map_err(|e| CsiError::io(format!("create target_path {}", t.display()), e))?;
-                    staging.clone()
-                }
-            };
-            cmd::run_ok(host.runner.as_ref(), &mount::bind_argv(&source, &t))?;
-            if readonly {
-                cmd::run_ok(host.runner.as_ref(), &mount::remount_ro_argv(&t))?;
-            }
-            Ok(())
+            publish_bind(&host, access, &staging, &t, readonly, |h: &Host| {
+                h.find_device(&plan)
+            })
         })
         .await?;
         info!(volume = %vol.name_any(), target = %target.display(), readonly, "volume published");
@@ -1068,6 +1102,11 @@ impl NodeService {
     async fn expand(&self, req: &NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse> {
         let id = require("volume_id", &req.volume_id)?;
         let path = PathBuf::from(require("volume_path", &req.volume_path)?);
+        if crate::group::is_group_id(id) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "NodeExpandVolume is not supported for multi-disk volume {id} (volume groups) yet: growing its members and its logical volume is not built"
+            )));
+        }
         let mut vol = self.find_volume(id).await?;
         if growing(&vol) {
             // The storage node removes the label once the LV/file has grown; wait for it,

@@ -161,6 +161,14 @@ pub async fn reconcile_group(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let mut statuses = Vec::new();
     let mut all_ready = true;
+    let pv = liteio_api::meta::label(&g.metadata, labels::PV_NAME)
+        .map_or_else(|| g.name_any(), str::to_string);
+    for m in &g.spec.volumes {
+        ctx.metrics
+            .group_members
+            .with_label_values(&[&pv, &g.name_any(), &m.vol_id.name, &m.target_node_name])
+            .set(1);
+    }
     for (m, v) in members(ctx, &g) {
         match v {
             Some(v) => {
@@ -370,6 +378,16 @@ async fn delete_group(
         "metadata": { "resourceVersion": g.metadata.resource_version, "finalizers": keep }
     });
     let _: AntstorVolumeGroup = ctx.patch(&key.namespace, &key.name, &body, false).await?;
+    let pv = liteio_api::meta::label(&g.metadata, labels::PV_NAME)
+        .map_or_else(|| g.name_any(), str::to_string);
+    for m in &g.spec.volumes {
+        let _ = ctx.metrics.group_members.remove_label_values(&[
+            &pv,
+            &g.name_any(),
+            &m.vol_id.name,
+            &m.target_node_name,
+        ]);
+    }
     info!("volume group released: every member is gone");
     Ok(Action::Done)
 }
