@@ -527,3 +527,157 @@ pub(crate) fn triggers(
         .flat_map(futures::stream::iter)
         .boxed()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use liteio_api::group::{AntstorVolumeGroupSpec, EntityIdentity, VolumeMeta};
+    use liteio_api::{NodeInfo, SpdkLvol};
+
+    use super::*;
+
+    const GIB: i64 = 1 << 30;
+
+    fn group(name: &str, members: &[(&str, &str)]) -> AntstorVolumeGroup {
+        AntstorVolumeGroup::new(
+            name,
+            AntstorVolumeGroupSpec {
+                total_size: GIB * members.len() as i64,
+                volumes: members
+                    .iter()
+                    .map(|(m, node)| VolumeMeta {
+                        vol_id: EntityIdentity {
+                            name: (*m).into(),
+                            ..Default::default()
+                        },
+                        target_node_name: (*node).into(),
+                        size: GIB,
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// A ready member on `node` that admits `host`; exported to `host` when `exported`.
+    fn member(name: &str, node: &str, host: &str, exported: bool) -> AntstorVolume {
+        let mut v = AntstorVolume::new(
+            name,
+            liteio_api::AntstorVolumeSpec {
+                target_node_id: node.into(),
+                host_node: Some(NodeInfo {
+                    id: host.into(),
+                    ..Default::default()
+                }),
+                spdk_lvol: Some(SpdkLvol {
+                    name: name.into(),
+                    lvs_name: "lvs".into(),
+                    thin: false,
+                }),
+                spdk_target: exported.then(|| SpdkTarget {
+                    subsys_nqn: format!("nqn.{name}"),
+                    address: "10.0.0.9".into(),
+                    svc_id: "4420".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        v.status = Some(liteio_api::AntstorVolumeStatus {
+            status: VolumeStatus::Ready,
+            ..Default::default()
+        });
+        if exported {
+            v.metadata.annotations = Some(BTreeMap::from([(
+                annotations::EXPORTED_TO.to_string(),
+                host.to_string(),
+            )]));
+        }
+        v
+    }
+
+    fn by_name(vols: Vec<AntstorVolume>) -> BTreeMap<String, AntstorVolume> {
+        vols.into_iter().map(|v| (v.name_any(), v)).collect()
+    }
+
+    #[test]
+    fn members_come_in_the_groups_order_local_by_lvol_remote_by_export() {
+        let groups = [
+            group("g1", &[("a", "n2"), ("b", "n1")]),
+            group("g2", &[("c", "n3")]),
+        ];
+        let vols = by_name(vec![
+            member("a", "n2", "n1", true),
+            member("b", "n1", "n1", false),
+            member("c", "n3", "n1", true),
+        ]);
+        let m = assembly_members("n1", &groups, &vols).unwrap();
+        let names: Vec<&str> = m.iter().map(|m| m.volume.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(
+            matches!(&m[0].source, MemberSource::Remote { target } if target.subsys_nqn == "nqn.a")
+        );
+        assert!(
+            matches!(&m[1].source, MemberSource::Local { lvol } if lvol.full_name() == "lvs/b")
+        );
+        assert_eq!(m[2].node, "n3");
+    }
+
+    #[test]
+    fn each_missing_condition_is_what_it_waits_for() {
+        let groups = [group("g", &[("a", "n2"), ("b", "n1")])];
+        let wait =
+            |vols: Vec<AntstorVolume>| assembly_members("n1", &groups, &by_name(vols)).unwrap_err();
+        let local = || member("b", "n1", "n1", false);
+        assert!(wait(vec![local()]).contains("waiting for member AntstorVolume a"));
+        let mut unready = member("a", "n2", "n1", true);
+        unready.status = None;
+        assert!(wait(vec![unready, local()]).contains("member a to be ready"));
+        assert!(
+            wait(vec![member("a", "n2", "n9", true), local()])
+                .contains("member a to admit this node")
+        );
+        // Exported, but to someone else still (its agent has not caught up).
+        let mut elsewhere = member("a", "n2", "n1", true);
+        elsewhere.metadata.annotations = None;
+        assert!(
+            wait(vec![elsewhere, local()])
+                .contains("member a on node n2 to be exported to this node")
+        );
+        // The local member still has its own export.
+        assert!(
+            wait(vec![
+                member("a", "n2", "n1", true),
+                member("b", "n1", "n1", true)
+            ])
+            .contains("member b to be unexported")
+        );
+        let mut no_lvol = local();
+        no_lvol.spec.spdk_lvol = None;
+        assert!(wait(vec![member("a", "n2", "n1", true), no_lvol]).contains("needs SPDK lvols"));
+        // Not fully placed.
+        let mut g = group("g", &[("a", "n2")]);
+        g.spec.total_size = 2 * GIB;
+        assert!(
+            assembly_members("n1", &[g], &BTreeMap::new())
+                .unwrap_err()
+                .contains("AntstorVolumeGroup g to be placed")
+        );
+    }
+
+    #[test]
+    fn linear_is_a_concat_raid0_a_raid0_and_nothing_else() {
+        let mut dc = AntstorDataControl::new("d", Default::default());
+        dc.spec.raid.level = RaidLevel::Linear;
+        assert_eq!(level_of(&dc), Ok(AssemblyLevel::Concat));
+        dc.spec.raid.level = RaidLevel::Raid0;
+        assert_eq!(level_of(&dc), Ok(AssemblyLevel::Raid0));
+        dc.spec.raid.level = RaidLevel::Raid1;
+        assert_eq!(
+            level_of(&dc).unwrap_err(),
+            "spec.raid.level: raid1 is not assembled (linear and raid0 are)"
+        );
+    }
+}
