@@ -36,7 +36,10 @@ const RELIST: Duration = Duration::from_secs(30);
 
 /// The exports of this node to wait for: (volume, recorded target).
 async fn exports(ctx: &Ctx) -> crate::error::Result<Vec<(String, SpdkTarget)>> {
-    let api: Api<AntstorVolume> = Api::all(ctx.client.clone());
+    // In the agent's namespace, where its Role lets it list them (a cluster-wide list is
+    // refused by a real API server).
+    let api: Api<AntstorVolume> =
+        Api::namespaced(ctx.client.clone(), liteio_api::keys::DEFAULT_NAMESPACE);
     let lp = ListParams::default().labels(&format!("{}={}", labels::TARGET_NODE_ID, ctx.node));
     let list = ctx
         .timed(
@@ -59,7 +62,6 @@ async fn exports(ctx: &Ctx) -> crate::error::Result<Vec<(String, SpdkTarget)>> {
         })
         .collect();
     if ctx.exporter.assembles() {
-        // In the agent's namespace, where its Role lets it list them.
         let dcs: Api<AntstorDataControl> =
             Api::namespaced(ctx.client.clone(), liteio_api::keys::DEFAULT_NAMESPACE);
         let list = ctx
