@@ -330,12 +330,7 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     /// assembly that fails a re-assertion keeps serving). The default refuses: only an
     /// SPDK target assembles.
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
-        Box::pin(async move {
-            Err(ExportError::Unsupported(format!(
-                "multi-disk volume {} (engine SpdkLVStore) is assembled in SPDK, and this agent's target has no SPDK (an agent built without the spdk feature, or another pool engine): it cannot assemble it",
-                req.name
-            )))
-        })
+        Box::pin(async move { Err(no_assembly(&req.name)) })
     }
 
     /// Tears an assembly down: the subsystem, then the raid bdev, then the initiator
@@ -345,6 +340,13 @@ pub trait Exporter: Send + Sync + fmt::Debug {
         let _ = req;
         Box::pin(async { Ok(()) })
     }
+}
+
+/// Why a target without SPDK cannot assemble multi-disk volume `name`.
+pub fn no_assembly(name: &str) -> ExportError {
+    ExportError::Unsupported(format!(
+        "multi-disk volume {name} (engine SpdkLVStore) is assembled in SPDK, and this agent's target has no SPDK (an agent built without the spdk feature, or another pool engine): it cannot assemble it"
+    ))
 }
 
 /// The exporter of an agent without an NVMe-oF target.

@@ -666,6 +666,16 @@ impl ControllerService {
     /// as the node-stage secret), also for a volume that ends up on its consumer's node and
     /// is never exported.
     async fn ensure_keys(&self, vol: &AntstorVolume) -> Result<()> {
+        self.ensure_keys_owned(vol, None).await
+    }
+
+    /// [`Self::ensure_keys`], the Secret owned by `owner` instead of by `vol` when given (a
+    /// multi-disk volume's keys belong to its data control).
+    pub(crate) async fn ensure_keys_owned(
+        &self,
+        vol: &AntstorVolume,
+        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> Result<()> {
         let name = vol.auth_secret_name();
         let api = self.secrets();
         if k8s::get_opt(&api, "Secret", &name).await?.is_some() {
@@ -677,8 +687,11 @@ impl ControllerService {
             .is_some_and(|v| v == "true");
         let keys = VolumeKeys::generate(tls)
             .map_err(|e| CsiError::Internal(format!("generate the keys of Secret {name}: {e}")))?;
-        let secret =
+        let mut secret =
             auth::volume_secret(vol, &keys).map_err(|e| CsiError::invalid("name", e.reason))?;
+        if let Some(o) = owner {
+            secret.metadata.owner_references = Some(vec![o]);
+        }
         match api.create(&PostParams::default(), &secret).await {
             Ok(_) => {
                 info!(secret = %name, "authentication keys generated");

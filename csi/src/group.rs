@@ -698,8 +698,6 @@ impl ControllerService {
     /// NodeStageVolume use its keys.
     async fn ensure_group_keys(&self, dc: &AntstorDataControl, pv_name: &str) -> Result<()> {
         use kube::Resource as _;
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(self.client.clone(), &self.cfg.namespace);
         // The Secret as a volume of that PV would have it.
         let mut as_volume = liteio_api::AntstorVolume::new(&dc.name_any(), Default::default());
         as_volume.metadata.namespace = Some(self.cfg.namespace.clone());
@@ -708,27 +706,12 @@ impl ControllerService {
             pv_name.to_string(),
         )]));
         as_volume.spec.uuid = dc.spec.uuid.clone();
-        let name = as_volume.auth_secret_name();
-        if k8s::get_opt(&secrets, "Secret", &name).await?.is_some() {
-            return Ok(());
-        }
-        let keys = liteio_api::auth::VolumeKeys::generate(false)
-            .map_err(|e| CsiError::Internal(format!("generate the keys of Secret {name}: {e}")))?;
-        let mut secret = liteio_api::auth::volume_secret(&as_volume, &keys)
-            .map_err(|e| CsiError::invalid("name", e.reason))?;
-        secret.metadata.owner_references = dc.controller_owner_ref(&()).map(|mut o| {
+        let owner = dc.controller_owner_ref(&()).map(|mut o| {
             o.controller = None;
             o.block_owner_deletion = None;
-            vec![o]
+            o
         });
-        match secrets.create(&PostParams::default(), &secret).await {
-            Ok(_) => {
-                info!(secret = %name, "authentication keys generated for the multi-disk volume");
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(e) => Err(CsiError::kube(format!("create Secret {name}"), e)),
-        }
+        self.ensure_keys_owned(&as_volume, owner).await
     }
 
     /// DeleteVolume of a multi-disk volume: the data control and its groups (the controller

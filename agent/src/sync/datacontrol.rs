@@ -232,30 +232,11 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
     }
     let what = format!("AntstorDataControl {}/{}", namespace(dc), dc.name_any());
     if !ctx.exporter.assembles() {
-        // The exporter's own refusal names what is missing.
-        let req = AssemblyRequest {
-            name: dc.name_any(),
-            uuid: dc.spec.uuid.clone(),
-            level: AssemblyLevel::Concat,
-            strip_kb: STRIP_KB,
-            members: Vec::new(),
-            size_bytes: 0,
-            hostnqn: String::new(),
-            allowed_hosts: Vec::new(),
-            keys: None,
-            preset: None,
-        };
-        return match ctx.exporter.ensure_assembly(&req).await {
-            Err(source) => Err(AgentError::Assembly {
-                op: "assemble",
-                data_control: dc.name_any(),
-                source,
-            }),
-            Ok(_) => Err(AgentError::InvalidObject {
-                what,
-                reason: "this agent's target does not assemble multi-disk volumes".into(),
-            }),
-        };
+        return Err(AgentError::Assembly {
+            op: "assemble",
+            data_control: dc.name_any(),
+            source: crate::exporter::no_assembly(&dc.name_any()),
+        });
     }
     if dc.spec.uuid.is_empty() {
         return Err(AgentError::InvalidObject {
