@@ -915,7 +915,11 @@ impl ControllerService {
             .ok_or_else(|| CsiError::invalid("capacity_range", "is required"))?;
         let new_size = params::volume_size(Some(range))?;
         if group::is_group_id(id) {
-            return Err(group::unsupported("ControllerExpandVolume", id));
+            let size = self.expand_group(id, new_size).await?;
+            return Ok(ControllerExpandVolumeResponse {
+                capacity_bytes: i64_of(size),
+                node_expansion_required: true,
+            });
         }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
         let (name, old) = 'retry: {

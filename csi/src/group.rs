@@ -369,7 +369,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use liteio_api::datacontrol::{AntstorDataControlSpec, Raid};
 use liteio_api::group::{
     ANNO_MEMBER_RESERVE, AntstorVolumeGroupSpec, DesiredVolumeSpec, EntityIdentity, IntRange,
@@ -377,7 +377,7 @@ use liteio_api::group::{
 };
 use liteio_api::keys::{self, labels};
 use liteio_api::{AntstorDataControl, AntstorVolumeGroup, NodeInfo, VolumeType};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::controller::ControllerService;
 use crate::csi::Volume;
@@ -770,6 +770,171 @@ impl ControllerService {
         Ok(())
     }
 
+    /// ControllerExpandVolume of a multi-disk volume (KernelLVM): the group's `totalSize`
+    /// raised, so that the controller places members for the difference as it placed the
+    /// first ones (same share for a Symmetric group, new members on nodes holding none of
+    /// it, the count range); waits until they are placed, then the data control's
+    /// `totalSize`. Members that cannot be placed: the group's size is put back and the
+    /// answer is OUT_OF_RANGE with the controller's reason. Growth only, idempotent: a size
+    /// at or below the current one answers the current one. The host grows the LV over the
+    /// new members at NodeExpandVolume.
+    pub(crate) async fn expand_group(&self, id: &str, new_size: u64) -> Result<u64> {
+        let _guard = self.inflight.claim(&format!("volume {id}"))?;
+        let dc = self
+            .data_control_by_id(id)
+            .await?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+        if dc.spec.engine_type == PoolMode::SpdkLVStore {
+            return Err(cannot_grow_spdk(id));
+        }
+        let name = dc.name_any();
+        let current = u64::try_from(dc.spec.total_size).unwrap_or(0);
+        let new_size = size::round_up(new_size, size::VOLUME_UNIT)
+            .map_err(|e| CsiError::invalid("capacity_range", e.to_string()))?;
+        if new_size <= current {
+            return Ok(current);
+        }
+        let want = i64::try_from(new_size)
+            .map_err(|_| CsiError::invalid("capacity_range", "is too large"))?;
+        let groups = self.groups();
+        let gname = dc
+            .spec
+            .volume_groups
+            .first()
+            .map_or_else(|| name.clone(), |g| g.name.clone());
+        // The group first (the controller places members for it), guarded by its
+        // resourceVersion: the controller writes the same object.
+        let mut before = None;
+        for attempt in 0..5 {
+            let g = k8s::get_opt(&groups, "AntstorVolumeGroup", &gname)
+                .await?
+                .ok_or_else(|| {
+                    CsiError::FailedPrecondition(format!(
+                        "the volume group {gname} of multi-disk volume {id} does not exist"
+                    ))
+                })?;
+            if g.spec.total_size >= want {
+                break;
+            }
+            let body = serde_json::json!({
+                "metadata": { "resourceVersion": g.metadata.resource_version },
+                "spec": { "totalSize": want },
+            });
+            match groups
+                .patch(&gname, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => {
+                    before = Some(g.spec.total_size);
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    return Err(CsiError::Busy(format!(
+                        "volume group {gname} kept changing while expanding; retry"
+                    )));
+                }
+                Err(e) => {
+                    return Err(CsiError::kube(
+                        format!("patch AntstorVolumeGroup {gname}"),
+                        e,
+                    ));
+                }
+            }
+        }
+        let placed = match k8s::wait_for(
+            groups.clone(),
+            "AntstorVolumeGroup",
+            &gname,
+            self.cfg.schedule_timeout,
+            move |g: &AntstorVolumeGroup| {
+                g.spec.total_size < want || placement_outcome(g).is_some()
+            },
+        )
+        .await?
+        {
+            Waited::Done(g) if g.spec.total_size < want => Err(CsiError::Busy(format!(
+                "volume group {gname} was set back to {} while expanding; retry",
+                g.spec.total_size
+            ))),
+            Waited::Done(g) => match placement_outcome(&g) {
+                Some(Err(e)) => Err(CsiError::OutOfRange(format!(
+                    "capacity_range: {}",
+                    e.to_string()
+                        .replace("cannot be placed", "cannot grow to the requested size")
+                ))),
+                _ => Ok(()),
+            },
+            Waited::Gone => Err(CsiError::NotFound(format!(
+                "multi-disk volume {id} was deleted while expanding"
+            ))),
+            Waited::TimedOut => {
+                return Err(CsiError::Pending(format!(
+                    "the members of multi-disk volume {id} for {} are not placed after {}s; the controller may still be working on it, retry",
+                    size::format_bytes(new_size),
+                    self.cfg.schedule_timeout.as_secs()
+                )));
+            }
+        };
+        if let Err(e) = placed {
+            // Nothing was placed (a plan is all or nothing): the group's size goes back, so
+            // that the controller does not keep trying to grow a volume nobody asked for.
+            if let Some(old) = before {
+                self.set_back_group(&gname, want, old).await;
+            }
+            return Err(e);
+        }
+        // Then the data control: the volume's size, which a retry compares against.
+        let body = serde_json::json!({ "spec": { "totalSize": want } });
+        self.data_controls()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(|e| CsiError::kube(format!("patch AntstorDataControl {name}"), e))?;
+        info!(volume = %name, id, from = current, to = new_size, "multi-disk volume expansion placed");
+        Ok(new_size)
+    }
+
+    /// Puts a group's `totalSize` back from `want` to `old` after an expansion that could not
+    /// be placed, unless something else changed it meanwhile (best effort, logged).
+    async fn set_back_group(&self, gname: &str, want: i64, old: i64) {
+        let groups = self.groups();
+        for _ in 0..5 {
+            let g = match k8s::get_opt(&groups, "AntstorVolumeGroup", gname).await {
+                Ok(Some(g)) => g,
+                Ok(None) => return,
+                Err(e) => {
+                    warn!(group = gname, error = %e.chain(), "cannot read the volume group to set its size back");
+                    return;
+                }
+            };
+            if g.spec.total_size != want || g.fully_placed() {
+                return;
+            }
+            let body = serde_json::json!({
+                "metadata": { "resourceVersion": g.metadata.resource_version },
+                "spec": { "totalSize": old },
+            });
+            match groups
+                .patch(gname, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => {
+                    info!(
+                        group = gname,
+                        size = old,
+                        "volume group size set back after an expansion that could not be placed"
+                    );
+                    return;
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => {
+                    warn!(group = gname, error = %e, "cannot set the volume group's size back");
+                    return;
+                }
+            }
+        }
+    }
+
     /// ControllerPublishVolume of a multi-disk volume: `node` becomes its host (the
     /// controller then lets every member, or the assembled export, admit it).
     pub(crate) async fn publish_group(&self, id: &str, node: &str) -> Result<()> {
@@ -816,6 +981,13 @@ impl ControllerService {
             "volume {id} changed under every attempt to publish it; retry"
         )))
     }
+}
+
+/// Why an SpdkLVStore multi-disk volume cannot grow.
+pub fn cannot_grow_spdk(id: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "multi-disk volume {id} (datacontrol/engine-type SpdkLVStore) cannot grow: its concat or raid0 bdev takes no new member while it serves the host (SPDK's raid grows only raid1); KernelLVM multi-disk volumes grow"
+    ))
 }
 
 /// The error for an operation multi-disk volumes do not support yet.

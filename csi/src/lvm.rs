@@ -245,6 +245,31 @@ pub fn pvcreate_argv(devs: &[String], create: &[String]) -> Result<Vec<String>> 
     Ok(a)
 }
 
+/// `vgextend <vg> <add…>` (`add`: members of `devs` that are PVs of no VG).
+pub fn vgextend_argv(devs: &[String], vg: &str, add: &[String]) -> Result<Vec<String>> {
+    let mut a = lvm("vgextend", devs)?;
+    a.push(vg.to_string());
+    a.extend(add.iter().cloned());
+    Ok(a)
+}
+
+/// `lvextend -l +<extents> [-i <k> [-I 64k]] <vg>/<lv> <on…>`: the LV grown over the PVs
+/// `on` only. A striped LV is always given its stripes (`-i`), since LVM would otherwise
+/// keep the last segment's count, which needs that many PVs with room.
+pub fn lvextend_argv(devs: &[String], n: &Names, grow: &Grow) -> Result<Vec<String>> {
+    let mut a = lvm("lvextend", devs)?;
+    a.extend(["-l".to_string(), format!("+{}", grow.extents)]);
+    if let Some(k) = grow.stripes {
+        a.extend(["-i".to_string(), k.to_string()]);
+        if k > 1 {
+            a.extend(["-I".to_string(), format!("{STRIPE_SIZE_KIB}k")]);
+        }
+    }
+    a.push(format!("{}/{}", n.vg, n.lv));
+    a.extend(grow.on.iter().cloned());
+    Ok(a)
+}
+
 /// An LVM version (`2.03.16`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version(pub u32, pub u32, pub u32);
@@ -561,6 +586,16 @@ pub enum VgPlan {
     },
     /// The VG exists and consists of exactly the members.
     Existing,
+    /// The VG exists over some of the members, and the others are blank or orphan PVs:
+    /// members added by an expansion of the volume (ControllerExpandVolume places them after
+    /// the ones the VG holds). `pvcreate` the blank ones, `vgextend` the VG by all of them;
+    /// [`plan_grow`] then extends the LV over them.
+    Extend {
+        /// Devices to `pvcreate`.
+        pvcreate: Vec<String>,
+        /// Devices to `vgextend` the VG by (in member order).
+        add: Vec<String>,
+    },
 }
 
 /// Decides from `pvs` and `vgs` on the members what to do for the VG `n.vg`. Refused
@@ -613,8 +648,8 @@ pub fn plan_vg(n: &Names, members: &[MemberDevice], pvs: &[Pv], vgs: &[Vg]) -> R
         .iter()
         .filter(|m| !on_members.contains(m.dev.as_str()))
         .collect();
-    let count = u64::try_from(members.len()).unwrap_or(u64::MAX);
-    if vg.pv_count != count || vg.missing_pv_count > 0 || !missing.is_empty() {
+    let inside = u64::try_from(members.len() - missing.len()).unwrap_or(u64::MAX);
+    if vg.pv_count != inside || vg.missing_pv_count > 0 || inside == 0 {
         let not_in: Vec<String> = missing
             .iter()
             .map(|m| format!("{} (volume {})", m.dev, m.volume))
@@ -632,7 +667,29 @@ pub fn plan_vg(n: &Names, members: &[MemberDevice], pvs: &[Pv], vgs: &[Vg]) -> R
             }
         )));
     }
-    Ok(VgPlan::Existing)
+    if missing.is_empty() {
+        return Ok(VgPlan::Existing);
+    }
+    // Members the VG does not hold yet: added by an expansion. Only blank devices (or PVs of
+    // no VG, left by an extension that stopped before its vgextend) are taken.
+    let mut pvcreate = Vec::new();
+    for m in &missing {
+        let is_pv = pvs.iter().any(|p| p.name == m.dev);
+        match m.signature.as_deref() {
+            None => pvcreate.push(m.dev.clone()),
+            Some(LVM2_MEMBER) if is_pv => {}
+            Some(sig) => {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "member device {} (volume {}) carries a {sig} signature; refusing to add it to LVM volume group {} of multi-disk volume {id}: this driver never overwrites data it did not write (wipe the member's volume if its data is not needed)",
+                    m.dev, m.volume, n.vg
+                )));
+            }
+        }
+    }
+    Ok(VgPlan::Extend {
+        pvcreate,
+        add: missing.iter().map(|m| m.dev.clone()).collect(),
+    })
 }
 
 /// Whether the LV must still be created in the VG whose LVs are `lvs` (a VG made by an
@@ -674,8 +731,46 @@ pub fn extents(layout: Layout, pe_counts: &[u64]) -> Result<u64> {
     Ok(total)
 }
 
+/// An extension of the LV decided by [`plan_grow`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grow {
+    /// Extents added.
+    pub extents: u64,
+    /// Stripes of the new segment (striped LVs only; `Some(1)` is a linear segment).
+    pub stripes: Option<usize>,
+    /// The PVs it goes on, in member order.
+    pub on: Vec<String>,
+}
+
+/// How to extend the LV of VG `vg` over the members' PVs `pvs` (`devs` in member order):
+/// over the members holding no extent of it yet (added by an expansion), all of their
+/// extents for linear, the smallest one's times their count for striped (a new segment
+/// striped over them, or linear for one). `None` when no member is unused. Extents left free
+/// on a PV the LV uses already (the larger member of an unequal striped group) are never
+/// used: the LV's segments each cover their own members.
+pub fn plan_grow(layout: Layout, vg: &str, devs: &[String], pvs: &[Pv]) -> Option<Grow> {
+    let fresh: Vec<&Pv> = devs
+        .iter()
+        .filter_map(|d| pvs.iter().find(|p| &p.name == d && p.vg == vg))
+        .filter(|p| p.pe_alloc_count == 0 && p.pe_count > 0)
+        .collect();
+    if fresh.is_empty() {
+        return None;
+    }
+    let on = fresh.iter().map(|p| p.name.clone()).collect();
+    let counts: Vec<u64> = fresh.iter().map(|p| p.pe_count).collect();
+    let extents = extents(layout, &counts).ok()?;
+    Some(Grow {
+        extents,
+        stripes: (layout == Layout::Striped).then_some(fresh.len()),
+        on,
+    })
+}
+
 /// Checks that the LV's segments (`lvs` rows of `n.lv`) have `layout` over `members`
-/// members: one striped segment with that many stripes, or linear segments.
+/// members: linear segments; or striped, a first segment striped over several members and
+/// each further one (an expansion, [`plan_grow`]) striped or linear over its own, the
+/// segments' stripes adding up to the members.
 pub fn check_layout(n: &Names, layout: Layout, members: usize, lvs: &[Lv]) -> Result<()> {
     let segs: Vec<&Lv> = lvs.iter().filter(|l| l.name == n.lv).collect();
     let ok = match layout {
@@ -683,9 +778,15 @@ pub fn check_layout(n: &Names, layout: Layout, members: usize, lvs: &[Lv]) -> Re
         // A one-member group is linear whatever it asked for.
         _ if members == 1 => segs.iter().all(|s| s.segtype == "linear"),
         Layout::Linear => segs.iter().all(|s| s.segtype == "linear"),
-        Layout::Striped => segs.iter().all(|s| {
-            s.segtype == "striped" && usize::try_from(s.stripes).is_ok_and(|k| k == members)
-        }),
+        Layout::Striped => {
+            let stripes: u64 = segs.iter().map(|s| s.stripes).sum();
+            segs[0].segtype == "striped"
+                && segs[0].stripes > 1
+                && segs
+                    .iter()
+                    .all(|s| s.segtype == "striped" || (s.segtype == "linear" && s.stripes == 1))
+                && usize::try_from(stripes).is_ok_and(|k| k == members)
+        }
     };
     if ok {
         return Ok(());
@@ -1100,17 +1201,134 @@ mod tests {
             ),
             "{e}"
         );
-        // A member that is not in it.
-        let members3 = [
+        // Members it does not hold yet (an expansion): a blank one is made a PV, an orphan PV
+        // (an extension that stopped before its vgextend) is taken as it is; both are added.
+        let mut orphan = pvs.clone();
+        orphan.push(Pv {
+            name: "/dev/nvme4n1".into(),
+            uuid: "u4".into(),
+            vg: String::new(),
+            pe_count: 0,
+            pe_alloc_count: 0,
+        });
+        let members4 = [
             member("/dev/nvme1n1", Some(LVM2_MEMBER)),
             member("/dev/nvme2n1", Some(LVM2_MEMBER)),
             member("/dev/nvme3n1", None),
+            member("/dev/nvme4n1", Some(LVM2_MEMBER)),
+        ];
+        assert_eq!(
+            plan_vg(&n, &members4, &orphan, &vgs).unwrap(),
+            VgPlan::Extend {
+                pvcreate: vec!["/dev/nvme3n1".into()],
+                add: vec!["/dev/nvme3n1".into(), "/dev/nvme4n1".into()],
+            }
+        );
+        // A new member with data of its own is never taken.
+        let members3 = [
+            member("/dev/nvme1n1", Some(LVM2_MEMBER)),
+            member("/dev/nvme2n1", Some(LVM2_MEMBER)),
+            member("/dev/nvme3n1", Some("xfs")),
         ];
         let e = plan_vg(&n, &members3, &pvs, &vgs).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::FailedPrecondition);
         assert!(
-            e.to_string()
-                .contains("not in the volume group: /dev/nvme3n1 (volume pvc-1-nvme3n1)"),
+            e.to_string().starts_with(
+                "member device /dev/nvme3n1 (volume pvc-1-nvme3n1) carries a xfs signature; refusing to add it"
+            ),
             "{e}"
+        );
+        // A PV of the VG that is not a member any more (the filter hides it: missing).
+        let mut lost = vgs.clone();
+        lost[0].missing_pv_count = 1;
+        let e = plan_vg(&n, &members, &pvs, &lost).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::FailedPrecondition);
+    }
+
+    fn pv(name: &str, pe: u64, alloc: u64) -> Pv {
+        Pv {
+            name: name.into(),
+            uuid: format!("u-{name}"),
+            vg: "pvc-1".into(),
+            pe_count: pe,
+            pe_alloc_count: alloc,
+        }
+    }
+
+    #[test]
+    fn an_expansion_extends_the_lv_over_the_members_it_does_not_use_yet() {
+        let n = n();
+        let devs: Vec<String> = [
+            "/dev/nvme1n1",
+            "/dev/nvme2n1",
+            "/dev/nvme3n1",
+            "/dev/nvme4n1",
+        ]
+        .map(String::from)
+        .to_vec();
+        // Nothing new: nothing to do, even with extents left on a used member (an unequal
+        // striped group keeps them).
+        let used = [pv("/dev/nvme1n1", 20, 15), pv("/dev/nvme2n1", 15, 15)];
+        assert_eq!(plan_grow(Layout::Striped, "pvc-1", &devs, &used), None);
+        assert_eq!(plan_grow(Layout::Linear, "pvc-1", &devs, &used), None);
+        let mut grown = used.to_vec();
+        grown.push(pv("/dev/nvme3n1", 10, 0));
+        grown.push(pv("/dev/nvme4n1", 12, 0));
+        // Linear: all the new extents, over the new members in order.
+        let g = plan_grow(Layout::Linear, "pvc-1", &devs, &grown).unwrap();
+        assert_eq!(
+            g,
+            Grow {
+                extents: 22,
+                stripes: None,
+                on: vec!["/dev/nvme3n1".into(), "/dev/nvme4n1".into()],
+            }
+        );
+        let a = lvextend_argv(&devs, &n, &g).unwrap();
+        assert_eq!(
+            a[3..],
+            ["-l", "+22", "pvc-1/pvc-1", "/dev/nvme3n1", "/dev/nvme4n1"].map(String::from)
+        );
+        // Striped: a segment striped over the new members, the smallest one's extents each.
+        let g = plan_grow(Layout::Striped, "pvc-1", &devs, &grown).unwrap();
+        assert_eq!((g.extents, g.stripes), (20, Some(2)));
+        let a = lvextend_argv(&devs, &n, &g).unwrap();
+        assert_eq!(
+            a[3..],
+            [
+                "-l",
+                "+20",
+                "-i",
+                "2",
+                "-I",
+                "64k",
+                "pvc-1/pvc-1",
+                "/dev/nvme3n1",
+                "/dev/nvme4n1"
+            ]
+            .map(String::from)
+        );
+        // One new member of a striped LV: a linear segment, said so (-i 1), since LVM would
+        // keep the last segment's two stripes.
+        let g = plan_grow(Layout::Striped, "pvc-1", &devs, &grown[..3]).unwrap();
+        assert_eq!((g.extents, g.stripes), (10, Some(1)));
+        let a = lvextend_argv(&devs, &n, &g).unwrap();
+        assert_eq!(
+            a[3..],
+            ["-l", "+10", "-i", "1", "pvc-1/pvc-1", "/dev/nvme3n1"].map(String::from)
+        );
+        // A PV of another VG (or an orphan) on a member's device is not grown onto.
+        let mut foreign = used.to_vec();
+        foreign.push(Pv {
+            vg: "other".into(),
+            ..pv("/dev/nvme3n1", 10, 0)
+        });
+        assert_eq!(plan_grow(Layout::Linear, "pvc-1", &devs, &foreign), None);
+        let a = vgextend_argv(&devs, "pvc-1", &devs[2..]).unwrap();
+        assert_eq!(a[0], "vgextend");
+        assert_eq!(
+            a[3..],
+            ["pvc-1", "/dev/nvme3n1", "/dev/nvme4n1"].map(String::from)
         );
     }
 
@@ -1143,5 +1361,19 @@ mod tests {
         let e = check_layout(&n, Layout::Striped, 3, &parse_lvs(LVS).unwrap()).unwrap_err();
         assert!(e.to_string().contains("over 3 members"), "{e}");
         assert!(check_layout(&n, Layout::Striped, 2, &[]).is_err());
+        // Grown by an expansion: striped × 2, then linear over a third member, then
+        // striped × 2 over two more.
+        let mut grown = parse_lvs(LVS).unwrap();
+        let mut lin = grown[0].clone();
+        (lin.segtype, lin.stripes) = ("linear".into(), 1);
+        grown.push(lin.clone());
+        check_layout(&n, Layout::Striped, 3, &grown).unwrap();
+        assert!(check_layout(&n, Layout::Striped, 4, &grown).is_err());
+        grown.push(parse_lvs(LVS).unwrap()[0].clone());
+        check_layout(&n, Layout::Striped, 5, &grown).unwrap();
+        // A linear first segment is not a striped volume, whatever follows.
+        let mut first_linear = vec![lin];
+        first_linear.push(parse_lvs(LVS).unwrap()[0].clone());
+        assert!(check_layout(&n, Layout::Striped, 3, &first_linear).is_err());
     }
 }

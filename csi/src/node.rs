@@ -120,7 +120,10 @@ pub fn publish_keys(secrets: &HashMap<String, String>) -> Result<Option<VolumeKe
     request_keys(secrets, "node-publish")
 }
 
-fn request_keys(secrets: &HashMap<String, String>, which: &str) -> Result<Option<VolumeKeys>> {
+pub(crate) fn request_keys(
+    secrets: &HashMap<String, String>,
+    which: &str,
+) -> Result<Option<VolumeKeys>> {
     if secrets.is_empty() {
         return Ok(None);
     }
@@ -1103,9 +1106,10 @@ impl NodeService {
         let id = require("volume_id", &req.volume_id)?;
         let path = PathBuf::from(require("volume_path", &req.volume_path)?);
         if crate::group::is_group_id(id) {
-            return Err(CsiError::FailedPrecondition(format!(
-                "NodeExpandVolume is not supported for multi-disk volume {id} (volume groups) yet: growing its members and its logical volume is not built"
-            )));
+            let size = self.expand_group(req, id).await?;
+            return Ok(NodeExpandVolumeResponse {
+                capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+            });
         }
         let mut vol = self.find_volume(id).await?;
         if growing(&vol) {

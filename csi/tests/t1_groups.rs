@@ -54,8 +54,13 @@ fn req(name: &str, bytes: i64, params: &[(&str, &str)]) -> CreateVolumeRequest {
     }
 }
 
-/// Stands in for the controller: a new group gets one member holding its total, except
-/// groups named `*-full`, which get the controller's NoStoragePoolAvailable message.
+/// Groups larger than this do not fit in the stand-in's pools.
+const ROOM: i64 = 6 * GIB;
+
+/// Stands in for the controller: a group gets one more member for what its placed members
+/// do not hold yet (a new group one member holding its total, a grown one a member for the
+/// difference), except groups named `*-full` and groups larger than [`ROOM`], which get the
+/// controller's NoStoragePoolAvailable message instead.
 fn place_groups(client: &kube::Client) -> tokio::task::JoinHandle<()> {
     let api: Api<AntstorVolumeGroup> = Api::namespaced(client.clone(), "obnvmf");
     tokio::spawn(async move {
@@ -63,12 +68,16 @@ fn place_groups(client: &kube::Client) -> tokio::task::JoinHandle<()> {
             .applied_objects()
             .boxed();
         while let Some(Ok(g)) = s.next().await {
-            if !g.spec.volumes.is_empty() || g.status.is_some() {
+            let refused = g
+                .status
+                .as_ref()
+                .is_some_and(|s| s.message.starts_with("NoStoragePoolAvailable"));
+            if g.fully_placed() || refused {
                 continue;
             }
             let name = g.name_any();
             let pp = PatchParams::default();
-            if name.ends_with("-full") {
+            if name.ends_with("-full") || g.spec.total_size > ROOM {
                 let _ = api
                     .patch_status(
                         &name,
@@ -79,14 +88,20 @@ fn place_groups(client: &kube::Client) -> tokio::task::JoinHandle<()> {
                     .await;
                 continue;
             }
-            let size = g.spec.total_size + g.member_reserve() as i64;
+            let size = g.spec.total_size - g.scheduled_bytes() as i64 + g.member_reserve() as i64;
+            let i = g.spec.volumes.len();
+            let mut volumes = serde_json::to_value(&g.spec.volumes).unwrap();
+            volumes.as_array_mut().unwrap().push(json!({
+                "volId": {"namespace": "obnvmf", "name": format!("{name}-m{i}"), "uuid": format!("m{i}")},
+                "targetNodeName": NODE, "size": size}));
             let _ = api
                 .patch(
                     &name,
                     &pp,
-                    &Patch::Merge(json!({"spec": {"volumes": [{
-                        "volId": {"namespace": "obnvmf", "name": format!("{name}-m0"), "uuid": "m0"},
-                        "targetNodeName": NODE, "size": size}]}})),
+                    &Patch::Merge(
+                        json!({"metadata": {"resourceVersion": g.metadata.resource_version},
+                        "spec": {"volumes": volumes}}),
+                    ),
                 )
                 .await;
         }
@@ -191,21 +206,117 @@ async fn a_multi_disk_volume_is_created_published_and_deleted() {
             .unwrap();
         assert_eq!(dcs.get("pvc-md").await.unwrap().spec.host_node.id, NODE);
 
-        // What groups cannot do yet is refused by name.
+        // Expanded: the group grows (a member for the difference is placed), then the data
+        // control; the host grows the LV at NodeExpandVolume.
+        let expand = |bytes: i64| ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        };
+        let grown = env
+            .csi
+            .controller
+            .controller_expand_volume(expand(4 * GIB + 1))
+            .await
+            .unwrap()
+            .into_inner();
+        let four_and_a_bit = 4 * GIB + (4 << 20);
+        assert_eq!(grown.capacity_bytes, four_and_a_bit, "rounded up to 4 MiB");
+        assert!(grown.node_expansion_required);
+        let g = groups.get("pvc-md").await.unwrap();
+        assert_eq!(g.spec.total_size, four_and_a_bit);
+        assert_eq!(g.spec.volumes.len(), 2, "{:?}", g.spec.volumes);
+        assert!(g.fully_placed());
+        assert_eq!(
+            dcs.get("pvc-md").await.unwrap().spec.total_size,
+            four_and_a_bit
+        );
+        // Again, or smaller: the current size, nothing placed.
+        for bytes in [4 * GIB + 1, 2 * GIB] {
+            let again = env
+                .csi
+                .controller
+                .controller_expand_volume(expand(bytes))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(again.capacity_bytes, four_and_a_bit);
+        }
+        assert_eq!(groups.get("pvc-md").await.unwrap().spec.volumes.len(), 2);
+        // More than the pools hold: OUT_OF_RANGE with the controller's reason, and the group's
+        // size is put back so that nothing keeps trying to place it.
+        let e = env
+            .csi
+            .controller
+            .controller_expand_volume(expand(8 * GIB))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+        assert!(e.message().contains("NoStoragePoolAvailable"), "{e:?}");
+        let g = groups.get("pvc-md").await.unwrap();
+        assert_eq!(g.spec.total_size, four_and_a_bit);
+        assert_eq!(g.spec.volumes.len(), 2);
+        assert_eq!(
+            dcs.get("pvc-md").await.unwrap().spec.total_size,
+            four_and_a_bit
+        );
+        // A volume that does not exist.
         let e = env
             .csi
             .controller
             .controller_expand_volume(ControllerExpandVolumeRequest {
-                volume_id: v.volume_id.clone(),
-                capacity_range: Some(CapacityRange {
-                    required_bytes: 4 * GIB,
-                    limit_bytes: 0,
-                }),
-                ..Default::default()
+                volume_id: "dc-00000000-0000-0000-0000-000000000000".into(),
+                ..expand(5 * GIB)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        // An SpdkLVStore volume cannot grow (its raid bdev takes no new member): refused by
+        // name before anything changes.
+        let spdk = env
+            .csi
+            .controller
+            .create_volume(req(
+                "pvc-md-spdk",
+                2 * GIB,
+                &[
+                    ("obnvmf/pv-type", "VolumeGroup"),
+                    ("datacontrol/engine-type", "SpdkLVStore"),
+                ],
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let e = env
+            .csi
+            .controller
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: spdk.volume_id.clone(),
+                ..expand(3 * GIB)
             })
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("SpdkLVStore"), "{e:?}");
+        assert_eq!(
+            groups.get("pvc-md-spdk").await.unwrap().spec.total_size,
+            2 * GIB
+        );
+        env.csi
+            .controller
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: spdk.volume_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+
+        // What groups cannot do yet is refused by name.
         let e = env
             .csi
             .controller

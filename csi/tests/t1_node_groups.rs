@@ -217,7 +217,8 @@ async fn multi_disk_volumes_are_refused_with_reasons_before_anything_is_connecte
             "a refused stage left files"
         );
 
-        // Not staged: publish says so; expansion is not built; unstage has nothing to do.
+        // Not staged: publish says so; an SpdkLVStore volume cannot grow; unstage has
+        // nothing to do.
         let e = n
             .node_publish_volume(NodePublishVolumeRequest {
                 volume_id: id.clone(),
@@ -239,7 +240,19 @@ async fn multi_disk_volumes_are_refused_with_reasons_before_anything_is_connecte
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
-        assert!(e.message().contains("multi-disk"), "{}", e.message());
+        assert!(e.message().contains("SpdkLVStore) cannot grow"), "{}", e.message());
+        // A KernelLVM volume grows where it is staged: the staging path is required.
+        let lvm_id = data_control(&client, "pvc-lvm-grow", PoolMode::KernelLVM, NODE).await;
+        let e = n
+            .node_expand_volume(NodeExpandVolumeRequest {
+                volume_id: lvm_id.clone(),
+                volume_path: dir.display().to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+        assert!(e.message().contains("staging_target_path"), "{}", e.message());
         for id in [id.as_str(), "dc-gone"] {
             for _ in 0..2 {
                 n.node_unstage_volume(NodeUnstageVolumeRequest {

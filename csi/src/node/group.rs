@@ -267,6 +267,17 @@ pub fn group_mkfs(
         .unwrap_or_default()
 }
 
+/// The LV layout of KernelLVM volume `dc`.
+fn lvm_layout(dc: &AntstorDataControl) -> Result<Layout> {
+    Layout::of(dc.spec.raid.level).ok_or_else(|| {
+        CsiError::FailedPrecondition(format!(
+            "multi-disk volume {}: spec.raid.level {:?} cannot be assembled (linear and raid0 can)",
+            dc.name_any(),
+            dc.spec.raid.level
+        ))
+    })
+}
+
 /// One member to connect.
 #[derive(Debug, Clone)]
 struct MemberConnect {
@@ -287,6 +298,17 @@ struct GroupStage {
     fs: String,
     mkfs: String,
     total_size: u64,
+}
+
+/// Everything the blocking part of NodeExpandVolume needs.
+#[derive(Debug, Clone)]
+struct GroupExpand {
+    data_control: String,
+    lvm: (Names, Layout),
+    members: Vec<MemberConnect>,
+    staging: PathBuf,
+    /// Raw block: no file system to grow.
+    block: bool,
 }
 
 /// What [`Host::assemble_lvm`] did, for undoing it when a later step fails.
@@ -414,6 +436,44 @@ impl Host {
         Ok(())
     }
 
+    /// Adds members of an expanded volume to its VG: `pvcreate` of the blank ones, then
+    /// `vgextend` by all of them. PVs made here are removed again when the `vgextend` fails;
+    /// once it succeeded the members are the VG's (a later failure is continued by the
+    /// next attempt, never undone: the VG is then exactly the members).
+    fn extend_vg(
+        &self,
+        n: &Names,
+        devs: &[String],
+        pvcreate: &[String],
+        add: &[String],
+    ) -> Result<()> {
+        if !pvcreate.is_empty() {
+            self.run_lvm(&lvm::pvcreate_argv(devs, pvcreate)?)?;
+        }
+        if let Err(e) = self.run_lvm(&lvm::vgextend_argv(devs, &n.vg, add)?) {
+            if !pvcreate.is_empty()
+                && let Err(u) = lvm::pvremove_argv(devs, pvcreate).and_then(|a| self.run_lvm(&a))
+            {
+                warn!(vg = %n.vg, error = %u.chain(), "cannot remove the physical volumes made for a failed vgextend");
+            }
+            return Err(e);
+        }
+        info!(vg = %n.vg, added = %add.join(","), "volume group extended by the members added to the volume");
+        Ok(())
+    }
+
+    /// Extends the LV over the members it does not use yet ([`lvm::plan_grow`]); whether it
+    /// did.
+    fn grow_lv(&self, n: &Names, layout: Layout, devs: &[String]) -> Result<bool> {
+        let pvs = lvm::parse_pvs(&self.run_lvm(&lvm::pvs_argv(devs)?)?.stdout)?;
+        let Some(grow) = lvm::plan_grow(layout, &n.vg, devs, &pvs) else {
+            return Ok(false);
+        };
+        self.run_lvm(&lvm::lvextend_argv(devs, n, &grow)?)?;
+        info!(vg = %n.vg, lv = %n.lv, extents = grow.extents, stripes = ?grow.stripes, on = %grow.on.join(","), "logical volume extended over the members added to the volume");
+        Ok(true)
+    }
+
     /// The LV's device once it is active, after checking its layout.
     fn lv_device(&self, n: &Names, layout: Layout, devs: &[String]) -> Result<(PathBuf, u64)> {
         let lvs = self.lvs(devs, &n.vg)?;
@@ -488,12 +548,17 @@ impl Host {
                 info!(vg = %n.vg, devices = %devs.join(","), "volume group created over the members");
                 self.create_lv(n, layout, &devs)
             }
-            VgPlan::Existing => (|| {
+            plan @ (VgPlan::Existing | VgPlan::Extend { .. }) => (|| {
+                if let VgPlan::Extend { pvcreate, add } = &plan {
+                    self.extend_vg(n, &devs, pvcreate, add)?;
+                }
                 let mut lvs = self.lvs(&devs, &n.vg)?;
                 if lvm::plan_lv(n, &lvs)? {
                     self.create_lv(n, layout, &devs)?;
                     // lvcreate activates it: a failure from here deactivates it again.
                     a.activated = true;
+                    lvs = self.lvs(&devs, &n.vg)?;
+                } else if self.grow_lv(n, layout, &devs)? {
                     lvs = self.lvs(&devs, &n.vg)?;
                 }
                 if !lvs.iter().any(|l| l.name == n.lv && l.active()) {
@@ -657,6 +722,55 @@ impl Host {
         }
     }
 
+    /// The blocking part of NodeExpandVolume of a KernelLVM multi-disk volume: every member
+    /// connected (the ones an expansion added are new here), the VG extended by the new
+    /// members and the LV over them ([`Host::assemble_lvm`]), then the mounted file system
+    /// grown. Returns the LV's size. Members connected here and not yet in the stage record
+    /// (hidden under the mount) are found from the API at NodeUnstageVolume.
+    fn expand_group(&self, g: &GroupExpand) -> Result<u64> {
+        let name = &g.data_control;
+        let mounted = if g.block {
+            None
+        } else {
+            Some(self.mounted(&g.staging)?.ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "multi-disk volume {name} is not staged at {}: NodeExpandVolume grows a staged volume",
+                    g.staging.display()
+                ))
+            })?)
+        };
+        let (n, layout) = &g.lvm;
+        let mut devices = Vec::new();
+        for m in &g.members {
+            let new = self.find_device(&m.plan)?.is_none();
+            let dev = self.attach(&m.plan, m.keys.as_ref()).map_err(|e| {
+                if new && m.keys.is_none() {
+                    CsiError::FailedPrecondition(format!(
+                        "member {} added by the expansion could not be connected and NodeExpandVolume got no keys (the StorageClass names no node-expand Secret: set csi.storage.k8s.io/node-expand-secret-name and -namespace as for node-stage): {}",
+                        m.volume,
+                        e.chain()
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            if new {
+                info!(volume = %name, member = %m.volume, device = %dev.display(), "member added by an expansion connected");
+            }
+            devices.push((m.volume.clone(), dev));
+        }
+        let a = self.assemble_lvm(n, *layout, &devices)?;
+        if let Some(m) = mounted {
+            cmd::run_ok(
+                self.runner.as_ref(),
+                &mount::grow_argv(&m.fs_type, &a.device, &g.staging)?,
+            )?;
+        }
+        let size = mount::device_size(&a.device)?;
+        info!(volume = %name, device = %a.device.display(), bytes = size, "multi-disk volume grown");
+        Ok(size)
+    }
+
     /// The blocking part of NodeUnstageVolume of a multi-disk volume. `known` is what the
     /// API says was staged (the data control's members), used when the staging directory
     /// holds no record; `gone`: the data control no longer exists.
@@ -675,7 +789,19 @@ impl Host {
             }
         }
         self.unmount(staging)?;
-        let staged = Staged::read(staging)?.or(known);
+        let staged = match (Staged::read(staging)?, known) {
+            // Members an expansion added while the volume was mounted are not in the record
+            // (it is under the mount): the API's members are torn down too.
+            (Some(mut rec), Some(known)) if rec.id == known.id => {
+                for m in known.members {
+                    if !rec.members.contains(&m) {
+                        rec.members.push(m);
+                    }
+                }
+                Some(rec)
+            }
+            (rec, known) => rec.or(known),
+        };
         if let Some(s) = &staged {
             if let Some(n) = s.names() {
                 self.deactivate_lvm(&n, &s.members)?;
@@ -864,6 +990,84 @@ impl NodeService {
         }
     }
 
+    /// The members of KernelLVM volume `dc` to connect on this node, in order: each ready,
+    /// admitting this node, exported here, with `keys` where the member's export needs them.
+    async fn lvm_members(
+        &self,
+        dc: &AntstorDataControl,
+        keys: Option<VolumeKeys>,
+    ) -> Result<Vec<MemberConnect>> {
+        let node = self.cfg.node_id.clone();
+        let mut members = Vec::new();
+        for m in self.group_members(dc).await? {
+            let m = self.wait_ready(m).await?;
+            check_host(&m, &node)?;
+            let plan = attach_plan(&m, &node)?;
+            let (m, keys) = match &plan {
+                Attach::Nvme(_) => {
+                    let m = self.wait_exported_here(m).await?;
+                    match keys.clone() {
+                        Some(k) => self.host_auth(m, k).await?,
+                        None => (m, None),
+                    }
+                }
+                Attach::Local(_) => (m, None),
+            };
+            members.push(MemberConnect {
+                volume: m.name_any(),
+                plan,
+                keys,
+            });
+        }
+        Ok(members)
+    }
+
+    /// NodeExpandVolume of a multi-disk volume: KernelLVM volumes grow on the host over the
+    /// members ControllerExpandVolume added ([`Host::expand_group`]); an SpdkLVStore volume
+    /// cannot grow (its ControllerExpandVolume refuses first). Returns the new size.
+    pub(super) async fn expand_group(
+        &self,
+        req: &crate::csi::NodeExpandVolumeRequest,
+        id: &str,
+    ) -> Result<u64> {
+        let dc = self
+            .find_data_control(id)
+            .await?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+        if dc.spec.engine_type == PoolMode::SpdkLVStore {
+            return Err(crate::group::cannot_grow_spdk(id));
+        }
+        if req.staging_target_path.is_empty() {
+            return Err(CsiError::invalid(
+                "staging_target_path",
+                "is required for a multi-disk volume: its logical volume is grown where it is staged",
+            ));
+        }
+        let staging = PathBuf::from(&req.staging_target_path);
+        let layout = lvm_layout(&dc)?;
+        let _g = self.inflight.claim(&format!("volume {id}"))?;
+        let dc = self.wait_data_control(dc).await?;
+        check_dc_host(&dc, &self.cfg.node_id)?;
+        let keys = super::request_keys(&req.secrets, "node-expand")?;
+        let members = self.lvm_members(&dc, keys).await?;
+        let block = matches!(
+            req.volume_capability
+                .as_ref()
+                .map(|c| params::check_capability("volume_capability", c)),
+            Some(Ok(Access::Block))
+        );
+        let name = dc.name_any();
+        let g = GroupExpand {
+            lvm: (lvm::names(&name, id), layout),
+            data_control: name,
+            members,
+            staging,
+            block,
+        };
+        let host = self.host.clone();
+        blocking(move || host.expand_group(&g)).await
+    }
+
     /// NodeStageVolume of a multi-disk volume (see the module documentation).
     pub(super) async fn stage_group(
         &self,
@@ -900,33 +1104,8 @@ impl NodeService {
                 )
             }
             PoolMode::KernelLVM => {
-                let layout = Layout::of(dc.spec.raid.level).ok_or_else(|| {
-                    CsiError::FailedPrecondition(format!(
-                        "multi-disk volume {name}: spec.raid.level {:?} cannot be assembled (linear and raid0 can)",
-                        dc.spec.raid.level
-                    ))
-                })?;
-                let mut members = Vec::new();
-                for m in self.group_members(&dc).await? {
-                    let m = self.wait_ready(m).await?;
-                    check_host(&m, &node)?;
-                    let plan = attach_plan(&m, &node)?;
-                    let (m, keys) = match &plan {
-                        Attach::Nvme(_) => {
-                            let m = self.wait_exported_here(m).await?;
-                            match keys.clone() {
-                                Some(k) => self.host_auth(m, k).await?,
-                                None => (m, None),
-                            }
-                        }
-                        Attach::Local(_) => (m, None),
-                    };
-                    members.push(MemberConnect {
-                        volume: m.name_any(),
-                        plan,
-                        keys,
-                    });
-                }
+                let layout = lvm_layout(&dc)?;
+                let members = self.lvm_members(&dc, keys).await?;
                 (members, Some((lvm::names(&name, id), layout)))
             }
         };
@@ -1094,6 +1273,17 @@ mod tests {
         ))
     }
 
+    /// PVs whose extents the LV uses, all of them.
+    fn pvs_used(rows: &[(&str, &str, u64)]) -> Output {
+        Output::ok(report(
+            "pv",
+            &rows
+                .iter()
+                .map(|(d, vg, pe)| format!("{{\"pv_name\":\"{d}\", \"pv_uuid\":\"u-{d}\", \"vg_name\":\"{vg}\", \"pv_pe_count\":\"{pe}\", \"pv_pe_alloc_count\":\"{pe}\", \"dev_size\":\"67108864\"}}"))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
     fn vgs(tag: &str) -> Output {
         Output::ok(report(
             "vg",
@@ -1241,7 +1431,7 @@ mod tests {
         // Another host made it; on this one the devices have other names.
         r.on(
             &["pvs"],
-            pvs(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
+            pvs_used(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
         )
         .on(&["vgs"], vgs(&tag))
         .on(&["blkid"], Output::ok("TYPE=LVM2_member\n"))
@@ -1255,14 +1445,16 @@ mod tests {
         assert!(a.activated && !a.created_vg && a.created_pvs.is_empty());
         assert_eq!(
             commands(&r),
-            ["pvs", "vgs", "blkid", "blkid", "lvs", "vgchange", "lvs"]
+            [
+                "pvs", "vgs", "blkid", "blkid", "lvs", "pvs", "vgchange", "lvs"
+            ]
         );
-        assert!(r.lines()[5].ends_with("-a y pvc-1"), "{}", r.lines()[5]);
+        assert!(r.lines()[6].ends_with("-a y pvc-1"), "{}", r.lines()[6]);
         // Active already (a restage): nothing changes.
         let r = Arc::new(ScriptedRunner::new());
         r.on(
             &["pvs"],
-            pvs(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
+            pvs_used(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
         )
         .on(&["vgs"], vgs(&tag))
         .on(&["blkid"], Output::ok("TYPE=LVM2_member\n"))
@@ -1277,7 +1469,7 @@ mod tests {
         let r = Arc::new(ScriptedRunner::new());
         r.on(
             &["pvs"],
-            pvs(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
+            pvs_used(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
         )
         .on(&["vgs"], vgs(&tag))
         .on(&["blkid"], Output::ok("TYPE=LVM2_member\n"))
@@ -1298,6 +1490,98 @@ mod tests {
             .map(|c| c[3..].join(" "))
             .collect();
         assert_eq!(changes, ["-a y pvc-1", "-a n pvc-1"]);
+    }
+
+    #[test]
+    fn members_added_by_an_expansion_extend_the_group_and_its_lv() {
+        let d = tempfile::tempdir().unwrap();
+        let dm = d.path().join("dm-node");
+        fs::write(&dm, "").unwrap();
+        let tag = format!("liteio.volume.{ID}");
+        let mut three = members();
+        three.push(("pvc-1-cccc".into(), PathBuf::from("/dev/nvme3n1")));
+        let r = Arc::new(ScriptedRunner::new());
+        // The VG holds the first two members; the third one is blank. After the vgextend the
+        // third is a PV of it without an extent used: the LV grows over it.
+        r.once(
+            &["pvs"],
+            pvs_used(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
+        )
+        .on(&["vgs"], vgs(&tag))
+        .on(
+            &["blkid", "-p", "-o", "export", "/dev/nvme3n1"],
+            Output::fail(2, ""),
+        )
+        .on(&["blkid"], Output::ok("TYPE=LVM2_member\n"))
+        .on(&["pvcreate"], Output::ok(""))
+        .on(&["vgextend"], Output::ok(""))
+        .once(&["lvs"], lvs("linear", 1, true, &dm))
+        .once(
+            &["pvs"],
+            Output::ok(report(
+                "pv",
+                &[
+                    "{\"pv_name\":\"/dev/nvme1n1\", \"vg_name\":\"pvc-1\", \"pv_pe_count\":\"15\", \"pv_pe_alloc_count\":\"15\"}".into(),
+                    "{\"pv_name\":\"/dev/nvme2n1\", \"vg_name\":\"pvc-1\", \"pv_pe_count\":\"15\", \"pv_pe_alloc_count\":\"15\"}".into(),
+                    "{\"pv_name\":\"/dev/nvme3n1\", \"vg_name\":\"pvc-1\", \"pv_pe_count\":\"9\", \"pv_pe_alloc_count\":\"0\"}".into(),
+                ],
+            )),
+        )
+        .on(&["lvextend"], Output::ok(""))
+        .on(&["lvs"], lvs("linear", 1, true, &dm));
+        let host = Host::new(cfg(d.path()), r.clone());
+        let a = host.assemble_lvm(&names(), Layout::Linear, &three).unwrap();
+        assert!(!a.activated && !a.created_vg);
+        assert_eq!(
+            commands(&r),
+            [
+                "pvs", "vgs", "blkid", "blkid", "blkid", "pvcreate", "vgextend", "lvs", "pvs",
+                "lvextend", "lvs", "lvs"
+            ]
+        );
+        let line = |cmd: &str| {
+            r.calls_to(&[cmd])
+                .first()
+                .map(|c| c[3..].join(" "))
+                .unwrap_or_default()
+        };
+        assert_eq!(line("pvcreate"), "/dev/nvme3n1");
+        assert_eq!(line("vgextend"), "pvc-1 /dev/nvme3n1");
+        assert_eq!(line("lvextend"), "-l +9 pvc-1/pvc-1 /dev/nvme3n1");
+        // Every command is still confined to the members, the new one included.
+        for c in r.calls_to(&["vgextend"]) {
+            assert!(c[2].contains("\"a|^/dev/nvme3n1$|\""), "{}", c[2]);
+        }
+
+        // A vgextend that fails removes the PV it made, and nothing is extended.
+        let r = Arc::new(ScriptedRunner::new());
+        r.on(
+            &["pvs"],
+            pvs_used(&[("/dev/nvme1n1", "pvc-1", 15), ("/dev/nvme2n1", "pvc-1", 15)]),
+        )
+        .on(&["vgs"], vgs(&tag))
+        .on(
+            &["blkid", "-p", "-o", "export", "/dev/nvme3n1"],
+            Output::fail(2, ""),
+        )
+        .on(&["blkid"], Output::ok("TYPE=LVM2_member\n"))
+        .on(&["pvcreate"], Output::ok(""))
+        .on(
+            &["vgextend"],
+            Output::fail(5, "  Cannot add physical volume"),
+        )
+        .on(&["pvremove"], Output::ok(""));
+        let host = Host::new(cfg(d.path()), r.clone());
+        let e = host
+            .assemble_lvm(&names(), Layout::Linear, &three)
+            .unwrap_err();
+        assert!(e.to_string().contains("Cannot add physical volume"), "{e}");
+        assert_eq!(
+            commands(&r),
+            [
+                "pvs", "vgs", "blkid", "blkid", "blkid", "pvcreate", "vgextend", "pvremove"
+            ]
+        );
     }
 
     #[test]
