@@ -1,7 +1,8 @@
 //! T1: multi-disk volumes in the controller against the in-process test API server: a
 //! group's members placed, created and mirrored, its data control assigned and its host
 //! pushed into every member, an unplaceable group creating nothing until a pool appears,
-//! deletion in order with nothing left, and a restarted controller creating nothing twice.
+//! deletion in order with nothing left, a restarted controller creating nothing twice, and a
+//! grown group getting members for the difference (or none, with the reason).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -445,6 +446,103 @@ async fn an_spdk_data_control_runs_on_its_largest_members_node_and_bad_levels_ar
             })
             .await;
         }
+        h.stop().await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_grown_group_gets_members_for_the_difference_or_none() {
+    timeout(LIMIT, async {
+        let h = start(test_config()).await;
+        for n in ["n1", "n2", "n3", "n4"] {
+            h.add_pool(pool(n, 10 * GIB)).await;
+        }
+        let mut g = group("pvc-g", 8 * GIB, true);
+        g.spec.desired_volume_spec.desired_count = 2;
+        groups(&h.client)
+            .create(&PostParams::default(), &g)
+            .await
+            .unwrap();
+        eventually("two members", || async {
+            members(&h.client, "pvc-g").await.len() == 2
+        })
+        .await;
+        members_ready(&h.client, "pvc-g").await;
+        eventually("the group ready", || async {
+            group_status(&h.client, "pvc-g").await == Some(VolumeStatus::Ready)
+        })
+        .await;
+        let first: Vec<String> = members(&h.client, "pvc-g")
+            .await
+            .iter()
+            .map(|v| v.spec.target_node_id.clone())
+            .collect();
+        // Grown by half a share: one more member of the same share, on a node holding none.
+        let grow = |total: u64| Patch::Merge(json!({"spec": {"totalSize": total}}));
+        groups(&h.client)
+            .patch("pvc-g", &PatchParams::default(), &grow(10 * GIB))
+            .await
+            .unwrap();
+        eventually("a third member", || async {
+            members(&h.client, "pvc-g").await.len() == 3
+        })
+        .await;
+        let all = members(&h.client, "pvc-g").await;
+        assert!(
+            all.iter().all(|v| v.spec.size_byte == 4 * GIB),
+            "{:?}",
+            all.iter().map(|v| v.spec.size_byte).collect::<Vec<_>>()
+        );
+        let third: Vec<&AntstorVolume> = all
+            .iter()
+            .filter(|v| !first.contains(&v.spec.target_node_id))
+            .collect();
+        assert_eq!(third.len(), 1, "the new member is on a node of its own");
+        let g = groups(&h.client).get("pvc-g").await.unwrap();
+        assert!(g.fully_placed() && g.spec.volumes.len() == 3);
+        // Not ready until the new member is; then ready again.
+        eventually("the group waits for its new member", || async {
+            group_status(&h.client, "pvc-g").await == Some(VolumeStatus::Creating)
+        })
+        .await;
+        members_ready(&h.client, "pvc-g").await;
+        eventually("the group ready again", || async {
+            group_status(&h.client, "pvc-g").await == Some(VolumeStatus::Ready)
+        })
+        .await;
+        // Beyond what the nodes without a member hold (one node of 10 GiB left, 8 GiB more
+        // need two members of 4 GiB): nothing placed, the reason on the group.
+        groups(&h.client)
+            .patch("pvc-g", &PatchParams::default(), &grow(18 * GIB))
+            .await
+            .unwrap();
+        eventually("the reason on the group", || async {
+            groups(&h.client)
+                .get("pvc-g")
+                .await
+                .unwrap()
+                .status
+                .is_some_and(|s| s.message.starts_with("NoStoragePoolAvailable"))
+        })
+        .await;
+        assert_eq!(members(&h.client, "pvc-g").await.len(), 3, "all or nothing");
+        // Set back (what the CSI controller does): placed again, the message cleared.
+        groups(&h.client)
+            .patch("pvc-g", &PatchParams::default(), &grow(10 * GIB))
+            .await
+            .unwrap();
+        eventually("the message cleared", || async {
+            groups(&h.client)
+                .get("pvc-g")
+                .await
+                .unwrap()
+                .status
+                .is_some_and(|s| s.message.is_empty())
+        })
+        .await;
+        assert_eq!(members(&h.client, "pvc-g").await.len(), 3);
         h.stop().await;
     })
     .await
