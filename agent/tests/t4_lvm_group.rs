@@ -1,7 +1,8 @@
 //! T4: multi-disk volumes assembled by the kernel (engine KernelLVM) on a host that is a
 //! microVM with Debian 12's backports kernel (6.12), through the real CSI controller,
-//! node-disk-controller and disk-agents: two storage nodes (network namespaces, SPDK
-//! engine) whose pools are each smaller than the volume, so that its members must be on both.
+//! node-disk-controller and disk-agents: three storage nodes (network namespaces, SPDK
+//! engine) whose pools are each smaller than the volume, so that its members must be on two
+//! of them, and the third takes the member an expansion adds.
 //!
 //! For a linear volume (ext4) and a raid0 volume (xfs), one after the other in the same VM:
 //! - CreateVolume places one member on each storage node; ControllerPublishVolume makes the
@@ -9,9 +10,12 @@
 //! - NodeStageVolume connects every member with the PV's keys, makes the VG and its LV
 //!   (linear, or striped over both members with 64 KiB stripes) and mounts it; a second
 //!   call changes nothing. NodePublishVolume bind-mounts it; data is written through it.
-//! - NodeGetVolumeStats answers; NodeExpandVolume is refused (not built for groups).
-//! - NodeUnstageVolume leaves no mount, LV device or NVMe controller; staging again only
-//!   activates the VG (it is not made again) and the data reads back; unstaged again.
+//! - NodeGetVolumeStats answers. Grown online: ControllerExpandVolume places a member on
+//!   the third node, NodeExpandVolume connects it, extends the VG and the LV over it and
+//!   grows the mounted file system; the data reads back.
+//! - NodeUnstageVolume leaves no mount, LV device or NVMe controller (the member the
+//!   expansion connected included); staging again only activates the VG (it is not made
+//!   again) and the data reads back; unstaged again.
 //! - DeleteVolume: no data control, group, member AntstorVolume or Secret is left, no lvol
 //!   or subsystem on the storage nodes, and no PV, VG, LV, device-mapper device or NVMe
 //!   controller in the VM.
@@ -60,6 +64,8 @@ const STEP: Duration = Duration::from_secs(120);
 const POOL: u64 = 512 << 20;
 /// The volume: larger than either pool; above xfs's 300 MiB least.
 const SIZE: i64 = 640 << 20;
+/// What an expansion adds: placed on the third node.
+const GROW: i64 = 256 << 20;
 /// The SPDK lvstore of the cluster's nodes.
 const LVS: &str = "local-lvs";
 
@@ -335,7 +341,10 @@ async fn create(
             ))
             .collect::<Vec<_>>()
     );
-    check!(nodes == ["node-1", "node-2"], "members of {pv}: {nodes:?}");
+    check!(
+        nodes.len() == 2 && nodes[0] != nodes[1],
+        "members of {pv} on two nodes: {nodes:?}"
+    );
     check!(
         ms.iter().all(|m| (m.spec.size_byte as i64) < SIZE),
         "a member as large as the volume"
@@ -390,6 +399,154 @@ async fn create(
         t.elapsed().as_secs_f64()
     );
     Ok(id)
+}
+
+/// Grows the staged and mounted volume of `case` online by a member on the node that holds
+/// none of it: ControllerExpandVolume, then NodeExpandVolume (with the PV's keys, as the
+/// node-expand Secret), and checks the VG, the LV and the file system in the guest and the
+/// data.
+#[allow(clippy::too_many_arguments)]
+async fn grow(
+    c: &Cluster,
+    node: &mut VmNode,
+    csi: &mut CsiClient,
+    ctl: &mut CsiClient,
+    case: &Case,
+    id: &str,
+    staging: &str,
+    target: &str,
+    secrets: &HashMap<String, String>,
+) -> Result<(), String> {
+    let Case { pv, raid, fs } = *case;
+    let before = fs_size(node, target).await?;
+    let want = SIZE + GROW;
+    let t = Instant::now();
+    let placed = ctl
+        .controller
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: id.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: want,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("ControllerExpandVolume {pv}: {:?}: {}", e.code(), e.message()))?
+        .into_inner();
+    check!(
+        placed.capacity_bytes >= want && placed.node_expansion_required,
+        "{placed:?}"
+    );
+    let ms = members(c, pv).await?;
+    let mut nodes: Vec<String> = ms.iter().map(|m| m.spec.target_node_id.clone()).collect();
+    nodes.sort();
+    check!(
+        nodes == ["node-1", "node-2", "node-3"],
+        "after the expansion {pv}'s members are on {nodes:?}"
+    );
+    println!(
+        "ControllerExpandVolume {pv} to {} MiB in {:.2}s: members {:?}",
+        want >> 20,
+        t.elapsed().as_secs_f64(),
+        ms.iter()
+            .map(|m| format!("{}: {} MiB", m.spec.target_node_id, m.spec.size_byte >> 20))
+            .collect::<Vec<_>>()
+    );
+    // NodeExpandVolume waits for the new member (ready, admitting this node); kubelet retries
+    // what it answers while it is not.
+    let t = Instant::now();
+    let grown = loop {
+        match csi
+            .node
+            .node_expand_volume(NodeExpandVolumeRequest {
+                volume_id: id.into(),
+                volume_path: target.into(),
+                staging_target_path: staging.into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: want,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(mount_capability(fs)),
+                secrets: secrets.clone(),
+            })
+            .await
+        {
+            Ok(r) => break r.into_inner(),
+            Err(e)
+                if matches!(e.code(), Code::DeadlineExceeded | Code::Unavailable)
+                    && t.elapsed() < STEP =>
+            {
+                println!("NodeExpandVolume {pv} retried: {}", e.message());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "NodeExpandVolume {pv}: {:?}: {}",
+                    e.code(),
+                    e.message()
+                ));
+            }
+        }
+    };
+    let after = fs_size(node, target).await?;
+    println!(
+        "NodeExpandVolume {pv} in {:.2}s: LV {} MiB, {fs} {} → {} MiB",
+        t.elapsed().as_secs_f64(),
+        grown.capacity_bytes >> 20,
+        before >> 20,
+        after >> 20
+    );
+    check!(grown.capacity_bytes >= want, "{grown:?}");
+    check!(
+        after >= before + (GROW as u64) * 9 / 10,
+        "{fs} grew from {before} to {after} bytes only"
+    );
+    let report = guest(
+        node,
+        &format!(
+            "pvs --noheadings -o pv_name,vg_name,pv_pe_alloc_count;              lvs --noheadings --units b --nosuffix -o segtype,stripes,devices {pv}/{pv}"
+        ),
+    )
+    .await?;
+    println!("guest after the expansion:\n{report}");
+    let pvs = report
+        .lines()
+        .filter(|l| l.trim_start().starts_with("/dev/nvme") && l.contains(pv))
+        .count();
+    check!(pvs == 3, "three PVs in {pv}: {report}");
+    if raid == "raid0" {
+        // The first segment striped over the first two members, the new one linear.
+        check!(
+            report.contains("striped") && report.contains("linear"),
+            "{report}"
+        );
+    }
+    guest(
+        node,
+        &format!(
+            "echo 3 > /proc/sys/vm/drop_caches; sha256sum < {target}/data | cmp - /tmp/{pv}.sum && \
+             head -c {}M /dev/zero > {target}/more && sync",
+            (GROW >> 20) / 2
+        ),
+    )
+    .await
+    .map_err(|e| format!("{pv}'s data after growing, or a write into the new space: {e}"))?;
+    // Again: nothing changes.
+    let again = csi
+        .node
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: id.into(),
+            volume_path: target.into(),
+            staging_target_path: staging.into(),
+            volume_capability: Some(mount_capability(fs)),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("second NodeExpandVolume {pv}: {}", e.message()))?
+        .into_inner();
+    check!(again.capacity_bytes == grown.capacity_bytes, "{again:?}");
+    Ok(())
 }
 
 async fn one_volume(
@@ -539,29 +696,12 @@ async fn one_volume(
         stats.volume_condition.as_ref().map(|c| c.abnormal) == Some(false),
         "the mounted group is healthy: {stats:?}"
     );
-    let e = csi
-        .node
-        .node_expand_volume(NodeExpandVolumeRequest {
-            volume_id: id.clone(),
-            volume_path: target.clone(),
-            staging_target_path: staging.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: SIZE * 2,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(mount_capability(fs)),
-            ..Default::default()
-        })
-        .await
-        .err()
-        .ok_or("NodeExpandVolume of a multi-disk volume succeeded")?;
-    check!(e.code() == Code::FailedPrecondition, "{}", e.message());
-    check!(e.message().contains("multi-disk"), "{}", e.message());
+    grow(c, node, csi, ctl, case, &id, &staging, &target, &secrets).await?;
 
     // Unstaged, then staged again: the VG is found on the members and only activated.
     let took = release(node, csi, &id, &staging, &target).await?;
     println!(
-        "unstaged (umount, vgchange -an, 2 disconnects) in {:.2}s",
+        "unstaged (umount, vgchange -an, 3 disconnects) in {:.2}s",
         took.as_secs_f64()
     );
     let took = stage(csi, &id, &staging, fs, &secrets).await?;
@@ -706,7 +846,7 @@ fn kernel_lvm_multi_disk_volumes_are_assembled_on_a_kernel_host() {
         return;
     }
     let dir = scratch("t4-lvm-group");
-    let mut opts = ClusterOptions::new(2, Engine::Spdk);
+    let mut opts = ClusterOptions::new(3, Engine::Spdk);
     opts.pool_bytes = POOL;
     with_cluster(&dir, opts, Duration::from_secs(1500), |c| {
         Box::pin(async move {
@@ -720,7 +860,7 @@ fn kernel_lvm_multi_disk_volumes_are_assembled_on_a_kernel_host() {
                 .map_err(|e| e.to_string())?;
             let state = storage_state(c)?;
             check!(
-                state == [(0, 0), (0, 0)],
+                state == [(0, 0), (0, 0), (0, 0)],
                 "the storage nodes start with (lvols, subsystems) {state:?}"
             );
             let left = guest_leftovers(&mut node, &[]).await;
