@@ -8,6 +8,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use common::prometheus::{MONITORING_API, PrometheusRule};
 use common::{Doc, deploy_dir, docs_under};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
@@ -103,7 +104,15 @@ struct Objects {
     csi_drivers: Vec<CSIDriver>,
     crds: Vec<CustomResourceDefinition>,
     snapshot_classes: Vec<Doc>,
+    prometheus_rules: Vec<(Doc, PrometheusRule)>,
 }
+
+/// The files of deploy/prometheus/ that are Prometheus's own formats, not Kubernetes
+/// objects (t0_alert_rules.rs checks them).
+const PROMETHEUS_FILES: [&str; 2] = [
+    "prometheus/liteio-rules.yaml",
+    "prometheus/liteio-rules.test.yaml",
+];
 
 fn check_kustomization(doc: &Doc) {
     generic(
@@ -178,6 +187,9 @@ fn check_json_patch(doc: &Doc) {
 fn load() -> Objects {
     let mut o = Objects::default();
     for doc in docs_under("") {
+        if PROMETHEUS_FILES.contains(&doc.file.as_str()) {
+            continue;
+        }
         if doc.file.ends_with("kustomization.yaml") {
             check_kustomization(&doc);
             continue;
@@ -192,6 +204,9 @@ fn load() -> Objects {
             }
             ("v1", "Service") => {
                 let _: Service = strict(&doc);
+            }
+            (MONITORING_API, "PrometheusRule") => {
+                o.prometheus_rules.push((doc.clone(), strict(&doc)))
             }
             ("v1", "ServiceAccount") => o.service_accounts.push((doc.clone(), strict(&doc))),
             ("v1", "ConfigMap") => o.config_maps.push((doc.clone(), strict(&doc))),
@@ -269,6 +284,7 @@ fn every_manifest_parses_strictly() {
     assert_eq!(o.storage_classes.len(), 3);
     assert_eq!(o.csi_drivers.len(), 1);
     assert_eq!(o.snapshot_classes.len(), 1);
+    assert_eq!(o.prometheus_rules.len(), 1, "PrometheusRules");
     for overlay in ["spdk-aio-lvs", "spdk-nvme", "lvm", "file"] {
         assert!(
             deploy_dir()
