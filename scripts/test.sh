@@ -31,15 +31,28 @@ if [ -n "$free_kib" ] && [ "$free_kib" -lt $((20 * 1024 * 1024)) ]; then
 fi
 
 # --- what the checks need -------------------------------------------------------------
+# prometheus: its promtool checks every component's /metrics and the alerting rules.
 need_pkgs=()
-for p in build-essential pkg-config libclang-dev clang util-linux xfsprogs e2fsprogs jq python3 postgresql; do
+for p in build-essential pkg-config libclang-dev clang util-linux xfsprogs e2fsprogs jq python3 postgresql prometheus; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         say "installing Debian packages: ${need_pkgs[*]}"
-        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null \
+        # prometheus without its recommends (node exporter, smartmontools, nvme-cli: services
+        # and tools that would change what the tests find on this machine); promtool is all
+        # the tests use, so a server the package started is stopped again.
+        other=()
+        for p in "${need_pkgs[@]}"; do [ "$p" = prometheus ] || other+=("$p"); done
+        apt-get update -qq >/dev/null \
+            && { [ ${#other[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${other[@]}" >/dev/null; } \
+            && { dpkg -s prometheus >/dev/null 2>&1 \
+                || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
             || say "warning: could not install ${need_pkgs[*]}"
+        if [[ " ${need_pkgs[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null \
+            && systemctl is-active --quiet prometheus 2>/dev/null; then
+            systemctl disable --now prometheus >/dev/null 2>&1 && say "stopped the prometheus service the package started (the tests use promtool only)"
+        fi
     else
         say "warning: missing Debian packages (run as root to install): ${need_pkgs[*]}"
     fi

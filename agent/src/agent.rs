@@ -203,7 +203,10 @@ impl Agent {
                 source,
             })?;
         info!(node = %opts.node, pool = %pool.name, kind = %engine.kind(), total = pool.total_bytes, free = pool.free_bytes, "pool ready");
-        let metrics = Arc::new(Metrics::new(&opts.node).map_err(StartError::Metrics)?);
+        let metrics = Arc::new(
+            Metrics::with_liteio_names(&opts.node, opts.config.metrics.liteio_compat_names)
+                .map_err(StartError::Metrics)?,
+        );
         metrics.add_source(Arc::new(metrics::EngineSource(Arc::clone(&engine))));
         let ctx = Arc::new(Ctx {
             warnings: crate::sync::Warnings::new(client.clone(), &opts.node),

@@ -24,7 +24,9 @@
 //!   portRange: {start: 4510, end: 4610}
 //!   auth: dhchap                             # dhchap (default): per-volume keys in a Secret; none
 //!   dhchapDhgroups: [null, ffdhe2048]        # DH groups DH-HMAC-CHAP may use (the default)
-//! metrics: {listenAddress: "0.0.0.0:9100"}   # absent = no metrics server
+//! metrics:
+//!   listenAddress: "0.0.0.0:9100"            # absent = no metrics server
+//!   liteioCompatNames: false                 # true: also LiteIO's blk_*/spdk_lvol_* names
 //! heartbeat: {interval: 20s, duration: 40s}
 //! recovery: {collectOrphans: false, orphanGracePeriod: 1h}   # orphans are only reported by default
 //! ```
@@ -603,6 +605,16 @@ pub struct MetricsConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub listen_address: Option<SocketAddr>,
+    /// Also serve the per-volume I/O counters under the names, units and `pvc` label of
+    /// LiteIO's Go agent (`blk_*`, `spdk_lvol_*`), for dashboards written against it. Off by
+    /// default: those names break Prometheus' conventions (`promtool check metrics` flags
+    /// them). See docs/metrics.md.
+    #[serde(
+        rename = "liteioCompatNames",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub liteio_compat_names: bool,
 }
 
 /// `heartbeat`: Lease timings.

@@ -272,6 +272,8 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     init_logging(args.log_format);
+    // `liteio_panics_total` counts from here on.
+    liteio_node::panics::install();
     let config = match load_config(args.config.as_ref()) {
         Ok(c) => c,
         Err(e) => {

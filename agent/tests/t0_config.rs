@@ -41,6 +41,10 @@ fn liteio_lvm_example_parses_with_defaults() {
     assert_eq!(cfg.heartbeat.interval, Duration::from_secs(20));
     assert_eq!(cfg.heartbeat.duration, Duration::from_secs(40));
     assert_eq!(cfg.metrics.listen_address, None);
+    assert!(
+        !cfg.metrics.liteio_compat_names,
+        "LiteIO's metric names off by default"
+    );
     assert_eq!(cfg.spdk.core_mask, "0x1");
     assert!(!cfg.spdk.no_huge);
     assert_eq!(cfg.spdk.mem_size_mib(), None);
@@ -88,6 +92,7 @@ fn every_extension_parses() {
         cfg.metrics.listen_address,
         Some("0.0.0.0:9100".parse::<SocketAddr>().unwrap())
     );
+    assert!(cfg.metrics.liteio_compat_names);
     assert_eq!(cfg.heartbeat.interval, Duration::from_secs(10));
     assert_eq!(cfg.heartbeat.duration, Duration::from_secs(60));
 }

@@ -1,17 +1,20 @@
 //! T1: `/metrics` of an agent on the file engine reports a volume's block I/O counters
-//! (`blk_*`, read from the loop device its file is attached to), the heartbeat age, and
-//! reconcile errors of objects the agent refuses; a deleted volume's series disappear.
-//! Needs root and loop devices; otherwise prints one skip line.
+//! (`liteio_volume_*`, read from the loop device its file is attached to), the heartbeat age,
+//! and reconcile errors of objects the agent refuses; a deleted volume's series disappear;
+//! and `promtool check metrics` has nothing to say about any of it (skipped, saying so,
+//! without promtool). Needs root and loop devices; otherwise prints one skip line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use kube::Api;
 use kube::api::PostParams;
+use liteio_agent::exporter::NoExporter;
 use liteio_api::keys;
 use liteio_api::{AntstorVolume, VolumeStatus, VolumeType};
 
@@ -95,7 +98,10 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             Some((16 * MIB) as f64),
             "{text}"
         );
-        assert!(!text.contains("blk_write_req{"), "{text}");
+        assert!(
+            !text.contains("liteio_volume_writes_completed_total{"),
+            "{text}"
+        );
 
         // Its provisioning was timed once, per step (observed right after the ready patch).
         let text = eventually("provisioning figures", Duration::from_secs(5), || async {
@@ -125,14 +131,14 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             ("dev", dev.as_str()),
         ];
         let before = eventually(
-            "blk_* series of the loop device",
+            "I/O series of the loop device",
             Duration::from_secs(5),
             || async {
                 let text = scrape(&agent).await;
                 Some((
-                    metric_value(&text, "blk_write_req", &labels)?,
-                    metric_value(&text, "blk_write_sectors", &labels)?,
-                    metric_value(&text, "blk_read_req", &labels)?,
+                    metric_value(&text, "liteio_volume_writes_completed_total", &labels)?,
+                    metric_value(&text, "liteio_volume_written_bytes_total", &labels)?,
+                    metric_value(&text, "liteio_volume_reads_completed_total", &labels)?,
                 ))
             },
         )
@@ -170,15 +176,16 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             Duration::from_secs(5),
             || async {
                 let text = scrape(&agent).await;
-                let w = metric_value(&text, "blk_write_req", &labels)?;
-                let s = metric_value(&text, "blk_write_sectors", &labels)?;
-                let r = metric_value(&text, "blk_read_req", &labels)?;
-                (s - before.1 >= 2048.0 && w > before.0 && r > before.2).then_some((w, s, r, text))
+                let w = metric_value(&text, "liteio_volume_writes_completed_total", &labels)?;
+                let b = metric_value(&text, "liteio_volume_written_bytes_total", &labels)?;
+                let r = metric_value(&text, "liteio_volume_reads_completed_total", &labels)?;
+                (b - before.1 >= MIB as f64 && w > before.0 && r > before.2)
+                    .then_some((w, b, r, text))
             },
         )
         .await;
         println!(
-            "blk_write_req {} -> {}, blk_write_sectors {} -> {}, blk_read_req {} -> {}",
+            "writes {} -> {}, bytes written {} -> {}, reads {} -> {}",
             before.0, after.0, before.1, after.1, before.2, after.2
         );
         let text = after.3;
@@ -188,11 +195,17 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
         {
             println!("{l}");
         }
-        assert!(text.contains("# TYPE blk_write_req counter"));
+        assert!(text.contains("# TYPE liteio_volume_writes_completed_total counter"));
         assert!(
-            metric_value(&text, "blk_io_inflight", &labels).is_some(),
+            metric_value(&text, "liteio_volume_io_now", &labels).is_some(),
             "{text}"
         );
+        // Milliseconds became seconds: 256 direct writes took more than nothing, and less
+        // than the test's minute.
+        let took = metric_value(&text, "liteio_volume_write_time_seconds_total", &labels).unwrap();
+        assert!((0.0..60.0).contains(&took), "write time {took} s");
+        // LiteIO's names only with metrics.liteioCompatNames.
+        assert!(!text.contains("blk_"), "{text}");
 
         // The heartbeat renews every 100 ms here: its age is small.
         let age = metric_value(&text, "liteio_heartbeat_age_seconds", &[("node", NODE)]).unwrap();
@@ -218,11 +231,104 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
         )
         .await;
 
+        // Prometheus' linter on everything this agent serves, a volume's I/O, histograms and
+        // reconcile errors included.
+        let text = scrape(&agent).await;
+        match liteio_tests::promtool::check_metrics(&text) {
+            Ok(said) => {
+                assert_eq!(said, "", "promtool check metrics:\n{said}\n{text}");
+                println!("promtool check metrics: nothing to say");
+            }
+            Err(why) => println!("SKIP promtool check metrics: {why}"),
+        }
+
+        // Restarted with metrics.liteioCompatNames: LiteIO's names, units and `pvc` label
+        // beside the new ones; they are all promtool has to say anything about.
+        agent.shutdown(Duration::from_secs(5)).await;
+        let agent = env
+            .start_agent_with(Arc::new(NoExporter), |o| {
+                o.config.metrics.liteio_compat_names = true;
+            })
+            .await;
+        let mut old = labels.to_vec();
+        old.push(("pvc", "/pvc-io"));
+        let text = eventually("LiteIO's names", Duration::from_secs(5), || async {
+            let text = scrape(&agent).await;
+            let sectors = metric_value(&text, "blk_write_sectors", &old)?;
+            let bytes = metric_value(&text, "liteio_volume_written_bytes_total", &labels)?;
+            (sectors * 512.0 == bytes).then_some(text)
+        })
+        .await;
+        assert!(text.contains("# TYPE blk_io_inflight gauge"), "{text}");
+        match liteio_tests::promtool::check_metrics(&text) {
+            Ok(said) => {
+                let flagged: Vec<&str> = said
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().next())
+                    .collect();
+                assert!(!flagged.is_empty(), "promtool found the old names fine");
+                for name in flagged {
+                    assert!(
+                        liteio_agent::metrics::families::liteio_names().any(|n| n == name),
+                        "promtool flags {name}, not one of LiteIO's names:\n{said}"
+                    );
+                }
+            }
+            Err(why) => println!("SKIP promtool check metrics: {why}"),
+        }
+
         // Detached and deleted: its series are gone.
         drop(lo);
         delete_and_release(&api, "pvc-io", Duration::from_secs(5)).await;
         let text = scrape(&agent).await;
         assert!(!text.contains("pvc-io"), "{text}");
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// The same linter where the first test cannot run (no root, no loop devices): an agent with
+/// a ready volume, one it refuses and its provisioning histogram.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_has_nothing_to_say_about_the_agents_metrics() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let agent = env.start_agent().await;
+        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        api.create(&PostParams::default(), &volume("pvc-p", UUID, 16 * MIB))
+            .await
+            .unwrap();
+        let mut bad = volume("pvc-bad", "5d1f6c2a-8e3b-4a7c-9d10-0000000000bb", 16 * MIB);
+        bad.spec.type_ = Some(VolumeType::SpdkLVol);
+        api.create(&PostParams::default(), &bad).await.unwrap();
+        let text = eventually(
+            "a provisioned volume and a refused one",
+            Duration::from_secs(5),
+            || async {
+                let text = scrape(&agent).await;
+                let total = [("node", NODE), ("step", "total")];
+                let errs = [
+                    ("node", NODE),
+                    ("resource", "antstorvolume"),
+                    ("kind", "invalid_object"),
+                ];
+                (metric_value(&text, "liteio_provision_seconds_count", &total)? >= 1.0
+                    && metric_value(&text, "liteio_reconcile_errors_total", &errs)? >= 1.0)
+                    .then_some(text)
+            },
+        )
+        .await;
+        assert!(
+            text.contains("# TYPE liteio_panics_total counter"),
+            "{text}"
+        );
+        match liteio_tests::promtool::check_metrics(&text) {
+            Ok(said) => assert_eq!(said, "", "promtool check metrics:\n{said}\n{text}"),
+            Err(why) => {
+                println!("SKIP promtool_has_nothing_to_say_about_the_agents_metrics: {why}")
+            }
+        }
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await

@@ -1,7 +1,8 @@
 //! T3: `/metrics` of the agent on the embedded SPDK engine: writes through the NVMe/TCP
-//! export of a volume grow its `spdk_lvol_*` counters, the SPDK runtime reports its threads'
-//! busy/idle time and its reactors' CPU time, the volume's QoS limit is reported and a load
-//! held back by it counts as time at the limit, and a deleted volume's series disappear.
+//! export of a volume grow its `liteio_volume_*` counters, the SPDK runtime reports its threads'
+//! busy/idle time and its reactors' CPU time, `promtool check metrics` has nothing to say
+//! about any of it, the volume's QoS limit is reported and a load held back by it counts as
+//! time at the limit, and a deleted volume's series disappear.
 //!
 //! SPDK 26.05's NVMe/TCP initiator refuses interrupt mode, so SPDK polls here (one core, a
 //! few seconds), which is also the mode in which SPDK's own busy/idle accounting advances.
@@ -55,14 +56,14 @@ async fn scenario() {
         ("lvol", "lvs0/pvc-m"),
     ];
     let before = eventually(
-        "spdk_lvol_* series of the volume",
+        "I/O series of the volume",
         Duration::from_secs(5),
         || async {
             let text = scrape(&agent).await;
             Some((
-                metric_value(&text, "spdk_lvol_write_reqs_total", &lv)?,
-                metric_value(&text, "spdk_lvol_write_bytes_total", &lv)?,
-                metric_value(&text, "spdk_lvol_read_reqs_total", &lv)?,
+                metric_value(&text, "liteio_volume_writes_completed_total", &lv)?,
+                metric_value(&text, "liteio_volume_written_bytes_total", &lv)?,
+                metric_value(&text, "liteio_volume_reads_completed_total", &lv)?,
             ))
         },
     )
@@ -92,9 +93,9 @@ async fn scenario() {
         Duration::from_secs(5),
         || async {
             let text = scrape(&agent).await;
-            let w = metric_value(&text, "spdk_lvol_write_reqs_total", &lv)?;
-            let b = metric_value(&text, "spdk_lvol_write_bytes_total", &lv)?;
-            let r = metric_value(&text, "spdk_lvol_read_reqs_total", &lv)?;
+            let w = metric_value(&text, "liteio_volume_writes_completed_total", &lv)?;
+            let b = metric_value(&text, "liteio_volume_written_bytes_total", &lv)?;
+            let r = metric_value(&text, "liteio_volume_reads_completed_total", &lv)?;
             (w >= before.0 + 4.0 && b >= before.1 + (256 * 1024) as f64 && r > before.2)
                 .then_some(text)
         },
@@ -106,7 +107,7 @@ async fn scenario() {
         println!("{l}");
     }
     assert!(
-        metric_value(&text, "spdk_lvol_write_lat_microseconds", &lv).is_some_and(|v| v > 0.0),
+        metric_value(&text, "liteio_volume_write_time_seconds_total", &lv).is_some_and(|v| v > 0.0),
         "{text}"
     );
 
@@ -124,6 +125,11 @@ async fn scenario() {
     assert!(busy > 0.0 && idle > 0.0, "busy {busy} idle {idle}");
     let age = metric_value(&text, "liteio_heartbeat_age_seconds", &[("node", NODE)]).unwrap();
     assert!((0.0..5.0).contains(&age), "heartbeat age {age}");
+    // Prometheus' linter on everything an agent with SPDK serves.
+    match liteio_tests::promtool::check_metrics(&text) {
+        Ok(said) => assert_eq!(said, "", "promtool check metrics:\n{said}\n{text}"),
+        Err(why) => println!("SKIP promtool check metrics: {why}"),
+    }
 
     // The limit in force, and a load past it (16 writers of 4 KiB for 3 s) held back by it:
     // the sampler counts the seconds at the limit.

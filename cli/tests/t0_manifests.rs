@@ -1,13 +1,17 @@
-//! T0: every manifest under deploy/ (base, overlays, CRDs) parses into its Kubernetes API type
-//! with no unknown field, the configs it carries are valid for the agent and the controller,
-//! every image is pinned, the workloads have the shape LiteIO needs, and each component's RBAC
-//! covers what its code calls (a hand-written table below) and nothing else.
+//! T0: every manifest under deploy/ (base, overlays, CRDs, the Prometheus operator's objects)
+//! parses into its Kubernetes API type with no unknown field, the configs it carries are valid
+//! for the agent and the controller, every image is pinned, the workloads have the shape
+//! LiteIO needs, every component is scraped (pod annotations for a plain Prometheus, a
+//! ServiceMonitor or PodMonitor for the operator), and each component's RBAC covers what its
+//! code calls (a hand-written table below) and nothing else. The plain Prometheus files of
+//! deploy/prometheus/ (rules and their unit tests) are checked by t0_alert_rules.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use common::prometheus::{self, MONITORING_API, PodMonitor, PrometheusRule, ServiceMonitor};
 use common::{Doc, deploy_dir, docs_under};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
@@ -103,7 +107,18 @@ struct Objects {
     csi_drivers: Vec<CSIDriver>,
     crds: Vec<CustomResourceDefinition>,
     snapshot_classes: Vec<Doc>,
+    services: Vec<(Doc, Service)>,
+    service_monitors: Vec<(Doc, ServiceMonitor)>,
+    pod_monitors: Vec<(Doc, PodMonitor)>,
+    prometheus_rules: Vec<(Doc, PrometheusRule)>,
 }
+
+/// The files of deploy/prometheus/ that are Prometheus's own formats, not Kubernetes
+/// objects (t0_alert_rules.rs checks them).
+const PROMETHEUS_FILES: [&str; 2] = [
+    "prometheus/liteio-rules.yaml",
+    "prometheus/liteio-rules.test.yaml",
+];
 
 fn check_kustomization(doc: &Doc) {
     generic(
@@ -178,6 +193,9 @@ fn check_json_patch(doc: &Doc) {
 fn load() -> Objects {
     let mut o = Objects::default();
     for doc in docs_under("") {
+        if PROMETHEUS_FILES.contains(&doc.file.as_str()) {
+            continue;
+        }
         if doc.file.ends_with("kustomization.yaml") {
             check_kustomization(&doc);
             continue;
@@ -190,8 +208,13 @@ fn load() -> Objects {
             ("v1", "Namespace") => {
                 let _: Namespace = strict(&doc);
             }
-            ("v1", "Service") => {
-                let _: Service = strict(&doc);
+            ("v1", "Service") => o.services.push((doc.clone(), strict(&doc))),
+            (MONITORING_API, "ServiceMonitor") => {
+                o.service_monitors.push((doc.clone(), strict(&doc)))
+            }
+            (MONITORING_API, "PodMonitor") => o.pod_monitors.push((doc.clone(), strict(&doc))),
+            (MONITORING_API, "PrometheusRule") => {
+                o.prometheus_rules.push((doc.clone(), strict(&doc)))
             }
             ("v1", "ServiceAccount") => o.service_accounts.push((doc.clone(), strict(&doc))),
             ("v1", "ConfigMap") => o.config_maps.push((doc.clone(), strict(&doc))),
@@ -269,7 +292,10 @@ fn every_manifest_parses_strictly() {
     assert_eq!(o.storage_classes.len(), 3);
     assert_eq!(o.csi_drivers.len(), 1);
     assert_eq!(o.snapshot_classes.len(), 1);
-    for overlay in ["spdk-aio-lvs", "spdk-nvme", "lvm", "file"] {
+    assert_eq!(o.service_monitors.len(), 2, "ServiceMonitors");
+    assert_eq!(o.pod_monitors.len(), 1, "PodMonitors");
+    assert_eq!(o.prometheus_rules.len(), 1, "PrometheusRules");
+    for overlay in ["spdk-aio-lvs", "spdk-nvme", "lvm", "file", "monitoring"] {
         assert!(
             deploy_dir()
                 .join("overlays")
@@ -302,6 +328,166 @@ fn every_manifest_parses_strictly() {
             assert_eq!(ns, Some(NS), "{}: namespace", d.what());
         }
     }
+}
+
+/// Each base workload: its name, pod template labels and annotations, and pod spec.
+fn base_templates(o: &Objects) -> Vec<(String, ObjectMeta, PodSpec)> {
+    let mut out = Vec::new();
+    for (d, dep) in o
+        .deployments
+        .iter()
+        .filter(|(d, _)| d.file.starts_with("base/"))
+    {
+        let t = dep.spec.clone().unwrap().template;
+        out.push((d.name().to_string(), t.metadata.unwrap(), t.spec.unwrap()));
+    }
+    for (d, ds) in o
+        .daemonsets
+        .iter()
+        .filter(|(d, _)| d.file.starts_with("base/"))
+    {
+        let t = ds.spec.clone().unwrap().template;
+        out.push((d.name().to_string(), t.metadata.unwrap(), t.spec.unwrap()));
+    }
+    out
+}
+
+/// The container of `spec` that declares `port`, and the port's name.
+fn container_port(spec: &PodSpec, port: i32) -> Option<(&Container, String)> {
+    spec.containers.iter().find_map(|c| {
+        c.ports
+            .iter()
+            .flatten()
+            .find(|p| p.container_port == port)
+            .map(|p| (c, p.name.clone().unwrap_or_default()))
+    })
+}
+
+#[test]
+fn every_component_is_scraped() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let o = load();
+    let templates = base_templates(&o);
+    assert_eq!(
+        templates.len(),
+        4,
+        "agent, controller, CSI controller and node"
+    );
+    for (name, meta, spec) in &templates {
+        // A plain Prometheus: the pod annotations name a port the pod serves /metrics on.
+        let ann = meta.annotations.clone().unwrap_or_default();
+        let get = |k: &str| {
+            ann.get(k)
+                .unwrap_or_else(|| panic!("{name}: no annotation {k}"))
+                .as_str()
+        };
+        assert_eq!(get("prometheus.io/scrape"), "true", "{name}");
+        assert_eq!(get("prometheus.io/path"), "/metrics", "{name}");
+        let port: i32 = get("prometheus.io/port")
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: prometheus.io/port: {e}"));
+        let (c, port_name) = container_port(spec, port)
+            .unwrap_or_else(|| panic!("{name}: no container declares port {port}"));
+        let serves = if name == "liteio-disk-agent" {
+            // The agent's address is in its config (checked by the configs test).
+            port == i32::from(AGENT_METRICS_PORT)
+        } else {
+            c.args
+                .iter()
+                .flatten()
+                .any(|a| *a == format!("--metrics-addr=0.0.0.0:{port}"))
+        };
+        assert!(
+            serves,
+            "{name}: {} does not serve metrics on {port}",
+            c.name
+        );
+
+        // The Prometheus operator: exactly one monitor reaches that port.
+        let labels = meta.labels.clone().unwrap_or_default();
+        let mut monitors = Vec::new();
+        for (d, pm) in &o.pod_monitors {
+            if prometheus::selects(&pm.spec.selector, &labels)
+                && pm
+                    .spec
+                    .pod_metrics_endpoints
+                    .iter()
+                    .any(|e| e.port == port_name)
+            {
+                assert!(labels.contains_key(&pm.spec.job_label), "{}", d.what());
+                monitors.push(d.what());
+            }
+        }
+        for (d, sm) in &o.service_monitors {
+            for (_, svc) in o
+                .services
+                .iter()
+                .filter(|(sd, _)| sd.file.starts_with("base/"))
+            {
+                let svc_labels = svc.metadata.labels.clone().unwrap_or_default();
+                let svc_spec = svc.spec.clone().unwrap_or_default();
+                let routes_here = svc_spec
+                    .selector
+                    .as_ref()
+                    .is_some_and(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
+                if !routes_here || !prometheus::selects(&sm.spec.selector, &svc_labels) {
+                    continue;
+                }
+                let reaches = sm.spec.endpoints.iter().any(|e| {
+                    svc_spec.ports.iter().flatten().any(|p| {
+                        p.name.as_deref() == Some(e.port.as_str())
+                            && match &p.target_port {
+                                Some(IntOrString::String(n)) => *n == port_name,
+                                Some(IntOrString::Int(n)) => *n == port,
+                                None => p.port == port,
+                            }
+                    })
+                });
+                if reaches {
+                    assert!(svc_labels.contains_key(&sm.spec.job_label), "{}", d.what());
+                    monitors.push(d.what());
+                }
+            }
+        }
+        assert_eq!(monitors.len(), 1, "{name}: scraped by {monitors:?}");
+    }
+    for (d, ns, endpoints) in o
+        .service_monitors
+        .iter()
+        .map(|(d, m)| (d, &m.spec.namespace_selector, &m.spec.endpoints))
+        .chain(
+            o.pod_monitors
+                .iter()
+                .map(|(d, m)| (d, &m.spec.namespace_selector, &m.spec.pod_metrics_endpoints)),
+        )
+    {
+        assert_eq!(ns.match_names, [NS], "{}", d.what());
+        assert!(!endpoints.is_empty(), "{}", d.what());
+        for e in endpoints {
+            assert_eq!(e.path, "/metrics", "{}", d.what());
+        }
+    }
+}
+
+#[test]
+fn strictness_catches_a_misspelt_monitor_field() {
+    let doc = Doc {
+        file: "inline".into(),
+        index: 0,
+        value: serde_json::json!({
+            "apiVersion": MONITORING_API, "kind": "ServiceMonitor",
+            "metadata": {"name": "x", "namespace": NS},
+            "spec": {
+                "jobLabel": "app", "selector": {}, "namespaceSelector": {"matchNames": [NS]},
+                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s",
+                               "honourLabels": true}]
+            }
+        }),
+    };
+    let caught = std::panic::catch_unwind(|| {
+        let _: ServiceMonitor = strict(&doc);
+    });
+    assert!(caught.is_err(), "endpoints[0].honourLabels accepted");
 }
 
 #[test]
@@ -1223,5 +1409,35 @@ fn overlays_render_with_kubectl_kustomize() {
             hugepages.is_none(),
             "{overlay}: {hugepages:?}"
         );
+    }
+    // The monitoring overlay: the base with the monitors and the rules.
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(deploy_dir().join("overlays/monitoring"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "monitoring: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut kinds = BTreeMap::<String, usize>::new();
+    for de in serde_yaml::Deserializer::from_str(&String::from_utf8(out.stdout).unwrap()) {
+        let v: Value = serde_json::to_value(
+            <serde_yaml::Value as serde::Deserialize>::deserialize(de).unwrap(),
+        )
+        .unwrap();
+        *kinds
+            .entry(v["kind"].as_str().unwrap_or_default().to_string())
+            .or_default() += 1;
+    }
+    for (kind, n) in [
+        ("ServiceMonitor", 2),
+        ("PodMonitor", 1),
+        ("PrometheusRule", 1),
+        ("DaemonSet", 2),
+        ("Deployment", 2),
+    ] {
+        assert_eq!(kinds.get(kind), Some(&n), "monitoring: {kinds:?}");
     }
 }

@@ -161,7 +161,9 @@ async fn run(path: &str) {
         ("deploy/crds".into(), docs_under("crds")),
         ("deploy/base".into(), docs_under("base")),
     ];
-    for overlay in ["spdk-aio-lvs", "spdk-nvme", "lvm", "file"] {
+    // monitoring: its ServiceMonitors, PodMonitor and PrometheusRule are noted as not
+    // served where the Prometheus operator's CRDs are not installed.
+    for overlay in ["spdk-aio-lvs", "spdk-nvme", "lvm", "file", "monitoring"] {
         match rendered_overlay(overlay) {
             Some(docs) => sets.push((format!("deploy/overlays/{overlay}"), docs)),
             None => println!("note: kubectl not found; overlay {overlay} not rendered"),

@@ -178,6 +178,7 @@ async fn lead(
     ctx.stop_background().await;
     opts.health.leader.store(false, Ordering::SeqCst);
     opts.metrics.leader.set(0);
+    opts.metrics.forget_cluster();
     // Only now that nothing reconciles any more may a standby start: a clean stop (rolling
     // update) hands over at once instead of after `leaseDuration`.
     if let (Some((e, _)), Ok(_)) = (elector, &result) {

@@ -1,6 +1,9 @@
 //! T1: two `node-disk-controller` processes with `--leader-elect` against the test API
-//! server: exactly one leads and binds volumes; a SIGKILLed leader is replaced once its Lease
-//! expired; a SIGTERMed leader releases the Lease and its standby takes over at once.
+//! server: exactly one leads and binds volumes; only the leader reports the pool's status and
+//! Lease age and the volume that is not ready, and `promtool check metrics` has nothing to
+//! say about either's `/metrics`; a
+//! SIGKILLed leader is replaced once its Lease expired; a SIGTERMed leader releases the Lease
+//! and its standby takes over at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -252,6 +255,41 @@ async fn two_processes_one_leader_failover_and_clean_handover() {
         wait_reconciled(&procs[li]).await;
         assert_eq!(procs[si].volume_reconciles().await, 0.0);
         assert_eq!(procs[si].is_leader().await, Some(false));
+
+        // The leader's view of the pool; the standby has none. Prometheus' linter on both.
+        eventually_ok("the leader reports pool n1", || async {
+            let (_, body) = procs[li].get("/metrics").await.ok_or("no answer")?;
+            // v1 is bound to n1, and not ready (no agent serves it here).
+            let v1_not_ready = body.lines().any(|l| {
+                l.starts_with("liteio_controller_volume_not_ready_since_timestamp_seconds{")
+                    && l.contains(r#"node="n1""#)
+                    && l.contains(r#"volume="v1""#)
+            });
+            if body.contains(r#"liteio_controller_pool_status{pool="n1",status="ready"} 1"#)
+                && body.contains(r#"liteio_controller_pool_lease_age_seconds{pool="n1"}"#)
+                && v1_not_ready
+            {
+                Ok(())
+            } else {
+                Err(format!("not yet:\n{body}"))
+            }
+        })
+        .await;
+        for p in [&procs[li], &procs[si]] {
+            let (code, body) = p.get("/metrics").await.unwrap();
+            assert_eq!(code, 200);
+            assert!(
+                body.contains("# TYPE liteio_panics_total counter"),
+                "{body}"
+            );
+            if p.identity == procs[si].identity {
+                assert!(!body.contains("pool="), "a standby reports pools:\n{body}");
+            }
+            match liteio_tests::promtool::check_metrics(&body) {
+                Ok(said) => assert_eq!(said, "", "{}: promtool check metrics:\n{said}", p.identity),
+                Err(why) => println!("SKIP promtool check metrics: {why}"),
+            }
+        }
 
         // SIGKILL: nothing is released, the standby waits for the Lease to expire.
         let before = transitions(&client).await;

@@ -37,8 +37,14 @@ pub enum CsiError {
     Unreachable(String),
     /// The target and this host did not authenticate each other (no keys, rejected keys):
     /// UNAUTHENTICATED.
-    #[error("{0}")]
-    Unauthenticated(String),
+    #[error("{message}")]
+    Unauthenticated {
+        /// Which refusal, a fixed word (`keys_required`, `keys_rejected`): the `reason` of
+        /// `liteio_auth_refusals_total`.
+        reason: &'static str,
+        /// What happened and what to check.
+        message: String,
+    },
     /// Another call for the same object is in progress.
     #[error("{0}")]
     Busy(String),
@@ -178,7 +184,7 @@ impl CsiError {
             CsiError::Unreachable(_) => ErrorKind::Unavailable,
             CsiError::Busy(_) => ErrorKind::Aborted,
             CsiError::Unimplemented(_) => ErrorKind::Unimplemented,
-            CsiError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            CsiError::Unauthenticated { .. } => ErrorKind::Unauthenticated,
             CsiError::Kube { source, .. } => kube_kind(source),
             CsiError::Command { .. } | CsiError::Io { .. } | CsiError::Internal(_) => {
                 ErrorKind::Internal

@@ -611,6 +611,13 @@ impl NodeService {
         Api::namespaced(self.client.clone(), &self.cfg.namespace)
     }
 
+    /// Counts a stage refused for want of authentication (when metrics are served).
+    fn auth_refused(&self, reason: &'static str) {
+        if let Some(m) = &self.metrics {
+            m.auth_refused(reason);
+        }
+    }
+
     async fn find_volume(&self, id: &str) -> Result<AntstorVolume> {
         k8s::volume_by_uuid(&self.volumes(), id)
             .await?
@@ -788,6 +795,7 @@ impl NodeService {
                 );
                 self.warn_volume(&vol, host_auth::EVENT_HOST_CANNOT_AUTHENTICATE, &msg)
                     .await;
+                self.auth_refused("host_cannot_authenticate");
                 Err(CsiError::FailedPrecondition(msg))
             }
             HostAuthDecision::NqnOnly => {
@@ -1194,9 +1202,12 @@ impl Node for NodeService {
         &self,
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
-        self.stage(request.get_ref())
-            .await
-            .map_err(|e| fail("NodeStageVolume", e))?;
+        self.stage(request.get_ref()).await.map_err(|e| {
+            if let CsiError::Unauthenticated { reason, .. } = &e {
+                self.auth_refused(reason);
+            }
+            fail("NodeStageVolume", e)
+        })?;
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 

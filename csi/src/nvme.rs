@@ -665,22 +665,28 @@ pub fn connect_failure(t: &SpdkTarget, e: CsiError) -> CsiError {
     };
     let text = e.to_string().to_ascii_lowercase();
     if os == Some(libc_errno::ENOKEY) || text.contains("required key not available") {
-        return CsiError::Unauthenticated(format!(
-            "NVMe/TCP target {}:{} of {} requires DH-HMAC-CHAP: {}",
-            t.address,
-            t.svc_id,
-            t.subsys_nqn,
-            no_secrets_hint()
-        ));
+        return CsiError::Unauthenticated {
+            reason: "keys_required",
+            message: format!(
+                "NVMe/TCP target {}:{} of {} requires DH-HMAC-CHAP: {}",
+                t.address,
+                t.svc_id,
+                t.subsys_nqn,
+                no_secrets_hint()
+            ),
+        };
     }
     if os == Some(libc_errno::EKEYREJECTED) || text.contains("key was rejected") {
-        return CsiError::Unauthenticated(format!(
-            "NVMe/TCP target {}:{} of {} and this host did not accept each other's DH-HMAC-CHAP keys: the node-stage Secret ({}<pv name>) must hold the keys the volume's export was given (after `kubectl liteio rotate-keys`, the new ones)",
-            t.address,
-            t.svc_id,
-            t.subsys_nqn,
-            liteio_api::naming::AUTH_SECRET_PREFIX
-        ));
+        return CsiError::Unauthenticated {
+            reason: "keys_rejected",
+            message: format!(
+                "NVMe/TCP target {}:{} of {} and this host did not accept each other's DH-HMAC-CHAP keys: the node-stage Secret ({}<pv name>) must hold the keys the volume's export was given (after `kubectl liteio rotate-keys`, the new ones)",
+                t.address,
+                t.svc_id,
+                t.subsys_nqn,
+                liteio_api::naming::AUTH_SECRET_PREFIX
+            ),
+        };
     }
     let why = if text.contains("connection refused") {
         "refused the connection: nothing listens there (is the volume's storage node and its agent up?)"
@@ -1503,6 +1509,13 @@ mod tests {
         );
         assert_eq!(e.kind(), crate::error::ErrorKind::Unauthenticated);
         assert_eq!(e.kind().code(), tonic::Code::Unauthenticated);
+        assert!(matches!(
+            e,
+            CsiError::Unauthenticated {
+                reason: "keys_required",
+                ..
+            }
+        ));
         assert!(
             e.to_string().contains("nqn.x")
                 && e.to_string()
@@ -1515,6 +1528,13 @@ mod tests {
             CsiError::io("authenticated connect", io::Error::from_raw_os_error(129)),
         );
         assert_eq!(e.kind(), crate::error::ErrorKind::Unauthenticated);
+        assert!(matches!(
+            e,
+            CsiError::Unauthenticated {
+                reason: "keys_rejected",
+                ..
+            }
+        ));
         assert!(
             e.to_string().contains("127.10.1.1:4999") && e.to_string().contains("Secret"),
             "{e}"

@@ -1,5 +1,6 @@
 //! T1: the Node service on a file-engine volume (a sparse file behind a real loop device),
-//! with real mkfs and mounts. Needs root; prints `SKIP ...` otherwise. The NVMe/TCP path runs
+//! with real mkfs and mounts, and the driver's `/metrics` (usage of a published volume,
+//! authentication refusals) as `promtool check metrics` sees it. Needs root; prints `SKIP ...` otherwise. The NVMe/TCP path runs
 //! against real kernels in the T4 tests (`agent/tests/t4_kernel_host.rs`: connect with keys,
 //! ext4 and xfs, raw block, online grow, key rotation, refusals); the NVMe tests here give
 //! the node a fake fabrics device and sysfs for what those kernels cannot show on cue.
@@ -211,6 +212,25 @@ async fn lifecycle(fs: &str, size: u64, grow_to: u64) {
             "{before}"
         );
         assert!(!st.volume_condition.unwrap().abnormal);
+
+        // The published volume's usage on the driver's /metrics, joined with its PV and PVC;
+        // promtool has nothing to say about it.
+        let text = env.scrape().await;
+        let capacity = text
+            .lines()
+            .find(|l| {
+                l.starts_with("liteio_csi_volume_capacity_bytes{")
+                    && l.contains(r#"pv="pvc-n""#)
+                    && l.contains(&format!(r#"volume="{UUID}""#))
+                    && l.contains(r#"pvc="data""#)
+                    && l.contains(r#"node="node-1""#)
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        assert!(capacity.is_some_and(|c| c > 0.0), "{text}");
+        match liteio_tests::promtool::check_metrics(&text) {
+            Ok(said) => assert_eq!(said, "", "promtool check metrics:\n{said}\n{text}"),
+            Err(why) => println!("SKIP promtool check metrics: {why}"),
+        }
 
         n.node_unpublish_volume(NodeUnpublishVolumeRequest {
             volume_id: UUID.into(),
@@ -717,6 +737,20 @@ async fn a_host_that_cannot_authenticate_is_told_why_at_once() {
             !staging.exists() || std::fs::read_dir(&staging).unwrap().next().is_none(),
             "nothing staged"
         );
+        // Counted, by reason, on the driver's /metrics; promtool has nothing to say.
+        let text = env.scrape().await;
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("liteio_auth_refusals_total{")
+                    && l.contains(r#"node="node-1""#)
+                    && l.contains(r#"reason="host_cannot_authenticate""#)
+                    && l.ends_with("} 1")),
+            "{text}"
+        );
+        match liteio_tests::promtool::check_metrics(&text) {
+            Ok(said) => assert_eq!(said, "", "promtool check metrics:\n{said}\n{text}"),
+            Err(why) => println!("SKIP promtool check metrics: {why}"),
+        }
         env.stop().await;
     })
     .await;

@@ -1,5 +1,6 @@
 //! Node plumbing shared by the disk-agent, the CSI driver and `liteio-local`: commands with
-//! timeouts, loop devices, the host NQN, hugepages. See the README.
+//! timeouts, loop devices, the host NQN, hugepages; and the process-wide panic count every
+//! component reports. See the README.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -7,3 +8,4 @@ pub mod cmd;
 pub mod hostnqn;
 pub mod hugepages;
 pub mod losetup;
+pub mod panics;

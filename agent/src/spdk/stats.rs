@@ -30,10 +30,13 @@ impl crate::metrics::ScrapeSource for RuntimeSource {
             std::path::Path::new("/proc/self/task"),
             "reactor_",
         ));
+        // The longest-waiting first.
+        let stuck = liteio_spdk::runtime::stuck_requests();
         out.spdk_faults = Some(crate::metrics::SpdkFaults {
             request_timeouts: liteio_spdk::runtime::timed_out_requests(),
             caught_panics: liteio_spdk::runtime::caught_panics(),
-            stuck_requests: liteio_spdk::runtime::stuck_requests().len() as u64,
+            stuck_requests: stuck.len() as u64,
+            oldest_stuck_seconds: stuck.first().map_or(0.0, |r| r.waiting.as_secs_f64()),
         });
         let stats = futures::executor::block_on(threads())?;
         let hz = stats.ticks_hz.max(1) as f64;

@@ -41,24 +41,36 @@ fn secrets(ctx: &Ctx, vol: &AntstorVolume) -> Api<Secret> {
     Api::namespaced(ctx.keys_client.clone(), &namespace(vol))
 }
 
-/// A refusal of the node's identity says where the grant comes from.
+/// A refusal of the node's identity says where the grant comes from, and is counted in
+/// `liteio_auth_refusals_total{reason="keys_forbidden"}` (401: `keys_unauthorized`).
 fn explain_forbidden(ctx: &Ctx, e: AgentError) -> AgentError {
+    if let AgentError::Kube {
+        source: kube::Error::Api(s),
+        ..
+    } = &e
+        && s.code == 401
+    {
+        ctx.metrics.auth_refused("keys_unauthorized");
+    }
     match e {
         AgentError::Kube {
             op,
             what,
             source: kube::Error::Api(s),
-        } if s.code == 403 => AgentError::Kube {
-            op,
-            what: format!(
-                "{what} as this node's identity (the controller grants {} the Secrets of \
+        } if s.code == 403 => {
+            ctx.metrics.auth_refused("keys_forbidden");
+            AgentError::Kube {
+                op,
+                what: format!(
+                    "{what} as this node's identity (the controller grants {} the Secrets of \
                  the volumes on this node through Role {}; a new volume is added there \
                  within moments)",
-                naming::node_user(&ctx.node),
-                naming::node_keys_role(&ctx.node)
-            ),
-            source: kube::Error::Api(s),
-        },
+                    naming::node_user(&ctx.node),
+                    naming::node_keys_role(&ctx.node)
+                ),
+                source: kube::Error::Api(s),
+            }
+        }
         other => other,
     }
 }

@@ -396,8 +396,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         }
     }
     ctx.own_writes.record(key, rvs);
-    ctx.metrics
-        .set_volume(&vol.name_any(), &vol.spec.uuid, &ename, real_size);
+    ctx.metrics.set_volume(&vol, &ename, real_size);
     Ok(Action::requeue(ctx.resync))
 }
 

@@ -2,6 +2,8 @@
 //! deploy/.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod prometheus;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;

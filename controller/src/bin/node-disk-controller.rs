@@ -101,6 +101,8 @@ async fn signals(tx: watch::Sender<bool>) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logs(args.log_format);
+    // `liteio_panics_total` counts from here on.
+    liteio_node::panics::install();
     let config = load_config(&args.config)?;
     let client = client(args.kubeconfig.as_ref()).await?;
     let metrics = Metrics::new().context("cannot register metrics")?;

@@ -328,7 +328,30 @@ impl Context {
 
     fn count_migrations(&self) {
         let mut counts: HashMap<(&'static str, &'static str), i64> = HashMap::new();
-        for m in self.migrations() {
+        let migrations = self.migrations();
+        let under_way: Vec<crate::metrics::MigrationSample> = {
+            let state = self.state();
+            migrations
+                .iter()
+                .filter(|m| m.status_name() != liteio_api::migration::STATUS_FINISHED)
+                .map(|m| {
+                    let src = &m.spec.source_volume;
+                    let key = ObjectKey::new(m.source_namespace(), src.name.clone());
+                    crate::metrics::MigrationSample {
+                        migration: m.name_any(),
+                        volume: src.name.clone(),
+                        source_node: src.target_node_id.clone(),
+                        dest_node: m.spec.dest_volume.target_node_id.clone(),
+                        phase: m.phase().as_str(),
+                        copied_bytes: m.bytes_copied(),
+                        size_bytes: state.volume(&key).map(|v| v.spec.size_byte),
+                    }
+                })
+                .collect()
+        };
+        self.metrics
+            .observe_migrations(&under_way, unix_seconds(self.clock.now()));
+        for m in migrations {
             let status = match m.status_name() {
                 liteio_api::migration::STATUS_WORKING => liteio_api::migration::STATUS_WORKING,
                 liteio_api::migration::STATUS_ERROR => liteio_api::migration::STATUS_ERROR,
@@ -1178,8 +1201,61 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
     }
 }
 
+/// Unix seconds of a timestamp.
+fn unix_seconds(t: k8s_openapi::jiff::Timestamp) -> f64 {
+    t.as_millisecond() as f64 / 1e3
+}
+
+/// The per-object gauges of pools and volumes as of `now`: each pool's status and Lease age,
+/// and the volumes that are not ready (nor being deleted) with their creation time.
+fn observe(ctx: &Context, s: &State, now: k8s_openapi::jiff::Timestamp) {
+    let pools: Vec<crate::metrics::PoolSample> = s
+        .pools()
+        .map(|p| {
+            let st = p
+                .pool
+                .status
+                .as_ref()
+                .and_then(|s| s.status)
+                .unwrap_or_default();
+            let seen = s
+                .heartbeat(p.name)
+                .or_else(|| p.pool.metadata.creation_timestamp.as_ref().map(|t| t.0));
+            crate::metrics::PoolSample {
+                pool: p.name.to_string(),
+                status: pool::status_name(st),
+                lease_age_seconds: seen.map(|t| crate::clock::elapsed(now, t).as_secs_f64()),
+            }
+        })
+        .collect();
+    ctx.metrics.observe_pools(&pools);
+    let volumes: Vec<crate::metrics::VolumeSample> = s
+        .volume_keys()
+        .iter()
+        .filter_map(|k| s.volume(k))
+        .filter(|v| {
+            v.phase() != liteio_api::VolumeStatus::Ready && v.metadata.deletion_timestamp.is_none()
+        })
+        .map(|v| {
+            let label = |k: &str| v.labels().get(k).cloned().unwrap_or_default();
+            crate::metrics::VolumeSample {
+                volume: v.name_any(),
+                node: v.spec.target_node_id.clone(),
+                pvc_namespace: label(liteio_api::keys::labels::PVC_NAMESPACE),
+                pvc: label(liteio_api::keys::labels::PVC_NAME),
+                created: v
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or_else(|| unix_seconds(now), |t| unix_seconds(t.0)),
+            }
+        })
+        .collect();
+    ctx.metrics.observe_volumes(&volumes);
+}
+
 /// The liveness clock: re-queues every pool and every volume being deleted, and refreshes
-/// the pools-by-state gauge.
+/// the pools-by-state gauge and the per-pool and per-volume ones.
 async fn liveness_clock(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(ctx.config.liveness.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1204,9 +1280,10 @@ async fn liveness_clock(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) 
                     p.name.to_string()
                 })
                 .collect();
+            observe(&ctx, &s, ctx.clock.now());
             (pools, s.deleting_volumes(), counts)
         };
-        for st in ["ready", "unknown", "offline", "locked"] {
+        for st in crate::metrics::POOL_STATUSES {
             ctx.metrics
                 .pools
                 .with_label_values(&[st])

@@ -72,7 +72,8 @@ struct Args {
     /// Maximum volumes per node reported by NodeGetInfo.
     #[arg(long, default_value_t = 20)]
     max_volumes: i64,
-    /// Address for Prometheus metrics (`0.0.0.0:9105`); none when absent.
+    /// Address for Prometheus metrics (`0.0.0.0:9819`); none when absent. In node mode the
+    /// published volumes' usage, in both modes authentication refusals and panics.
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
     /// This node's NVMe host NQN file.
@@ -130,6 +131,8 @@ async fn main() -> Result<()> {
             .init(),
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
     }
+    // `liteio_panics_total` counts from here on.
+    liteio_node::panics::install();
     if args.host_capabilities {
         let _ = std::process::Command::new("modprobe")
             .arg("nvme-fabrics")
@@ -154,8 +157,8 @@ async fn main() -> Result<()> {
     let client = client(args.kubeconfig.as_ref()).await?;
     let controller = matches!(args.mode, Mode::Controller | Mode::Both);
     let node = matches!(args.mode, Mode::Node | Mode::Both);
-    let metrics = if node && args.metrics_addr.is_some() {
-        Some(Arc::new(VolumeMetrics::new()?))
+    let metrics = if args.metrics_addr.is_some() {
+        Some(Arc::new(VolumeMetrics::new(&node_id)?))
     } else {
         None
     };

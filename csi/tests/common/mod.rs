@@ -18,6 +18,7 @@ use liteio_csi::client::{self, CsiClient};
 use liteio_csi::cmd::SystemRunner;
 use liteio_csi::controller::ControllerService;
 use liteio_csi::identity::IdentityService;
+use liteio_csi::metrics::VolumeMetrics;
 use liteio_csi::node::NodeService;
 use liteio_csi::server::{self, Services};
 use liteio_test_apiserver::TestApiServer;
@@ -41,11 +42,35 @@ pub struct Env {
     task: Option<JoinHandle<()>>,
     sched: Option<JoinHandle<()>>,
     agent: Vec<JoinHandle<()>>,
+    /// The driver's metrics, served at `metrics_addr` (`/metrics`).
+    pub metrics: Arc<VolumeMetrics>,
+    pub metrics_addr: std::net::SocketAddr,
+    metrics_task: Option<JoinHandle<()>>,
 }
 
 impl Env {
     pub fn volumes(&self) -> Api<AntstorVolume> {
         Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// GET `/metrics` of the driver over HTTP.
+    pub async fn scrape(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.metrics_addr)
+            .await
+            .expect("connect to the metrics server");
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
+            .await
+            .expect("request");
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.expect("response");
+        let text = String::from_utf8(buf).expect("UTF-8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(
+            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+            "{head}"
+        );
+        body.to_string()
     }
 
     /// Starts the fake scheduler: every unscheduled volume that fits `capacity` bytes gets
@@ -187,6 +212,9 @@ impl Env {
         if let Some(s) = self.sched.take() {
             s.abort();
         }
+        if let Some(t) = self.metrics_task.take() {
+            t.abort();
+        }
         self.server.shutdown().await;
     }
 }
@@ -246,12 +274,22 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
     tweak(&mut cfg);
     let cfg = Arc::new(cfg);
     let endpoint = format!("unix://{}", dir.path().join("csi.sock").display());
+    // Served as csi-driver --metrics-addr serves them.
+    let metrics = Arc::new(VolumeMetrics::new(NODE).expect("metrics"));
+    let (metrics_listener, metrics_addr) =
+        liteio_csi::metrics::bind("127.0.0.1:0".parse().expect("address"))
+            .await
+            .expect("bind the metrics server");
+    let metrics_task = tokio::spawn(liteio_csi::metrics::serve_on(
+        metrics_listener,
+        Arc::clone(&metrics),
+    ));
     let node_service = if node {
         let svc = NodeService::new(
             client.clone(),
             Arc::clone(&cfg),
             Arc::new(SystemRunner::new()),
-            None,
+            Some(Arc::clone(&metrics)),
         );
         // What this kernel can do goes onto the Node (for the agents' host-auth decisions).
         svc.publish_capabilities().await;
@@ -284,6 +322,9 @@ pub async fn start(controller: bool, node: bool, tweak: impl FnOnce(&mut DriverC
         task: Some(task),
         sched: None,
         agent: Vec::new(),
+        metrics,
+        metrics_addr,
+        metrics_task: Some(metrics_task),
     }
 }
 
