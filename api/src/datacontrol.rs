@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{CsiNodePubParams, NodeInfo, PoolMode, SpdkTarget, VolumeStatus};
 use crate::group::EntityIdentity;
+use crate::replica::{Condition, ReplicaHealth, ReplicaStatus};
 
 /// RAID level of the aggregate.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
@@ -130,4 +131,22 @@ pub struct AntstorDataControlStatus {
     /// Detail.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// raid1 (replicated volumes): the volume's health, written by the controller from
+    /// `replicas` and the pools' liveness (ours: LiteIO had no replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<ReplicaHealth>,
+    /// raid1: each replica as the assembling disk-agent sees it, in the raid's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaStatus>,
+    /// raid1: conditions (`Degraded`), written by the controller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl AntstorDataControl {
+    /// Whether it is a replicated volume (raid level raid1): its group's members each hold
+    /// the whole volume.
+    pub fn is_replicated(&self) -> bool {
+        self.spec.raid.level == RaidLevel::Raid1
+    }
 }

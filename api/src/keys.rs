@@ -28,6 +28,14 @@ pub const SC_PARAM_NVMF_TLS: &str = "nvmfTls";
 /// StorageClass parameter: how the class's volumes' hosts authenticate, `required` (the
 /// default), `preferred` or `none` (see [`crate::host_auth`]). Not in LiteIO.
 pub const SC_PARAM_HOST_AUTH: &str = "liteio.io/host-auth";
+/// StorageClass parameter: the number of replicas of a replicated volume (2 to
+/// [`crate::replica::MAX_REPLICAS`]); makes the class's volumes raid1 data controls over
+/// that many full copies on distinct nodes. Not in LiteIO.
+pub const SC_PARAM_REPLICAS: &str = "liteio.io/replicas";
+/// StorageClass parameter: a node label key (e.g. `topology.kubernetes.io/zone`) whose
+/// values must differ between a replicated volume's replicas; stored on its group as
+/// [`crate::replica::ANNO_SPREAD_KEY`]. Not in LiteIO.
+pub const SC_PARAM_REPLICA_SPREAD_KEY: &str = "liteio.io/replica-spread-key";
 /// Prefix of LiteIO's label and annotation keys.
 pub const PREFIX_OBNVMF: &str = "obnvmf";
 

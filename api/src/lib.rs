@@ -16,6 +16,7 @@ pub mod migration;
 pub mod naming;
 pub mod pool;
 pub mod qos;
+pub mod replica;
 pub mod size;
 pub mod snapshot;
 pub mod validate;

@@ -300,5 +300,13 @@ pub fn volume_group(g: &AntstorVolumeGroup) -> Result<(), ValidationErrors> {
     if g.spec.uuid.trim().is_empty() {
         errors.push(ValidationError::new("spec.uuid", "is required"));
     }
+    if let Some(k) = annotation(&g.metadata, crate::replica::ANNO_SPREAD_KEY)
+        && !crate::replica::is_label_key(k.trim())
+    {
+        errors.push(ValidationError::new(
+            format!("metadata.annotations[{}]", crate::replica::ANNO_SPREAD_KEY),
+            format!("{k:?} is not a node label key"),
+        ));
+    }
     finish(errors)
 }

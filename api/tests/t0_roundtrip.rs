@@ -66,7 +66,61 @@ fn other_kinds_roundtrip() {
     let _: VolumeMigration = roundtrip("volumemigration.yaml");
     let g: AntstorVolumeGroup = roundtrip("antstorvolumegroup.yaml");
     validate::volume_group(&g).unwrap_or_else(|e| panic!("{e}"));
-    let _: AntstorDataControl = roundtrip("antstordatacontrol.yaml");
+    let dc: AntstorDataControl = roundtrip("antstordatacontrol.yaml");
+    assert!(!dc.is_replicated());
+    assert!(
+        dc.status.as_ref().is_some_and(|s| s.health.is_none()
+            && s.replicas.is_empty()
+            && s.conditions.is_empty())
+    );
+}
+
+#[test]
+fn a_replicated_data_control_roundtrips_with_its_replicas() {
+    use liteio_api::replica::{self, ConditionState, ReplicaHealth, ReplicaState};
+    let dc: AntstorDataControl = roundtrip("antstordatacontrol-raid1.yaml");
+    assert!(dc.is_replicated());
+    let st = dc.status.unwrap_or_else(|| panic!("no status"));
+    assert_eq!(st.health, Some(ReplicaHealth::Rebuilding));
+    assert_eq!(st.replicas.len(), 2);
+    assert_eq!(st.replicas[0].state, ReplicaState::Online);
+    assert_eq!(st.replicas[1].state, ReplicaState::Rebuilding);
+    assert_eq!(st.replicas[1].rebuild_percent, Some(42));
+    assert_eq!(st.replicas[1].rebuilt_bytes, Some(4_509_715_660));
+    let c = replica::condition(&st.conditions, replica::CONDITION_DEGRADED)
+        .unwrap_or_else(|| panic!("no Degraded condition"));
+    assert_eq!(c.status, ConditionState::True);
+    assert_eq!(c.reason, "Rebuilding");
+    // A state the API does not know is refused, naming it.
+    let text =
+        fixture("antstordatacontrol-raid1.yaml").replace("state: rebuilding", "state: syncing");
+    let e = parse_err::<AntstorDataControl>(&text);
+    assert!(e.contains("syncing"), "{e}");
+}
+
+#[test]
+fn a_spread_key_that_is_no_label_key_is_refused() {
+    let mut g: AntstorVolumeGroup = roundtrip("antstorvolumegroup.yaml");
+    g.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            liteio_api::replica::ANNO_SPREAD_KEY.into(),
+            "topology.kubernetes.io/zone".into(),
+        );
+    validate::volume_group(&g).unwrap_or_else(|e| panic!("{e}"));
+    g.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            liteio_api::replica::ANNO_SPREAD_KEY.into(),
+            "no such key/".into(),
+        );
+    let e = invalid(validate::volume_group(&g));
+    assert!(
+        e.mentions("metadata.annotations[liteio.io/spread-key]"),
+        "{e}"
+    );
 }
 
 fn parse_err<T: DeserializeOwned + std::fmt::Debug>(text: &str) -> String {
