@@ -7,13 +7,21 @@
 //! | Key | Values | Default |
 //! |---|---|---|
 //! | `obnvmf/pv-type` | `VolumeGroup` (anything else: a plain volume) | plain volume, unless a `datacontrol/*` or `volgroup/*` key is set |
-//! | `datacontrol/raid-level` | `linear`, `raid0` | `linear` (raid1, raid5, raid6: refused; LiteIO stored them and built a linear LV) |
-//! | `datacontrol/engine-type` | `KernelLVM`, `SpdkLVStore` | `KernelLVM` (LiteIO's only engine) |
+//! | `datacontrol/raid-level` | `linear`, `raid0`, `raid1` (a replicated volume) | `linear`; `raid1` with `liteio.io/replicas` (raid5, raid6: refused; LiteIO stored them and built a linear LV) |
+//! | `datacontrol/engine-type` | `KernelLVM`, `SpdkLVStore` | `KernelLVM` (LiteIO's only engine); `SpdkLVStore` for raid1, the only engine that assembles it |
+//! | `liteio.io/replicas` | 2..5 | 2 with raid1; makes the volume raid1 when the raid level is not given (linear, raid0: refused) |
+//! | `liteio.io/replica-spread-key` | a node label key | none; raid1 only: replicas on nodes with distinct values of that label |
 //! | `volgroup/size-symmetry` | `Symmetric`, `Asymmetric` | `Symmetric` for raid0 (it stripes over equal members), `Asymmetric` for linear |
 //! | `volgroup/min-size` | quantity, at least 4 MiB | 1 GiB, capped at the volume's size (LiteIO panicked when absent) |
 //! | `volgroup/max-size` | quantity | the volume's size (LiteIO panicked when absent) |
 //! | `volgroup/max-volumes` | 1..64 (raid0: 2..64) | 8 (LiteIO: 0, and such a group was never placed) |
 //! | `volgroup/allow-empty-node` | `true`, `false` | `true` (LiteIO: `false`, which never places a group on a fresh cluster) |
+//!
+//! A replicated volume (raid1) is one Symmetric group of N members that each hold the whole
+//! volume plus a 4 MiB reserve for the raid superblock (the group's `totalSize` is N times the
+//! volume's size: the bytes over all members), on distinct nodes, assembled in SPDK by the
+//! disk-agent of one member's node; `volgroup/*` size and count keys do not apply to it and
+//! are refused. See `docs/replicas.md`.
 //!
 //! KernelLVM is the default because it is LiteIO's behaviour and its data path is one hop:
 //! the host reads every member over its own NVMe/TCP connection. SpdkLVStore assembles the
@@ -26,7 +34,8 @@ use std::collections::HashMap;
 use liteio_api::PoolMode;
 use liteio_api::datacontrol::RaidLevel;
 use liteio_api::group::{MAX_MEMBERS, SymmetryValue};
-use liteio_api::keys::annotations;
+use liteio_api::keys::{self as api_keys, annotations};
+use liteio_api::replica;
 use liteio_api::size::{self, MIB};
 
 use crate::error::{CsiError, Result};
@@ -37,8 +46,8 @@ pub const ID_PREFIX: &str = "dc-";
 /// and the VG metadata, so that the LV is at least the volume's size.
 pub const KERNEL_LVM_RESERVE: u64 = 4 * MIB;
 
-/// The keys that make a request a multi-disk volume.
-pub const KEYS: [&str; 8] = [
+/// The keys that make a request a multi-disk volume (or a replicated one).
+pub const KEYS: [&str; 10] = [
     annotations::PV_TYPE,
     annotations::DATACONTROL_RAID_LEVEL,
     annotations::DATACONTROL_ENGINE_TYPE,
@@ -47,6 +56,8 @@ pub const KEYS: [&str; 8] = [
     annotations::VOLGROUP_MAX_SIZE,
     annotations::VOLGROUP_MAX_VOLUMES,
     annotations::VOLGROUP_ALLOW_EMPTY_NODE,
+    api_keys::SC_PARAM_REPLICAS,
+    api_keys::SC_PARAM_REPLICA_SPREAD_KEY,
 ];
 
 /// What a multi-disk volume's StorageClass asks for.
@@ -66,6 +77,10 @@ pub struct GroupParams {
     pub max_volumes: i64,
     /// Whether pools that hold no volume may take a member.
     pub allow_empty_node: bool,
+    /// raid1: the number of replicas (each a member holding the whole volume); 0 otherwise.
+    pub replicas: u32,
+    /// raid1: the node label whose values must differ between replicas.
+    pub spread_key: Option<String>,
 }
 
 fn get<'a>(p: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
@@ -104,25 +119,46 @@ impl GroupParams {
             None if KEYS[1..].iter().all(|k| get(p, k).is_none()) => return Ok(None),
             None => {}
         }
+        let replicas = get(p, api_keys::SC_PARAM_REPLICAS)
+            .map(|v| {
+                replica::parse_replicas(v)
+                    .map_err(|e| CsiError::invalid(field(api_keys::SC_PARAM_REPLICAS), e))
+            })
+            .transpose()?;
         let raid = match get(p, annotations::DATACONTROL_RAID_LEVEL) {
+            None if replicas.is_some() => RaidLevel::Raid1,
             None | Some("linear") => RaidLevel::Linear,
             Some("raid0") => RaidLevel::Raid0,
-            Some(l @ ("raid1" | "raid5" | "raid6")) => {
+            Some("raid1") => RaidLevel::Raid1,
+            Some(l @ ("raid5" | "raid6")) => {
                 return Err(CsiError::invalid(
                     field(annotations::DATACONTROL_RAID_LEVEL),
                     format!(
-                        "{l} is not supported for multi-disk volumes (linear and raid0 are); LiteIO stored it and built a linear volume, which is not what was asked"
+                        "{l} is not supported (linear, raid0 and raid1 are); LiteIO stored it and built a linear volume, which is not what was asked"
                     ),
                 ));
             }
             Some(other) => {
                 return Err(CsiError::invalid(
                     field(annotations::DATACONTROL_RAID_LEVEL),
-                    format!("{other:?} is not one of \"linear\", \"raid0\""),
+                    format!("{other:?} is not one of \"linear\", \"raid0\", \"raid1\""),
                 ));
             }
         };
+        if let Some(n) = replicas
+            && raid != RaidLevel::Raid1
+        {
+            return Err(CsiError::invalid(
+                field(api_keys::SC_PARAM_REPLICAS),
+                format!(
+                    "{n} replicas cannot go with {}: {}; replicas are raid1 (drop the raid level or set it to raid1)",
+                    annotations::DATACONTROL_RAID_LEVEL,
+                    get(p, annotations::DATACONTROL_RAID_LEVEL).unwrap_or_default()
+                ),
+            ));
+        }
         let engine = match get(p, annotations::DATACONTROL_ENGINE_TYPE) {
+            None if raid == RaidLevel::Raid1 => PoolMode::SpdkLVStore,
             None | Some("KernelLVM") => PoolMode::KernelLVM,
             Some("SpdkLVStore") => PoolMode::SpdkLVStore,
             Some(other) => {
@@ -132,6 +168,15 @@ impl GroupParams {
                 ));
             }
         };
+        if raid == RaidLevel::Raid1 {
+            return Self::parse_replicated(p, engine, replicas);
+        }
+        if get(p, api_keys::SC_PARAM_REPLICA_SPREAD_KEY).is_some() {
+            return Err(CsiError::invalid(
+                field(api_keys::SC_PARAM_REPLICA_SPREAD_KEY),
+                "spreads the replicas of a replicated volume; set liteio.io/replicas (or datacontrol/raid-level: raid1) too",
+            ));
+        }
         let symmetry = match get(p, annotations::VOLGROUP_SIZE_SYMMETRY) {
             None if raid == RaidLevel::Raid0 => SymmetryValue::Symmetric,
             None => SymmetryValue::Asymmetric,
@@ -193,16 +238,7 @@ impl GroupParams {
                 }
             },
         };
-        let allow_empty_node = match get(p, annotations::VOLGROUP_ALLOW_EMPTY_NODE) {
-            None | Some("true") => true,
-            Some("false") => false,
-            Some(other) => {
-                return Err(CsiError::invalid(
-                    field(annotations::VOLGROUP_ALLOW_EMPTY_NODE),
-                    format!("{other:?} is not \"true\" or \"false\""),
-                ));
-            }
-        };
+        let allow_empty_node = allow_empty_node(p)?;
         Ok(Some(Self {
             raid,
             engine,
@@ -211,20 +247,107 @@ impl GroupParams {
             max_size,
             max_volumes,
             allow_empty_node,
+            replicas: 0,
+            spread_key: None,
         }))
+    }
+
+    /// The raid1 part of [`GroupParams::parse`]: the replica count (default 2), the engine
+    /// (SpdkLVStore only), the spread key; the `volgroup/*` size and count keys, which a
+    /// replicated volume's members (each the whole volume) do not follow, are refused.
+    fn parse_replicated(
+        p: &HashMap<String, String>,
+        engine: PoolMode,
+        replicas: Option<u32>,
+    ) -> Result<Option<Self>> {
+        if engine == PoolMode::KernelLVM {
+            return Err(CsiError::invalid(
+                field(annotations::DATACONTROL_ENGINE_TYPE),
+                "KernelLVM cannot assemble raid1 (replicated volumes are assembled in SPDK); use SpdkLVStore or leave the key out",
+            ));
+        }
+        match get(p, annotations::VOLGROUP_SIZE_SYMMETRY) {
+            None | Some("Symmetric") => {}
+            Some(other) => {
+                return Err(CsiError::invalid(
+                    field(annotations::VOLGROUP_SIZE_SYMMETRY),
+                    format!(
+                        "{other:?} cannot go with raid1: every replica holds the whole volume (Symmetric)"
+                    ),
+                ));
+            }
+        }
+        for key in [
+            annotations::VOLGROUP_MIN_SIZE,
+            annotations::VOLGROUP_MAX_SIZE,
+            annotations::VOLGROUP_MAX_VOLUMES,
+        ] {
+            if get(p, key).is_some() {
+                return Err(CsiError::invalid(
+                    field(key),
+                    format!(
+                        "does not apply to raid1: every replica holds the whole volume and their number is {}",
+                        api_keys::SC_PARAM_REPLICAS
+                    ),
+                ));
+            }
+        }
+        let spread_key = match get(p, api_keys::SC_PARAM_REPLICA_SPREAD_KEY) {
+            None => None,
+            Some(k) if replica::is_label_key(k) => Some(k.to_string()),
+            Some(k) => {
+                return Err(CsiError::invalid(
+                    field(api_keys::SC_PARAM_REPLICA_SPREAD_KEY),
+                    format!("{k:?} is not a node label key (such as topology.kubernetes.io/zone)"),
+                ));
+            }
+        };
+        let n = replicas.unwrap_or(replica::DEFAULT_REPLICAS);
+        Ok(Some(Self {
+            raid: RaidLevel::Raid1,
+            engine,
+            symmetry: SymmetryValue::Symmetric,
+            min_size: None,
+            max_size: None,
+            max_volumes: i64::from(n),
+            allow_empty_node: allow_empty_node(p)?,
+            replicas: n,
+            spread_key,
+        }))
+    }
+
+    /// Whether it is a replicated volume (raid1).
+    pub fn is_replicated(&self) -> bool {
+        self.raid == RaidLevel::Raid1
     }
 
     /// Bytes each member holds beyond its share for the assembly's metadata.
     pub fn member_reserve(&self) -> u64 {
-        match self.engine {
-            PoolMode::KernelLVM => KERNEL_LVM_RESERVE,
-            PoolMode::SpdkLVStore => 0,
+        match (self.raid, self.engine) {
+            (RaidLevel::Raid1, _) => replica::RAID_SUPERBLOCK_RESERVE,
+            (_, PoolMode::KernelLVM) => KERNEL_LVM_RESERVE,
+            (_, PoolMode::SpdkLVStore) => 0,
         }
     }
 
     /// The fewest members the raid level needs.
     pub fn min_volumes(&self) -> i64 {
-        if self.raid == RaidLevel::Raid0 { 2 } else { 1 }
+        match self.raid {
+            RaidLevel::Raid1 => i64::from(self.replicas),
+            RaidLevel::Raid0 => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn allow_empty_node(p: &HashMap<String, String>) -> Result<bool> {
+    match get(p, annotations::VOLGROUP_ALLOW_EMPTY_NODE) {
+        None | Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(CsiError::invalid(
+            field(annotations::VOLGROUP_ALLOW_EMPTY_NODE),
+            format!("{other:?} is not \"true\" or \"false\""),
+        )),
     }
 }
 
@@ -282,11 +405,46 @@ mod tests {
     }
 
     #[test]
+    fn raid1_or_a_replica_count_makes_a_replicated_volume() {
+        // LiteIO's spelling: raid1 alone is two replicas, assembled in SPDK.
+        let g = GroupParams::parse(&p(&[("datacontrol/raid-level", "raid1")]))
+            .unwrap()
+            .unwrap();
+        assert!(g.is_replicated());
+        assert_eq!(g.replicas, 2);
+        assert_eq!(g.engine, PoolMode::SpdkLVStore);
+        assert_eq!(g.symmetry, SymmetryValue::Symmetric);
+        assert_eq!((g.min_volumes(), g.max_volumes), (2, 2));
+        assert_eq!(g.member_reserve(), 4 * MIB, "the raid superblock");
+        assert_eq!(g.spread_key, None);
+        // The count alone: raid1, with the spread key.
+        let g = GroupParams::parse(&p(&[
+            ("liteio.io/replicas", "3"),
+            (
+                "liteio.io/replica-spread-key",
+                "topology.kubernetes.io/zone",
+            ),
+            ("datacontrol/engine-type", "SpdkLVStore"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(g.raid, RaidLevel::Raid1);
+        assert_eq!((g.replicas, g.min_volumes(), g.max_volumes), (3, 3, 3));
+        assert_eq!(g.spread_key.as_deref(), Some("topology.kubernetes.io/zone"));
+        // Other groups have no replicas.
+        let g = GroupParams::parse(&p(&[("datacontrol/raid-level", "raid0")]))
+            .unwrap()
+            .unwrap();
+        assert!(!g.is_replicated());
+        assert_eq!(g.replicas, 0);
+    }
+
+    #[test]
     fn every_bad_value_names_its_key() {
         let vg = ("obnvmf/pv-type", "VolumeGroup");
         let cases: &[(&[(&str, &str)], &str)] = &[
             (
-                &[vg, ("datacontrol/raid-level", "raid1")],
+                &[vg, ("datacontrol/raid-level", "raid6")],
                 "datacontrol/raid-level",
             ),
             (
@@ -346,6 +504,67 @@ mod tests {
             (
                 &[("obnvmf/pv-type", "Disk"), ("volgroup/max-volumes", "2")],
                 "obnvmf/pv-type",
+            ),
+            // Replicated volumes.
+            (&[("liteio.io/replicas", "1")], "liteio.io/replicas"),
+            (&[("liteio.io/replicas", "6")], "liteio.io/replicas"),
+            (&[("liteio.io/replicas", "x")], "liteio.io/replicas"),
+            (
+                &[
+                    ("liteio.io/replicas", "2"),
+                    ("datacontrol/raid-level", "raid0"),
+                ],
+                "liteio.io/replicas",
+            ),
+            (
+                &[
+                    vg,
+                    ("liteio.io/replicas", "3"),
+                    ("datacontrol/raid-level", "linear"),
+                ],
+                "liteio.io/replicas",
+            ),
+            (
+                &[
+                    ("datacontrol/raid-level", "raid1"),
+                    ("datacontrol/engine-type", "KernelLVM"),
+                ],
+                "datacontrol/engine-type",
+            ),
+            (
+                &[
+                    ("liteio.io/replicas", "2"),
+                    ("volgroup/size-symmetry", "Asymmetric"),
+                ],
+                "volgroup/size-symmetry",
+            ),
+            (
+                &[("liteio.io/replicas", "2"), ("volgroup/max-volumes", "4")],
+                "volgroup/max-volumes",
+            ),
+            (
+                &[
+                    ("datacontrol/raid-level", "raid1"),
+                    ("volgroup/min-size", "1Gi"),
+                ],
+                "volgroup/min-size",
+            ),
+            (
+                &[
+                    ("liteio.io/replicas", "2"),
+                    ("liteio.io/replica-spread-key", "not a key"),
+                ],
+                "liteio.io/replica-spread-key",
+            ),
+            (
+                &[
+                    ("datacontrol/raid-level", "raid0"),
+                    (
+                        "liteio.io/replica-spread-key",
+                        "topology.kubernetes.io/zone",
+                    ),
+                ],
+                "liteio.io/replica-spread-key",
             ),
         ];
         for (kv, key) in cases {
@@ -437,6 +656,14 @@ pub fn differences(
                 d.count_range.max, want.params.max_volumes
             ));
         }
+        let spread = liteio_api::meta::annotation(&g.metadata, replica::ANNO_SPREAD_KEY);
+        if spread != want.params.spread_key.as_deref() {
+            out.push(format!(
+                "replica spread key {} (asked {})",
+                spread.unwrap_or("none"),
+                want.params.spread_key.as_deref().unwrap_or("none")
+            ));
+        }
     }
     out
 }
@@ -451,6 +678,30 @@ pub fn objects(
 ) -> (AntstorVolumeGroup, AntstorDataControl) {
     let p = &want.params;
     let total = i64::try_from(want.size).unwrap_or(i64::MAX);
+    // A replicated volume's group holds every copy: N members of the volume's size.
+    let group_total = if p.is_replicated() {
+        i64::try_from(want.size.saturating_mul(u64::from(p.replicas))).unwrap_or(i64::MAX)
+    } else {
+        total
+    };
+    let (desired_count, size_range) = if p.is_replicated() {
+        let whole = Some(Quantity(want.size.to_string()));
+        (
+            i64::from(p.replicas),
+            QuantityRange {
+                min: whole.clone(),
+                max: whole,
+            },
+        )
+    } else {
+        (
+            0,
+            QuantityRange {
+                min: p.min_size.map(|b| Quantity(b.to_string())),
+                max: p.max_size.map(|b| Quantity(b.to_string())),
+            },
+        )
+    };
     let member_type = match p.engine {
         PoolMode::SpdkLVStore => VolumeType::SpdkLVol,
         PoolMode::KernelLVM => VolumeType::Flexible,
@@ -459,7 +710,7 @@ pub fn objects(
         name,
         AntstorVolumeGroupSpec {
             uuid: uuid.to_string(),
-            total_size: total,
+            total_size: group_total,
             desired_volume_spec: DesiredVolumeSpec {
                 annotations: BTreeMap::from([(
                     annotations::VOLUME_TYPE.to_string(),
@@ -469,15 +720,12 @@ pub fn objects(
                 // (`liteio-auth-<pv>`, what kubelet passes to NodeStageVolume), one key pair
                 // for every member and the assembled export.
                 labels: BTreeMap::from([(labels::PV_NAME.to_string(), want.pv_name.clone())]),
-                desired_count: 0,
+                desired_count,
                 count_range: IntRange {
                     min: p.min_volumes(),
                     max: p.max_volumes,
                 },
-                size_range: QuantityRange {
-                    min: p.min_size.map(|b| Quantity(b.to_string())),
-                    max: p.max_size.map(|b| Quantity(b.to_string())),
-                },
+                size_range,
                 size_symmetry: p.symmetry,
             },
             stragety: VolumeGroupStrategy {
@@ -493,11 +741,18 @@ pub fn objects(
         (labels::DATA_CONTROL_NAME.to_string(), name.to_string()),
         (labels::PV_NAME.to_string(), want.pv_name.clone()),
     ]));
+    let mut group_annos = BTreeMap::new();
     if p.member_reserve() > 0 {
-        g.metadata.annotations = Some(BTreeMap::from([(
+        group_annos.insert(
             ANNO_MEMBER_RESERVE.to_string(),
             p.member_reserve().to_string(),
-        )]));
+        );
+    }
+    if let Some(k) = &p.spread_key {
+        group_annos.insert(replica::ANNO_SPREAD_KEY.to_string(), k.clone());
+    }
+    if !group_annos.is_empty() {
+        g.metadata.annotations = Some(group_annos);
     }
     let dc_uuid = format!("{ID_PREFIX}{uuid}");
     let mut annos = BTreeMap::from([(annotations::FS_TYPE.to_string(), want.fs.clone())]);
@@ -784,6 +1039,9 @@ impl ControllerService {
             .data_control_by_id(id)
             .await?
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+        if dc.is_replicated() {
+            return Err(cannot_grow_replicated(id));
+        }
         if dc.spec.engine_type == PoolMode::SpdkLVStore {
             return Err(cannot_grow_spdk(id));
         }
@@ -987,6 +1245,13 @@ impl ControllerService {
 pub fn cannot_grow_spdk(id: &str) -> CsiError {
     CsiError::FailedPrecondition(format!(
         "multi-disk volume {id} (datacontrol/engine-type SpdkLVStore) cannot grow: its concat or raid0 bdev takes no new member while it serves the host (SPDK's raid grows only raid1); KernelLVM multi-disk volumes grow"
+    ))
+}
+
+/// Why a replicated volume cannot grow.
+pub fn cannot_grow_replicated(id: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "replicated volume {id} (raid1) cannot grow yet: every replica and the raid1 over them would have to grow while it serves the host, which is not built"
     ))
 }
 

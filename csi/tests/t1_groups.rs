@@ -1,7 +1,9 @@
 //! T1: multi-disk volumes (`obnvmf/pv-type: VolumeGroup`) through the Controller service over
 //! the real gRPC socket against the test API server. The placement is the controller's
 //! (tested in the controller crate); here a stand-in records one member when the group
-//! appears, or refuses it, as the controller does.
+//! appears (as many as it asks for when it gives a count, as a replicated volume's does), or
+//! refuses it, as the controller does. Replicated volumes (raid1): the objects CreateVolume
+//! makes and the keys it refuses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -18,6 +20,7 @@ use liteio_api::PoolMode;
 use liteio_api::datacontrol::RaidLevel;
 use liteio_api::group::ANNO_MEMBER_RESERVE;
 use liteio_api::keys::labels;
+use liteio_api::replica;
 use liteio_api::{AntstorDataControl, AntstorVolumeGroup};
 use liteio_csi::csi::volume_capability::access_mode::Mode;
 use liteio_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
@@ -88,12 +91,27 @@ fn place_groups(client: &kube::Client) -> tokio::task::JoinHandle<()> {
                     .await;
                 continue;
             }
-            let size = g.spec.total_size - g.scheduled_bytes() as i64 + g.member_reserve() as i64;
-            let i = g.spec.volumes.len();
             let mut volumes = serde_json::to_value(&g.spec.volumes).unwrap();
-            volumes.as_array_mut().unwrap().push(json!({
-                "volId": {"namespace": "obnvmf", "name": format!("{name}-m{i}"), "uuid": format!("m{i}")},
-                "targetNodeName": NODE, "size": size}));
+            let desired = g.spec.desired_volume_spec.desired_count;
+            // A group with a member count (a replicated volume's) gets that many equal
+            // members; another one member for what is missing.
+            let (count, size) = if desired > 0 {
+                (
+                    desired as usize - g.spec.volumes.len(),
+                    g.spec.total_size / desired + g.member_reserve() as i64,
+                )
+            } else {
+                (
+                    1,
+                    g.spec.total_size - g.scheduled_bytes() as i64 + g.member_reserve() as i64,
+                )
+            };
+            for _ in 0..count {
+                let i = volumes.as_array().unwrap().len();
+                volumes.as_array_mut().unwrap().push(json!({
+                    "volId": {"namespace": "obnvmf", "name": format!("{name}-m{i}"), "uuid": format!("m{i}")},
+                    "targetNodeName": format!("node-{i}"), "size": size}));
+            }
             let _ = api
                 .patch(
                     &name,
@@ -402,6 +420,206 @@ async fn bad_parameters_and_unplaceable_groups_are_refused() {
             "{}",
             e.message()
         );
+        placer.abort();
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_replicated_volume_is_one_group_of_whole_copies_and_bad_values_name_their_key() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        let placer = place_groups(&env.client);
+        let groups: Api<AntstorVolumeGroup> = Api::namespaced(env.client.clone(), "obnvmf");
+        let dcs: Api<AntstorDataControl> = Api::namespaced(env.client.clone(), "obnvmf");
+        let mib4 = (4i64 << 20).to_string();
+
+        // LiteIO's spelling: raid1 alone is two replicas, assembled in SPDK.
+        let r = req("pvc-r1", 2 * GIB, &[("datacontrol/raid-level", "raid1")]);
+        let v = env
+            .csi
+            .controller
+            .create_volume(r.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert!(v.volume_id.starts_with("dc-"), "{}", v.volume_id);
+        assert_eq!(
+            v.capacity_bytes,
+            2 * GIB,
+            "the volume's size, not its copies'"
+        );
+        let dc = dcs.get("pvc-r1").await.unwrap();
+        assert!(dc.is_replicated());
+        assert_eq!(dc.spec.raid.level, RaidLevel::Raid1);
+        assert_eq!(dc.spec.engine_type, PoolMode::SpdkLVStore);
+        assert_eq!(dc.spec.total_size, 2 * GIB);
+        let g = groups.get("pvc-r1").await.unwrap();
+        let d = &g.spec.desired_volume_spec;
+        assert_eq!(g.spec.total_size, 4 * GIB, "two copies of 2 GiB");
+        assert!(d.size_symmetry.is_symmetric());
+        assert_eq!(d.desired_count, 2);
+        assert_eq!((d.count_range.min, d.count_range.max), (2, 2));
+        let whole = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            (2 * GIB).to_string(),
+        ));
+        assert_eq!((&d.size_range.min, &d.size_range.max), (&whole, &whole));
+        assert_eq!(
+            d.annotations.get("obnvmf/volume-type").map(String::as_str),
+            Some("SpdkLVol")
+        );
+        assert_eq!(
+            g.annotations().get(ANNO_MEMBER_RESERVE),
+            Some(&mib4),
+            "the raid superblock's reserve"
+        );
+        assert!(!g.annotations().contains_key(replica::ANNO_SPREAD_KEY));
+        // Placed as two whole copies (the stand-in places what the group asks for).
+        assert_eq!(g.spec.volumes.len(), 2);
+        assert!(g.spec.volumes.iter().all(|m| m.size == 2 * GIB + (4 << 20)));
+
+        // The count alone makes a raid1 of that many, with the spread key on the group.
+        let r3 = req(
+            "pvc-r3",
+            GIB,
+            &[
+                ("liteio.io/replicas", "3"),
+                (
+                    "liteio.io/replica-spread-key",
+                    "topology.kubernetes.io/zone",
+                ),
+            ],
+        );
+        let v3 = env
+            .csi
+            .controller
+            .create_volume(r3.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(v3.capacity_bytes, GIB);
+        assert_eq!(
+            dcs.get("pvc-r3").await.unwrap().spec.raid.level,
+            RaidLevel::Raid1
+        );
+        let g3 = groups.get("pvc-r3").await.unwrap();
+        assert_eq!(g3.spec.total_size, 3 * GIB);
+        assert_eq!(g3.spec.desired_volume_spec.desired_count, 3);
+        assert_eq!(
+            g3.annotations()
+                .get(replica::ANNO_SPREAD_KEY)
+                .map(String::as_str),
+            Some("topology.kubernetes.io/zone")
+        );
+        // A retry is the same volume; another replica count or spread key is not.
+        let again = env
+            .csi
+            .controller
+            .create_volume(r3.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(again.volume_id, v3.volume_id);
+        for other in [
+            vec![("liteio.io/replicas", "2")],
+            vec![("liteio.io/replicas", "3")],
+        ] {
+            let e = env
+                .csi
+                .controller
+                .create_volume(req("pvc-r3", GIB, &other))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::AlreadyExists, "{other:?}: {e:?}");
+        }
+        // Not grown (the raid1 over live replicas is not grown yet): refused by name.
+        let e = env
+            .csi
+            .controller
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 3 * GIB,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("replicated"), "{}", e.message());
+        assert_eq!(groups.get("pvc-r1").await.unwrap().spec.total_size, 4 * GIB);
+
+        // Bad values: INVALID_ARGUMENT naming the key, nothing created.
+        for (params, key) in [
+            (vec![("liteio.io/replicas", "1")], "liteio.io/replicas"),
+            (vec![("liteio.io/replicas", "6")], "liteio.io/replicas"),
+            (vec![("liteio.io/replicas", "x")], "liteio.io/replicas"),
+            (
+                vec![
+                    ("liteio.io/replicas", "2"),
+                    ("datacontrol/raid-level", "raid0"),
+                ],
+                "liteio.io/replicas",
+            ),
+            (
+                vec![
+                    ("obnvmf/pv-type", "VolumeGroup"),
+                    ("liteio.io/replicas", "2"),
+                    ("datacontrol/raid-level", "linear"),
+                ],
+                "liteio.io/replicas",
+            ),
+            (
+                vec![
+                    ("datacontrol/raid-level", "raid1"),
+                    ("datacontrol/engine-type", "KernelLVM"),
+                ],
+                "datacontrol/engine-type",
+            ),
+            (
+                vec![
+                    ("liteio.io/replicas", "2"),
+                    ("liteio.io/replica-spread-key", "no key"),
+                ],
+                "liteio.io/replica-spread-key",
+            ),
+        ] {
+            let e = env
+                .csi
+                .controller
+                .create_volume(req("pvc-rbad", GIB, &params))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{params:?}: {e:?}");
+            assert!(
+                e.message().contains(&format!("parameters.{key}")),
+                "{params:?}: {}",
+                e.message()
+            );
+        }
+        assert!(dcs.get_opt("pvc-rbad").await.unwrap().is_none());
+        assert!(groups.get_opt("pvc-rbad").await.unwrap().is_none());
+
+        for id in [&v.volume_id, &v3.volume_id] {
+            env.csi
+                .controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        assert!(dcs.get_opt("pvc-r1").await.unwrap().is_none());
+        assert!(groups.get_opt("pvc-r3").await.unwrap().is_none());
         placer.abort();
         env.stop().await;
     })

@@ -1034,6 +1034,9 @@ impl NodeService {
             .find_data_control(id)
             .await?
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
+        if dc.is_replicated() {
+            return Err(crate::group::cannot_grow_replicated(id));
+        }
         if dc.spec.engine_type == PoolMode::SpdkLVStore {
             return Err(crate::group::cannot_grow_spdk(id));
         }
