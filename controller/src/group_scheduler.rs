@@ -27,12 +27,20 @@
 //!   change.
 //! - Each member also holds the group's [`ANNO_MEMBER_RESERVE`] bytes for the assembly's
 //!   metadata.
+//! - **Spread key** ([`ANNO_SPREAD_KEY`], replicated volumes): members also go to nodes with
+//!   distinct values of that node label (the Node's labels, else the pool's
+//!   `spec.nodeInfo.labels`); a node without the label takes no member, and the reason says
+//!   how many were left out for it.
+//! - **A replacement** ([`place_replacement`]) of one member of a replicated group: the same
+//!   size, on a node holding no member of the group (the replaced one's included), the
+//!   spread key respected against the members that stay.
 
 use std::collections::BTreeSet;
 
 use liteio_api::common::{NodeInfo, VolumePosition, VolumeType};
 use liteio_api::group::{ANNO_MEMBER_RESERVE, AntstorVolumeGroup, EntityIdentity, VolumeMeta};
 use liteio_api::keys::annotations;
+use liteio_api::replica::ANNO_SPREAD_KEY;
 use liteio_api::size::{self, VOLUME_UNIT};
 use liteio_api::{AntstorVolume, AntstorVolumeSpec};
 
@@ -67,6 +75,79 @@ struct Candidate {
     node: String,
     room: u64,
     empty: bool,
+    /// The node's value of the group's spread key (`None` without a spread key).
+    spread: Option<String>,
+}
+
+/// The group's spread key ([`ANNO_SPREAD_KEY`]), if it has one.
+pub fn spread_key(group: &AntstorVolumeGroup) -> Option<&str> {
+    liteio_api::meta::annotation(&group.metadata, ANNO_SPREAD_KEY)
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+/// The value of node label `key` of `node`: the Node's labels (from the Node watch), else
+/// the node's StoragePool's `spec.nodeInfo.labels`.
+pub fn node_label(state: &State, node: &str, key: &str) -> Option<String> {
+    state
+        .node(node)
+        .and_then(|n| n.labels.get(key).cloned())
+        .or_else(|| {
+            state
+                .pool(node)
+                .and_then(|p| p.pool.spec.node_info.labels.get(key).cloned())
+        })
+}
+
+/// What [`candidates`] found besides the candidates.
+#[derive(Debug, Default)]
+struct Skipped {
+    rejected: Rejections,
+    /// Pools that passed everything but lack the spread key's label.
+    unlabeled: Vec<String>,
+}
+
+impl Skipped {
+    /// What the NoRoom reason says about the spread key.
+    fn spread_note(&self, key: Option<&str>, cands: &[Candidate]) -> String {
+        let Some(key) = key else {
+            return String::new();
+        };
+        let values: BTreeSet<&str> = cands.iter().filter_map(|c| c.spread.as_deref()).collect();
+        let mut note = format!(
+            "; spread key {key}: {} candidate pools in {} distinct values",
+            cands.len(),
+            values.len()
+        );
+        if !self.unlabeled.is_empty() {
+            note.push_str(&format!(
+                ", {} pools not candidates because their node has no label {key} ({})",
+                self.unlabeled.len(),
+                self.unlabeled.join(", ")
+            ));
+        }
+        note
+    }
+}
+
+/// Picks `need` candidates from `fits` (in order) whose spread values differ from each
+/// other and from `taken`; all of the first `need` without a spread key.
+fn pick<'a>(fits: &[&'a Candidate], need: usize, taken: &BTreeSet<String>) -> Vec<&'a Candidate> {
+    let mut used = taken.clone();
+    let mut out = Vec::new();
+    for c in fits {
+        if out.len() >= need {
+            break;
+        }
+        if let Some(v) = &c.spread {
+            if used.contains(v) {
+                continue;
+            }
+            used.insert(v.clone());
+        }
+        out.push(*c);
+    }
+    out
 }
 
 /// The probe volume the filters judge a pool by: remote (no host), `size` bytes, the
@@ -102,7 +183,7 @@ fn candidates(
     member_type: VolumeType,
     min: u64,
     used: &BTreeSet<String>,
-) -> Result<(Vec<Candidate>, Rejections), GroupScheduleError> {
+) -> Result<(Vec<Candidate>, Skipped), GroupScheduleError> {
     let probe = probe(group, member_type, min + group.member_reserve());
     let pct = u128::from(sched.config().min_local_storage_pct);
     let floor = sched
@@ -110,7 +191,8 @@ fn candidates(
         .filters
         .iter()
         .any(|f| f == "MinLocalStorage");
-    let mut rejected = Rejections::default();
+    let key = spread_key(group);
+    let mut skipped = Skipped::default();
     let mut out = Vec::new();
     for p in state.pools() {
         if used.contains(p.name) {
@@ -122,19 +204,30 @@ fn candidates(
             }
             Err(e) => return Err(GroupScheduleError::Invalid(e.to_string())),
             Ok(Err(r)) => {
-                *rejected.0.entry(r).or_default() += 1;
+                *skipped.rejected.0.entry(r).or_default() += 1;
                 continue;
             }
             Ok(Ok(())) => {}
         }
         let empty = p.volumes().next().is_none();
         if empty && !group.spec.stragety.allow_empty_node {
-            *rejected
+            *skipped
+                .rejected
                 .0
                 .entry(crate::scheduler::Reason::EmptyNode)
                 .or_default() += 1;
             continue;
         }
+        let spread = match key {
+            None => None,
+            Some(k) => match node_label(state, p.name, k) {
+                Some(v) => Some(v),
+                None => {
+                    skipped.unlabeled.push(p.name.to_string());
+                    continue;
+                }
+            },
+        };
         let mut room = p.free().max(0) as u128;
         if floor {
             let avail = u128::from(p.available());
@@ -147,6 +240,7 @@ fn candidates(
             node: p.name.to_string(),
             room,
             empty,
+            spread,
         });
     }
     // Roomiest first, empty pools last, then by name (deterministic).
@@ -156,7 +250,7 @@ fn candidates(
             .then(b.room.cmp(&a.room))
             .then(a.node.cmp(&b.node))
     });
-    Ok((out, rejected))
+    Ok((out, skipped))
 }
 
 fn up(bytes: u64) -> u64 {
@@ -192,7 +286,16 @@ pub fn plan(
     let slots_left = usize::try_from(count_max)
         .unwrap_or(0)
         .saturating_sub(have.len());
-    let (cands, rejected) = candidates(sched, state, group, member_type, min, &used)?;
+    let (cands, skipped) = candidates(sched, state, group, member_type, min, &used)?;
+    let key = spread_key(group);
+    let taken: BTreeSet<String> = match key {
+        Some(k) => have
+            .iter()
+            .filter_map(|m| node_label(state, &m.target_node_name, k))
+            .collect(),
+        None => BTreeSet::new(),
+    };
+    let spread_note = skipped.spread_note(key, &cands);
     let ns = group
         .metadata
         .namespace
@@ -214,8 +317,8 @@ pub fn plan(
     let no_room = |missing: u64, detail: String| GroupScheduleError::NoRoom {
         missing,
         total,
-        detail,
-        rejected: rejected.clone(),
+        detail: format!("{detail}{spread_note}"),
+        rejected: skipped.rejected.clone(),
     };
     if group.spec.desired_volume_spec.size_symmetry.is_symmetric() {
         // Members already placed fix the share; otherwise try counts from the fewest.
@@ -255,27 +358,36 @@ pub fn plan(
             }
             let fits: Vec<&Candidate> =
                 cands.iter().filter(|c| c.room >= share + reserve).collect();
-            if fits.len() >= need {
-                return Ok(fits
-                    .into_iter()
-                    .take(need)
-                    .map(|c| member(&c.node, share))
-                    .collect());
+            let chosen = pick(&fits, need, &taken);
+            if chosen.len() >= need {
+                return Ok(chosen.into_iter().map(|c| member(&c.node, share)).collect());
             }
-            tried.push(format!(
-                "{need} members of {}: {} pools have room",
-                size::format_bytes(share),
-                fits.len()
-            ));
+            match key {
+                Some(_) => tried.push(format!(
+                    "{need} members of {}: {} pools have room, {} of them in distinct spread values",
+                    size::format_bytes(share),
+                    fits.len(),
+                    chosen.len()
+                )),
+                None => tried.push(format!(
+                    "{need} members of {}: {} pools have room",
+                    size::format_bytes(share),
+                    fits.len()
+                )),
+            }
         }
         return Err(no_room(left, format!("Symmetric; {}", tried.join("; "))));
     }
     // Asymmetric.
     let mut out = Vec::new();
     let mut left = left;
+    let mut taken = taken;
     for c in &cands {
         if left == 0 || out.len() >= slots_left {
             break;
+        }
+        if c.spread.as_ref().is_some_and(|v| taken.contains(v)) {
+            continue;
         }
         let want = up(left.clamp(min, max));
         let data = if want + reserve <= c.room {
@@ -287,6 +399,9 @@ pub fn plan(
         };
         if data < min || data == 0 {
             continue;
+        }
+        if let Some(v) = &c.spread {
+            taken.insert(v.clone());
         }
         out.push(member(&c.node, data));
         left = left.saturating_sub(data);
@@ -306,6 +421,73 @@ pub fn plan(
         return Err(no_room(left, detail));
     }
     Ok(out)
+}
+
+/// A member to take the place of member `old` of `group` (a replicated volume's): the same
+/// size, on a node that holds no member of the group (`old`'s included), with a spread value
+/// none of the other members has. `new_uuid` makes its uuid. Pure.
+pub fn place_replacement(
+    sched: &Scheduler,
+    state: &State,
+    group: &AntstorVolumeGroup,
+    old: &VolumeMeta,
+    member_type: VolumeType,
+    new_uuid: impl FnOnce() -> String,
+) -> Result<VolumeMeta, GroupScheduleError> {
+    let size = u64::try_from(old.size).unwrap_or(0);
+    let reserve = group.member_reserve();
+    if size == 0 {
+        return Err(GroupScheduleError::Invalid(format!(
+            "spec.volumes: member {} has no size",
+            old.vol_id.name
+        )));
+    }
+    let used: BTreeSet<String> = group
+        .spec
+        .volumes
+        .iter()
+        .map(|m| m.target_node_name.clone())
+        .collect();
+    let data = size.saturating_sub(reserve);
+    let (cands, skipped) = candidates(sched, state, group, member_type, data, &used)?;
+    let key = spread_key(group);
+    let taken: BTreeSet<String> = match key {
+        Some(k) => group
+            .spec
+            .volumes
+            .iter()
+            .filter(|m| m.vol_id.name != old.vol_id.name)
+            .filter_map(|m| node_label(state, &m.target_node_name, k))
+            .collect(),
+        None => BTreeSet::new(),
+    };
+    let fits: Vec<&Candidate> = cands.iter().filter(|c| c.room >= size).collect();
+    let Some(c) = pick(&fits, 1, &taken).into_iter().next() else {
+        return Err(GroupScheduleError::NoRoom {
+            missing: data,
+            total: u64::try_from(group.spec.total_size).unwrap_or(0),
+            detail: format!(
+                "a replacement of {} ({}) on a node holding no replica: {} candidate pools, {} with room{}",
+                old.vol_id.name,
+                size::format_bytes(size),
+                cands.len(),
+                fits.len(),
+                skipped.spread_note(key, &cands)
+            ),
+            rejected: skipped.rejected,
+        });
+    };
+    let uuid = new_uuid();
+    let gname = group.metadata.name.clone().unwrap_or_default();
+    Ok(VolumeMeta {
+        vol_id: EntityIdentity {
+            namespace: old.vol_id.namespace.clone(),
+            name: liteio_api::group::member_name(&gname, &uuid),
+            uuid,
+        },
+        target_node_name: c.node.clone(),
+        size: old.size,
+    })
 }
 
 /// The member volume for slot `m` of `group`: its node preset (the group decided it), no

@@ -240,3 +240,175 @@ fn empty_pools_only_when_allowed_and_the_local_floor_holds() {
     let e = run_with(&sched, &s, &group(50 * GIB)).unwrap_err();
     assert!(e.to_string().contains("n1 24.0 GiB, n2 25.0 GiB"), "{e}");
 }
+
+// ---- replicated volumes: the spread key and replacements ------------------------------
+
+const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// A replicated volume's group as the CSI controller makes it: `n` whole copies of
+/// `size`, each with the 4 MiB superblock reserve, optionally spread over `ZONE`.
+fn replicated(n: i64, size: u64, spread: bool) -> AntstorVolumeGroup {
+    let each = size.to_string();
+    let mut g = symmetric(sized(group(size * n as u64), &each, &each), n);
+    g.spec.desired_volume_spec.count_range.min = n;
+    g.spec.desired_volume_spec.count_range.max = n;
+    let mut annos = std::collections::BTreeMap::from([(
+        ANNO_MEMBER_RESERVE.to_string(),
+        (4 * MIB).to_string(),
+    )]);
+    if spread {
+        annos.insert(
+            liteio_api::replica::ANNO_SPREAD_KEY.to_string(),
+            ZONE.into(),
+        );
+    }
+    g.metadata.annotations = Some(annos);
+    g
+}
+
+/// Pools n1.. of 10 GiB with these zones (`None`: no zone label).
+fn zoned(zones: &[Option<&str>]) -> State {
+    let mut s = State::new(&SchedulerConfig::default());
+    for (i, z) in zones.iter().enumerate() {
+        let mut p = pool(&format!("n{}", i + 1), 10 * GIB);
+        if let Some(z) = z {
+            p = p.node_label(ZONE, z);
+        }
+        s.upsert_pool(p.arc());
+    }
+    s
+}
+
+#[test]
+fn replicas_are_whole_copies_on_distinct_nodes_and_distinct_spread_values() {
+    // Without a spread key: the first nodes by room then name, each a whole copy.
+    let s = zoned(&[Some("a"), Some("a"), Some("b"), None]);
+    assert_eq!(
+        run(&s, &replicated(2, GIB, false)).unwrap(),
+        vec![("n1".into(), GIB + 4 * MIB), ("n2".into(), GIB + 4 * MIB)]
+    );
+    // With it: n2 shares n1's zone, n4 has no zone label.
+    assert_eq!(
+        run(&s, &replicated(2, GIB, true)).unwrap(),
+        vec![("n1".into(), GIB + 4 * MIB), ("n3".into(), GIB + 4 * MIB)]
+    );
+    // Three replicas in two zones: nothing placed, and the reason says why.
+    match run(&s, &replicated(3, GIB, true)).unwrap_err() {
+        GroupScheduleError::NoRoom { detail, .. } => {
+            assert!(
+                detail.contains("2 of them in distinct spread values"),
+                "{detail}"
+            );
+            assert!(
+                detail.contains("1 pools not candidates because their node has no label topology.kubernetes.io/zone (n4)"),
+                "{detail}"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    // The Node object's labels count too (they win over the pool's nodeInfo).
+    let mut s = zoned(&[Some("a"), Some("a"), None]);
+    s.upsert_node(
+        "n3",
+        liteio_controller::state::NodeFacts {
+            labels: std::collections::BTreeMap::from([(ZONE.to_string(), "c".to_string())]),
+            taints: Vec::new(),
+        },
+    );
+    assert_eq!(
+        run(&s, &replicated(2, GIB, true)).unwrap(),
+        vec![("n1".into(), GIB + 4 * MIB), ("n3".into(), GIB + 4 * MIB)]
+    );
+}
+
+fn placed(mut g: AntstorVolumeGroup, nodes: &[&str], size: u64) -> AntstorVolumeGroup {
+    g.spec.volumes = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| VolumeMeta {
+            vol_id: EntityIdentity {
+                namespace: "obnvmf".into(),
+                name: format!("pvc-g-m{i}"),
+                uuid: format!("uuid-m{i}"),
+            },
+            target_node_name: n.to_string(),
+            size: size as i64,
+        })
+        .collect();
+    g
+}
+
+#[test]
+fn a_replacement_goes_to_a_node_holding_no_replica_in_another_spread_value() {
+    use liteio_controller::group_scheduler::place_replacement;
+    let sched = Scheduler::new(&SchedulerConfig::default());
+    let uuid = || "00000000-0000-4000-8000-00000000abcd".to_string();
+    // No spread key: never the replaced member's node nor the other's.
+    let s = zoned(&[None, None, None]);
+    let g = placed(replicated(2, GIB, false), &["n1", "n2"], GIB + 4 * MIB);
+    let m = place_replacement(
+        &sched,
+        &s,
+        &g,
+        &g.spec.volumes[1],
+        VolumeType::SpdkLVol,
+        uuid,
+    )
+    .unwrap();
+    assert_eq!(m.target_node_name, "n3");
+    assert_eq!(m.size, (GIB + 4 * MIB) as i64, "the same size");
+    assert!(m.vol_id.name.starts_with("pvc-g-"), "{m:?}");
+    // Zones a (n1, n2), b (n3): the replica in b is lost; n2 is in a, which the replica
+    // staying on n1 holds, n4 has no label: no place, and the reason says so.
+    let s = zoned(&[Some("a"), Some("a"), Some("b"), None]);
+    let g = placed(replicated(2, GIB, true), &["n1", "n3"], GIB + 4 * MIB);
+    match place_replacement(
+        &sched,
+        &s,
+        &g,
+        &g.spec.volumes[1],
+        VolumeType::SpdkLVol,
+        uuid,
+    )
+    .unwrap_err()
+    {
+        GroupScheduleError::NoRoom { detail, .. } => {
+            assert!(detail.contains("a replacement of pvc-g-m1"), "{detail}");
+            assert!(
+                detail.contains("no label topology.kubernetes.io/zone (n4)"),
+                "{detail}"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    // A node in zone b (where the lost one was) or a new zone takes it.
+    let s = zoned(&[Some("a"), Some("a"), Some("b"), None, Some("b")]);
+    let m = place_replacement(
+        &sched,
+        &s,
+        &g,
+        &g.spec.volumes[1],
+        VolumeType::SpdkLVol,
+        uuid,
+    )
+    .unwrap();
+    assert_eq!(m.target_node_name, "n5");
+    // No pool with room for the whole copy: no place.
+    let s = zoned(&[None, None, None]);
+    let g = placed(
+        replicated(2, 12 * GIB, false),
+        &["n1", "n2"],
+        12 * GIB + 4 * MIB,
+    );
+    assert!(matches!(
+        place_replacement(
+            &sched,
+            &s,
+            &g,
+            &g.spec.volumes[0],
+            VolumeType::SpdkLVol,
+            uuid
+        ),
+        Err(GroupScheduleError::NoRoom { .. })
+    ));
+}
