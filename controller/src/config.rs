@@ -30,6 +30,9 @@
 //! # Keep a Role per storage node that lets the node's own identity (system:node:<node>)
 //! # read the key Secrets of the volumes stored on it, and no others (docs/auth.md).
 //! nodeKeyAccess: true
+//! # A replica of a replicated volume that its assembling agent reports failed or missing
+//! # for this long is replaced (at once when its node's pool is offline or unknown).
+//! replicaReplaceGrace: 20s
 //! ```
 //!
 //! Every section and field is optional; an absent `pluginConfigs` is never fatal (LiteIO's
@@ -73,7 +76,17 @@ pub struct Config {
     /// Secrets of the volumes stored on it and no others (default true). Off: the disk-agents
     /// read keys with their own ServiceAccount.
     pub node_key_access: bool,
+    /// How long a replica of a replicated volume may be reported `failed` or `missing` by
+    /// its assembling agent before the controller replaces it (default 20s). A replica whose
+    /// node's pool is `offline` or `unknown` is replaced at once.
+    #[serde(deserialize_with = "de_duration")]
+    pub replica_replace_grace: Duration,
 }
+
+/// Default of [`Config::replica_replace_grace`]: long enough for an agent restart or a short
+/// link flap (the raid's initiator reconnects for a minute), short enough that a lost replica
+/// is rebuilt soon.
+pub const DEFAULT_REPLICA_REPLACE_GRACE: Duration = Duration::from_secs(20);
 
 /// Default of [`Config::reconcile_timeout`].
 pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -88,6 +101,7 @@ impl Default for Config {
             plugin_configs: None,
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             node_key_access: true,
+            replica_replace_grace: DEFAULT_REPLICA_REPLACE_GRACE,
         }
     }
 }
@@ -728,6 +742,13 @@ pluginConfigs:
         assert_eq!(c.liveness.unknown_after, Duration::from_secs(90));
         assert_eq!(c.liveness.offline_after, Duration::from_secs(5400));
         assert!(c.plugin_configs.is_some());
+        assert_eq!(
+            c.replica_replace_grace,
+            Duration::from_secs(20),
+            "the default"
+        );
+        let c = Config::parse("replicaReplaceGrace: 45s\n").unwrap();
+        assert_eq!(c.replica_replace_grace, Duration::from_secs(45));
     }
 
     #[test]
@@ -776,6 +797,7 @@ pluginConfigs:
             ("liveness:\n  tick: 5 parsecs\n", "liveness.tick"),
             ("reconcileTimeout: 0s\n", "reconcileTimeout"),
             ("reconcileTimeout: soon\n", "reconcileTimeout"),
+            ("replicaReplaceGrace: a while\n", "replicaReplaceGrace"),
             (
                 "leaderElection:\n  leaseDuration: 5s\n  renewDeadline: 10s\n",
                 "leaderElection.renewDeadline",

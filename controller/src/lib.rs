@@ -18,6 +18,7 @@ pub mod metasync;
 pub mod metrics;
 pub mod plugin;
 pub mod reconcile;
+pub mod replicas;
 pub mod run;
 pub mod scheduler;
 pub mod selector;
