@@ -57,6 +57,8 @@ pub const EVENT_REPLICA_REPLACED: &str = "ReplicaReplaced";
 pub const EVENT_DEGRADED: &str = "Degraded";
 /// Event reason: the assembly moved to another member's node (Normal).
 pub const EVENT_ASSEMBLY_MOVED: &str = "AssemblyMoved";
+/// Event reason, on the group: a lost replica's replacement has no place yet (Warning).
+pub const EVENT_REPLICA_NOT_REPLACED: &str = "ReplicaNotReplaced";
 
 /// Health of a replicated volume.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]

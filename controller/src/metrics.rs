@@ -110,6 +110,12 @@ pub struct Metrics {
     pools_shown: Shown,
     volumes_shown: Shown,
     migrations_shown: Shown,
+    /// Replicated volumes: 1 for each PV's current health (`healthy`, `rebuilding`,
+    /// `degraded`, `failed`), 0 for the others.
+    pub replicated_health: IntGaugeVec,
+    /// Replicated volumes: bytes rebuilt onto each replica, as its assembling agent reports
+    /// them (`status.replicas[].rebuiltBytes`), by PV and member volume.
+    pub replica_rebuilt_bytes: IntGaugeVec,
 }
 
 /// Label values of the series of one kind set on the last observation.
@@ -200,6 +206,22 @@ impl Metrics {
             ),
             &["pv", "group", "volume", "node"],
         )?;
+        let replicated_health = IntGaugeVec::new(
+            Opts::new(
+                "replicated_volume_health",
+                "1 for the current health of each replicated volume (healthy, rebuilding, degraded, failed), 0 for the others",
+            ),
+            &["pv", "health"],
+        )?;
+        let replica_rebuilt_bytes = IntGaugeVec::new(
+            Opts::new(
+                "replica_rebuilt_bytes",
+                "Bytes rebuilt onto a replica of a replicated volume, as its assembling agent reports them",
+            ),
+            &["pv", "volume"],
+        )?;
+        registry.register(Box::new(replicated_health.clone()))?;
+        registry.register(Box::new(replica_rebuilt_bytes.clone()))?;
         registry.register(Box::new(group_members.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(schedule_seconds.clone()))?;
@@ -290,6 +312,8 @@ impl Metrics {
             pools_shown: Shown::default(),
             volumes_shown: Shown::default(),
             migrations_shown: Shown::default(),
+            replicated_health,
+            replica_rebuilt_bytes,
         })
     }
 
@@ -396,6 +420,8 @@ impl Metrics {
         self.migration_progress.reset();
         self.pools.reset();
         self.migrations.reset();
+        self.replicated_health.reset();
+        self.replica_rebuilt_bytes.reset();
         self.progress
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

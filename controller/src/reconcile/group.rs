@@ -17,13 +17,20 @@
 //! 5. Mirrors each member's status and export into `status.volumeStatus`; `ready` when
 //!    every member is.
 //!
+//! A replicated volume's group (its data control is raid1) also has its lost replicas
+//! replaced between 3 and 4 ([`super::replicated::replace_members`]).
+//!
 //! **Data control** ([`reconcile_data_control`]):
 //! 1. Deleted: nothing here; the agent that assembled it drops its finalizer after the
 //!    teardown, the CSI driver deletes the group with it.
-//! 2. Checks the engine and the raid level (linear and raid0; raid0 needs Symmetric
-//!    groups; raid1, raid5 and raid6 are refused with a message, never ignored as LiteIO
-//!    did).
-//! 3. Waits for its groups to be ready.
+//! 2. Checks the engine and the raid level (linear, raid0 and raid1; raid0 and raid1 need
+//!    Symmetric groups, raid1 the SpdkLVStore engine; raid5 and raid6 are refused with a
+//!    message, never ignored as LiteIO did).
+//! 3. Waits for its groups to be ready (a replicated volume only before its first
+//!    assembly: afterwards a replacement being created must not hold back the volume that
+//!    serves). A replicated volume whose assembling node's pool is down moves its assembly
+//!    to another online replica's node, the fence first
+//!    ([`super::replicated::move_assembly`]).
 //! 4. Chooses where the assembly runs (`spec.targetNodeId`, label `obnvmf/target-node-id`):
 //!    KernelLVM on the host (`spec.hostNode`), SpdkLVStore on the node of its largest
 //!    member (most of its data then stays local).
@@ -32,6 +39,8 @@
 //! 6. KernelLVM: `ready` once every member is ready and admits the host (the CSI node
 //!    assembles the LV when it stages the volume). SpdkLVStore: the assembling agent
 //!    writes `status.spdkTarget` and `ready`.
+//! 7. A replicated volume: `status.health`, the `Degraded` condition, events and metrics
+//!    ([`super::replicated::report_health`]).
 
 use std::sync::Arc;
 
@@ -45,7 +54,7 @@ use liteio_api::{AntstorDataControl, AntstorVolume, validate};
 use serde_json::json;
 use tracing::{info, instrument};
 
-use super::{Action, Context};
+use super::{Action, Context, replicated};
 use crate::error::{Error, Result};
 use crate::group_scheduler;
 use crate::state::ObjectKey;
@@ -70,7 +79,7 @@ pub fn data_control_key(g: &AntstorVolumeGroup) -> ObjectKey {
     ObjectKey::new(ns, name)
 }
 
-fn member_key(m: &VolumeMeta, group_ns: &str) -> ObjectKey {
+pub(super) fn member_key(m: &VolumeMeta, group_ns: &str) -> ObjectKey {
     let ns = if m.vol_id.namespace.is_empty() {
         group_ns.to_string()
     } else {
@@ -96,13 +105,39 @@ fn members(ctx: &Context, g: &AntstorVolumeGroup) -> Vec<(VolumeMeta, Option<Arc
         .collect()
 }
 
+/// The volumes labelled as members of `g` (`obnvmf/vol-group-name`) that its
+/// `spec.volumes` does not record.
+fn unrecorded_members(ctx: &Context, g: &AntstorVolumeGroup) -> Vec<Arc<AntstorVolume>> {
+    let ns = g.namespace().unwrap_or_default();
+    let name = g.name_any();
+    let recorded: Vec<&str> = g
+        .spec
+        .volumes
+        .iter()
+        .map(|m| m.vol_id.name.as_str())
+        .collect();
+    let state = ctx.state();
+    state
+        .volume_keys()
+        .iter()
+        .filter(|k| k.namespace == ns && !recorded.contains(&k.name.as_str()))
+        .filter_map(|k| state.volume(k))
+        .filter(|v| {
+            v.metadata.resource_version.is_some()
+                && liteio_api::meta::label(&v.metadata, labels::VOL_GROUP_NAME)
+                    == Some(name.as_str())
+        })
+        .cloned()
+        .collect()
+}
+
 fn is_ready(v: &AntstorVolume) -> bool {
     v.status
         .as_ref()
         .is_some_and(|s| s.status == VolumeStatus::Ready)
 }
 
-async fn group_status(
+pub(super) async fn group_status(
     ctx: &Context,
     g: &AntstorVolumeGroup,
     status: VolumeStatus,
@@ -157,6 +192,22 @@ pub async fn reconcile_group(ctx: &Context, key: &ObjectKey) -> Result<Action> {
         }
     };
     let g = ensure_finalizer(ctx, key, g).await?;
+    // A replicated volume's lost replicas are replaced.
+    let mut recheck = None;
+    let dc_key = data_control_key(&g);
+    let g = match replicated::data_control_of(ctx, &g) {
+        Some(dc) => match replicated::replace_members(ctx, key, g, &dc).await? {
+            replicated::Step::Continue(g, after) => {
+                recheck = after;
+                g
+            }
+            replicated::Step::Stop(after) => {
+                ctx.enqueue_data_control(dc_key);
+                return Ok(Action::RequeueAfter(after));
+            }
+        },
+        None => g,
+    };
     // The members: created where missing, their state mirrored.
     let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let mut statuses = Vec::new();
@@ -217,10 +268,12 @@ pub async fn reconcile_group(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     group_status(ctx, &g, status, "", Some(statuses)).await?;
     // The data control waits for its groups.
     ctx.enqueue_data_control(data_control_key(&g));
-    Ok(Action::Done)
+    Ok(recheck.map_or(Action::Done, Action::RequeueAfter))
 }
 
-fn owner(g: &AntstorVolumeGroup) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+pub(super) fn owner(
+    g: &AntstorVolumeGroup,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
         api_version: liteio_api::keys::API_VERSION.into(),
         kind: "AntstorVolumeGroup".into(),
@@ -347,18 +400,23 @@ async fn delete_group(
     }
     let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let mut left = 0;
-    for (m, v) in members(ctx, g) {
-        let Some(v) = v else { continue };
+    // The recorded members, and those labelled with the group but not recorded (a
+    // replicated volume's replaced member, a replacement not swapped in yet).
+    let mut doomed: Vec<Arc<AntstorVolume>> =
+        members(ctx, g).into_iter().filter_map(|(_, v)| v).collect();
+    doomed.extend(unrecorded_members(ctx, g));
+    for v in doomed {
+        let name = v.name_any();
         left += 1;
         if v.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        match api.delete(&m.vol_id.name, &DeleteParams::default()).await {
-            Ok(_) => info!(member = %m.vol_id.name, "member volume deletion requested"),
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => info!(member = %name, "member volume deletion requested"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
                 return Err(Error::kube(
-                    format!("delete member AntstorVolume {}", m.vol_id.name),
+                    format!("delete member AntstorVolume {name}"),
                     e,
                 ));
             }
@@ -439,11 +497,22 @@ pub fn check_data_control(
             )),
             None => Ok(()),
         },
-        RaidLevel::Raid1 => Err(
-            "invalid data control: spec.raid.level: raid1 (replicas) is not supported by multi-disk volumes; use a replicated volume".into(),
-        ),
+        RaidLevel::Raid1 if dc.spec.engine_type != PoolMode::SpdkLVStore => Err(format!(
+            "invalid data control: spec.raid.level: raid1 (a replicated volume) is assembled in SPDK only; spec.engineType is {}",
+            dc.spec.engine_type
+        )),
+        RaidLevel::Raid1 => match groups
+            .iter()
+            .find(|g| !g.spec.desired_volume_spec.size_symmetry.is_symmetric())
+        {
+            Some(g) => Err(format!(
+                "invalid data control: spec.raid.level: raid1 mirrors whole copies; AntstorVolumeGroup {} is not Symmetric",
+                g.name_any()
+            )),
+            None => Ok(()),
+        },
         other => Err(format!(
-            "invalid data control: spec.raid.level: {} is not supported (linear and raid0 are); LiteIO stored it and built a linear volume instead",
+            "invalid data control: spec.raid.level: {} is not supported (linear, raid0 and raid1 are); LiteIO stored it and built a linear volume instead",
             serde_json::to_value(other)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
@@ -479,9 +548,11 @@ pub fn assembly_node(
 #[instrument(skip(ctx), fields(data_control = %key))]
 pub async fn reconcile_data_control(ctx: &Context, key: &ObjectKey) -> Result<Action> {
     let Some(dc) = ctx.data_control(key) else {
+        replicated::forget(ctx, key);
         return Ok(Action::Done);
     };
     if dc.metadata.deletion_timestamp.is_some() {
+        replicated::forget(ctx, key);
         return Ok(Action::Done);
     }
     let mut groups = Vec::new();
@@ -511,11 +582,30 @@ pub async fn reconcile_data_control(ctx: &Context, key: &ObjectKey) -> Result<Ac
         dc_status(ctx, &dc, VolumeStatus::Creating, &msg).await?;
         return Ok(Action::Done);
     }
+    // A replicated volume that serves is not held back by a replacement being created.
+    let serving = dc.is_replicated() && replicated::assembled_once(&dc);
+    if serving && let Some(g) = groups.iter().find(|g| !g.fully_placed()) {
+        dc_status(
+            ctx,
+            &dc,
+            dc.status
+                .as_ref()
+                .and_then(|s| s.status)
+                .unwrap_or(VolumeStatus::Creating),
+            &format!(
+                "waiting for AntstorVolumeGroup {} to be placed",
+                g.name_any()
+            ),
+        )
+        .await?;
+        return Ok(Action::Done);
+    }
     if let Some(g) = groups.iter().find(|g| {
-        g.status
-            .as_ref()
-            .and_then(|s| s.status)
-            .is_none_or(|s| s != VolumeStatus::Ready)
+        !serving
+            && g.status
+                .as_ref()
+                .and_then(|s| s.status)
+                .is_none_or(|s| s != VolumeStatus::Ready)
     }) {
         let why = g
             .status
@@ -535,6 +625,12 @@ pub async fn reconcile_data_control(ctx: &Context, key: &ObjectKey) -> Result<Ac
         .await?;
         return Ok(Action::Done);
     }
+    let dc = if dc.is_replicated() {
+        let dc = replicated::move_assembly(ctx, key, dc, &groups).await?;
+        replicated::finish_move(ctx, key, dc).await?
+    } else {
+        dc
+    };
     let Some(node) = assembly_node(&dc, &groups) else {
         dc_status(
             ctx,
@@ -608,6 +704,10 @@ pub async fn reconcile_data_control(ctx: &Context, key: &ObjectKey) -> Result<Ac
                 dc_status(ctx, &dc, VolumeStatus::Creating, "").await?;
             }
         }
+    }
+    if dc.is_replicated() {
+        let dc = ctx.data_control(key).unwrap_or(dc);
+        replicated::report_health(ctx, key, &dc, &groups).await?;
     }
     Ok(Action::Done)
 }

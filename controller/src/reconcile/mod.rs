@@ -14,6 +14,7 @@ pub mod group;
 pub mod keys;
 pub mod migration;
 pub mod pool;
+pub mod replicated;
 pub mod snapshot;
 pub mod volume;
 
@@ -213,6 +214,9 @@ pub struct Context {
     /// instance that lost leadership writes nothing more (see [`Context::stop_background`]).
     background: Mutex<tokio::task::JoinSet<()>>,
     background_stopped: AtomicBool,
+    /// What the replicated-volume reconcilers remember between passes (first sightings of
+    /// lost replicas, the ones reported, the metric series they set).
+    pub(crate) replica_memory: replicated::Memory,
 }
 
 impl Debug for Context {
@@ -266,6 +270,7 @@ impl Context {
             warned: Mutex::default(),
             background: Mutex::default(),
             background_stopped: AtomicBool::new(false),
+            replica_memory: replicated::Memory::default(),
         })
     }
 
@@ -414,18 +419,65 @@ impl Context {
         self.data_control_queue.add(key);
     }
 
-    /// Queues the groups that do not hold their total yet (after a pool changed).
+    /// Queues the groups that do not hold their total yet, and those that wait for room for
+    /// a replica's replacement (after a pool changed).
     fn enqueue_unplaced_groups(&self) {
         let keys: Vec<ObjectKey> = self
             .group_cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .filter(|(_, g)| !g.fully_placed() && g.metadata.deletion_timestamp.is_none())
+            .filter(|(_, g)| {
+                (!g.fully_placed()
+                    || liteio_api::meta::annotation(
+                        &g.metadata,
+                        liteio_api::replica::ANNO_REPLACING,
+                    )
+                    .is_some())
+                    && g.metadata.deletion_timestamp.is_none()
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
             self.group_queue.add(k);
+        }
+    }
+
+    /// Queues the groups with a member on `node` (after its pool changed: a replicated
+    /// volume's replica there may be lost, or its assembly may have to move).
+    pub fn enqueue_groups_on(&self, node: &str) {
+        let vols: Vec<Arc<AntstorVolume>> = {
+            let s = self.state();
+            s.volumes_on(node)
+                .iter()
+                .filter_map(|k| s.volume(k).cloned())
+                .collect()
+        };
+        for v in vols {
+            self.enqueue_group_of(&v);
+        }
+    }
+
+    /// Queues the AntstorVolumeGroup `key`.
+    pub fn enqueue_group(&self, key: ObjectKey) {
+        self.group_queue.add(key);
+    }
+
+    /// Publishes an event of `type_` about `obj` (no de-duplication: for transitions the
+    /// caller detects).
+    pub async fn publish<K>(&self, obj: &K, type_: EventType, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ev = KubeEvent {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            warn!(error = %e, reason, "cannot publish event");
         }
     }
 
@@ -712,6 +764,7 @@ fn on_pool(ctx: &Arc<Context>, ev: Event<StoragePool>, buf: &mut Vec<Arc<Storage
             ctx.enqueue_volumes(deleting);
             if changed_pool_room {
                 ctx.enqueue_unplaced_groups();
+                ctx.enqueue_groups_on(&name);
             }
         }
         Event::Delete(p) => {
@@ -723,6 +776,7 @@ fn on_pool(ctx: &Arc<Context>, ev: Event<StoragePool>, buf: &mut Vec<Arc<Storage
             };
             ctx.enqueue_pool(&name);
             ctx.enqueue_volumes(vols);
+            ctx.enqueue_groups_on(&name);
         }
     }
 }
@@ -976,9 +1030,11 @@ fn on_data_control(
             let key = ObjectKey::of(&d);
             let deleting = d.metadata.deletion_timestamp.is_some();
             let groups = groups_of(&d);
+            // A replicated volume's groups act on its replicas' reports.
+            let replicated = d.is_replicated();
             ctx.upsert_data_control(Arc::new(d));
             ctx.data_control_queue.add(key);
-            if deleting {
+            if deleting || replicated {
                 for g in groups {
                     ctx.group_queue.add(g);
                 }
@@ -990,6 +1046,7 @@ fn on_data_control(
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&key);
+            replicated::forget(ctx, &key);
             // Its groups may wait for it to go before they delete their members.
             for g in groups_of(&d) {
                 ctx.group_queue.add(g);

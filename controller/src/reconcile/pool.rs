@@ -255,9 +255,12 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Action> {
         );
         let stored = store(ctx, out);
         // The watch event of this write will find the state already up to date and retry
-        // nothing: volumes waiting for a pool (this one back to ready, say) are retried here.
+        // nothing: volumes waiting for a pool (this one back to ready, say) are retried here,
+        // and the groups with a member here (a replica there may be lost or back).
         let waiting = ctx.state().unscheduled_volumes();
         ctx.enqueue_volumes(waiting);
+        ctx.enqueue_groups_on(name);
+        ctx.enqueue_unplaced_groups();
         stored
     } else {
         pool
