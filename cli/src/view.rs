@@ -69,6 +69,21 @@ pub struct VolumeRow {
     /// A member of a multi-disk volume: that volume's name.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub member_of: String,
+    /// A replicated volume: its health (`healthy`, `rebuilding`, `degraded`, `failed`), once
+    /// the controller reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
+    /// A replicated volume: how many replicas it has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    /// A replica of a replicated volume: its state in the raid as the assembling agent
+    /// reports it (`online`, `rebuilding`, `failed`, `missing`), or `replaced` for a member
+    /// that is being taken out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_state: Option<String>,
+    /// A replica being rebuilt: how far, in percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebuild_percent: Option<u8>,
 }
 
 /// One row of `snapshots`.
@@ -253,6 +268,10 @@ pub fn volume_rows(volumes: &[AntstorVolume]) -> Vec<VolumeRow> {
                 .get(labels::VOL_GROUP_NAME)
                 .cloned()
                 .unwrap_or_default(),
+            health: None,
+            replicas: None,
+            replica_state: None,
+            rebuild_percent: None,
         })
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
@@ -261,7 +280,9 @@ pub fn volume_rows(volumes: &[AntstorVolume]) -> Vec<VolumeRow> {
 
 /// Rows of `volumes` with the multi-disk volumes: each data control's row (its members'
 /// nodes as its pool, where it is assembled) followed by its members' rows; plain volumes
-/// after, by name.
+/// after, by name. A replicated volume (raid1) says how many replicas it has and its health;
+/// each replica its state in the raid and rebuild progress (`status.replicas`), or
+/// `replaced` while a replaced member is taken out.
 pub fn volume_rows_with_groups(
     volumes: &[AntstorVolume],
     data_controls: &[AntstorDataControl],
@@ -283,10 +304,38 @@ pub fn volume_rows_with_groups(
             .iter()
             .filter(|r| group_names.contains(&r.member_of.as_str()))
             .collect();
-        let placed_nodes: Vec<String> = groups
+        let its_groups: Vec<&AntstorVolumeGroup> = groups
             .iter()
             .filter(|g| group_names.contains(&g.name_any().as_str()))
+            .collect();
+        let placed_nodes: Vec<String> = its_groups
+            .iter()
             .flat_map(|g| g.spec.volumes.iter().map(|m| m.target_node_name.clone()))
+            .collect();
+        let replicated = dc.is_replicated();
+        let replica_count = replicated.then(|| {
+            let desired: i64 = its_groups
+                .iter()
+                .map(|g| g.spec.desired_volume_spec.desired_count)
+                .sum();
+            if desired > 0 {
+                u32::try_from(desired).unwrap_or(0)
+            } else {
+                u32::try_from(placed_nodes.len()).unwrap_or(0)
+            }
+        });
+        let reports = dc
+            .status
+            .as_ref()
+            .map(|s| s.replicas.clone())
+            .unwrap_or_default();
+        let replaced: Vec<&str> = volumes
+            .iter()
+            .filter(|v| {
+                v.annotations()
+                    .contains_key(liteio_api::replica::ANNO_REPLACED)
+            })
+            .filter_map(|v| v.metadata.name.as_deref())
             .collect();
         let state = if dc.metadata.deletion_timestamp.is_some() {
             "deleting".to_string()
@@ -311,19 +360,43 @@ pub fn volume_rows_with_groups(
                 .and_then(|s| s.spdk_target.as_ref())
                 .map(|t| format!("{}:{}", t.address, t.svc_id)),
             qos: "unlimited".into(),
-            layout: format!(
-                "{}/{}",
-                serde_json::to_value(dc.spec.raid.level)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
-                dc.spec.engine_type
-            ),
+            layout: match replica_count {
+                Some(n) => format!("raid1×{n}"),
+                None => format!(
+                    "{}/{}",
+                    serde_json::to_value(dc.spec.raid.level)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    dc.spec.engine_type
+                ),
+            },
             member_of: String::new(),
+            health: dc
+                .status
+                .as_ref()
+                .and_then(|s| s.health)
+                .map(|h| h.as_str().to_string()),
+            replicas: replica_count,
+            replica_state: None,
+            rebuild_percent: None,
         });
         for m in members {
             shown.insert(m.name.clone());
-            out.push(m.clone());
+            let mut row = m.clone();
+            if replicated {
+                match reports.iter().find(|r| r.volume == m.name) {
+                    Some(r) => {
+                        row.replica_state = Some(r.state.as_str().to_string());
+                        row.rebuild_percent = r.rebuild_percent;
+                    }
+                    None if replaced.contains(&m.name.as_str()) => {
+                        row.replica_state = Some("replaced".into());
+                    }
+                    None => {}
+                }
+            }
+            out.push(row);
         }
     }
     out.extend(all.into_iter().filter(|r| !shown.contains(&r.name)));
@@ -415,13 +488,22 @@ pub fn volumes_table(rows: &[VolumeRow]) -> Table {
         } else {
             r.name.clone()
         };
+        // A replicated volume's health beside its state; a replica's state in the raid (with
+        // its rebuild progress) instead of its volume's.
+        let state = match (&r.health, &r.replica_state, r.rebuild_percent) {
+            (Some(h), _, _) if !r.state.is_empty() => format!("{},{h}", r.state),
+            (Some(h), _, _) => h.clone(),
+            (None, Some(st), Some(p)) => format!("{st} {p}%"),
+            (None, Some(st), None) => st.clone(),
+            (None, None, _) => or_none(&r.state),
+        };
         t.row(vec![
             name,
             or_none(&r.uuid),
             format_bytes(r.size_bytes),
             or_none(&r.pool),
             or_none(&r.host),
-            or_none(&r.state),
+            state,
             r.export.clone().unwrap_or_else(|| NONE.to_string()),
             r.qos.clone(),
         ]);
@@ -625,6 +707,102 @@ mod tests {
         let rows = migration_rows(std::slice::from_ref(&m), &[], Timestamp::now());
         assert_eq!(migration_progress(&rows[0]), NONE);
         assert_eq!(rows[0].rate_bytes_per_second, None);
+    }
+
+    #[test]
+    fn a_replicated_volume_shows_its_replicas_health_and_rebuild_progress() {
+        use liteio_api::datacontrol::{AntstorDataControlSpec, Raid, RaidLevel};
+        use liteio_api::group::{AntstorVolumeGroupSpec, EntityIdentity};
+        use liteio_api::replica::{ReplicaHealth, ReplicaState, ReplicaStatus};
+        let member = |name: &str, node: &str| {
+            let mut v = AntstorVolume::new(
+                name,
+                liteio_api::AntstorVolumeSpec {
+                    uuid: format!("u-{name}"),
+                    size_byte: 1 << 30,
+                    target_node_id: node.into(),
+                    ..Default::default()
+                },
+            );
+            v.metadata.labels = Some(BTreeMap::from([(
+                labels::VOL_GROUP_NAME.to_string(),
+                "pvc-r".to_string(),
+            )]));
+            v
+        };
+        let mut old = member("pvc-r-old", "n2");
+        old.metadata.annotations = Some(BTreeMap::from([(
+            liteio_api::replica::ANNO_REPLACED.to_string(),
+            "pvc-r-new".to_string(),
+        )]));
+        let vols = vec![member("pvc-r-a", "n1"), member("pvc-r-new", "n3"), old];
+        let mut g = AntstorVolumeGroup::new("pvc-r", AntstorVolumeGroupSpec::default());
+        g.spec.desired_volume_spec.desired_count = 2;
+        let mut dc = AntstorDataControl::new(
+            "pvc-r",
+            AntstorDataControlSpec {
+                uuid: "dc-u-r".into(),
+                total_size: 1 << 30,
+                raid: Raid {
+                    level: RaidLevel::Raid1,
+                },
+                volume_groups: vec![EntityIdentity {
+                    name: "pvc-r".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        let report = |v: &str, st: ReplicaState, pct: Option<u8>| ReplicaStatus {
+            volume: v.into(),
+            node: String::new(),
+            state: st,
+            rebuild_percent: pct,
+            rebuilt_bytes: None,
+            since: None,
+            message: String::new(),
+        };
+        dc.status = Some(liteio_api::AntstorDataControlStatus {
+            status: Some(liteio_api::VolumeStatus::Ready),
+            health: Some(ReplicaHealth::Rebuilding),
+            replicas: vec![
+                report("pvc-r-a", ReplicaState::Online, None),
+                report("pvc-r-new", ReplicaState::Rebuilding, Some(42)),
+            ],
+            ..Default::default()
+        });
+        let rows = volume_rows_with_groups(&vols, &[dc], &[g]);
+        assert_eq!(rows[0].layout, "raid1×2");
+        assert_eq!(rows[0].replicas, Some(2));
+        assert_eq!(rows[0].health.as_deref(), Some("rebuilding"));
+        let out = volumes_table(&rows).render();
+        let lines: Vec<String> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        assert!(
+            lines[1].starts_with("pvc-r (raid1×2) dc-u-r 1.0 GiB")
+                && lines[1].contains("ready,rebuilding"),
+            "{out}"
+        );
+        assert!(
+            lines[2].contains("└ pvc-r-a") && lines[2].contains("n1 - online"),
+            "{out}"
+        );
+        assert!(
+            lines[3].contains("└ pvc-r-new") && lines[3].contains("n3 - rebuilding 42%"),
+            "{out}"
+        );
+        assert!(
+            lines[4].contains("└ pvc-r-old") && lines[4].contains("n2 - replaced"),
+            "{out}"
+        );
+        let json = serde_json::to_value(&rows).unwrap_or_default();
+        assert_eq!(json[0]["health"], "rebuilding");
+        assert_eq!(json[0]["replicas"], 2);
+        assert_eq!(json[2]["replicaState"], "rebuilding");
+        assert_eq!(json[2]["rebuildPercent"], 42);
+        assert_eq!(json[1].get("rebuildPercent"), None);
     }
 
     #[test]
