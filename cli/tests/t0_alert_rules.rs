@@ -165,6 +165,8 @@ fn every_alert_says_how_bad_after_how_long_and_about_what() {
         "LiteIOAuthRefusalsRising",
         "LiteIOMigrationStalled",
         "LiteIOControllerNoLeader",
+        "LiteIOReplicatedVolumeDegraded",
+        "LiteIOReplicaRebuildStalled",
     ]
     .map(String::from)
     .into();
@@ -188,7 +190,8 @@ fn families(text: &str) -> BTreeSet<String> {
 }
 
 /// What an agent exports with a volume of each engine kind and SPDK running, and a
-/// controller that leads with a pool, a volume not ready and a migration under way.
+/// controller that leads with a pool, a volume not ready, a migration under way and a
+/// replicated volume rebuilding.
 fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
     use liteio_agent::engine::{BdevIo, VolumeIo, blkstat::BlockStat};
     use liteio_agent::metrics::{Metrics, Scrape, SpdkFaults, SpdkThreadTime};
@@ -255,6 +258,12 @@ fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
         }],
         0.0,
     );
+    ctl.replicated_health
+        .with_label_values(&["pvc-r", "rebuilding"])
+        .set(1);
+    ctl.replica_rebuilt_bytes
+        .with_label_values(&["pvc-r", "pvc-r-m1"])
+        .set(1);
     let controller = families(&ctl.render());
     (agent, controller)
 }
@@ -369,7 +378,7 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() {
     let dir = prom_dir();
     let (ok, out) = run_promtool(&dir, &["check", "rules", RULES]);
     println!("{out}");
-    assert!(ok && out.contains("SUCCESS: 9 rules found"), "{out}");
+    assert!(ok && out.contains("SUCCESS: 11 rules found"), "{out}");
     let (ok, out) = run_promtool(&dir, &["test", "rules", RULES_TEST]);
     println!("{out}");
     assert!(ok && out.contains("SUCCESS"), "{out}");
