@@ -191,6 +191,12 @@ fn created_replacement(ctx: &Context, g: &AntstorVolumeGroup) -> Option<VolumeMe
 
 /// Replaces lost replicas of the replicated group `g` (fully placed, finalizer set) whose
 /// data control is `dc`, one step per pass (see the module documentation).
+///
+/// Guarantees: at most one replacement per volume is under way (the intent annotation is
+/// written before anything else and removed last); a pass repeated after a restart or a
+/// conflict creates nothing twice. Assumes the caller holds no state lock. Errors: API
+/// failures and conflicts (the group is retried with back-off; nothing half-done is lost).
+/// `Step::Stop` when the replacement has no place yet (the reason is on the group).
 pub async fn replace_members(
     ctx: &Context,
     key: &ObjectKey,
@@ -396,6 +402,11 @@ pub fn assembled_once(dc: &AntstorDataControl) -> bool {
 
 /// Moves the assembly of replicated `dc` off its node when that node's pool is down (see
 /// the module documentation); returns the data control as it is afterwards.
+///
+/// Guarantees: `spec.targetNodeId` changes only after every member (and the one being
+/// replaced) admits only the new node; repeated after a restart it fences the same members
+/// again (a no-op) and moves to the same node while the same replicas are online. Errors:
+/// API failures and conflicts, before the target changes (retried with back-off).
 pub async fn move_assembly(
     ctx: &Context,
     key: &ObjectKey,
@@ -544,7 +555,8 @@ fn pv_of(dc: &AntstorDataControl) -> String {
 
 /// Writes `status.health` and the `Degraded` condition of replicated `dc` when they change,
 /// publishes `ReplicaLost` and `Degraded`, and sets the metrics (see the module
-/// documentation). Nothing before the first assembly.
+/// documentation). Nothing before the first assembly. Writes nothing when nothing changed;
+/// errors: API failures of the status patch (retried with back-off).
 pub async fn report_health(
     ctx: &Context,
     key: &ObjectKey,
