@@ -1172,6 +1172,12 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     } else {
         0
     };
+    // SPDK sets its RPC state to "runtime" once started and never back: a framework started
+    // again in this process would skip the start-up methods of its JSON config (the bdev
+    // options, the NVMe-oF target's limits) without a word.
+    // SAFETY: no framework runs on this process now (`Spdk::start` allows one at a time and
+    // this thread runs them in turn); the setter only stores the state.
+    unsafe { spdk_sys::spdk_rpc_set_state(spdk_sys::SPDK_RPC_STARTUP) };
     let ctx = Box::into_raw(Box::new(StartCtx { ready, nice })).cast::<c_void>();
     // SAFETY: `o` and the strings it points to outlive spdk_app_start, which runs the
     // framework on this thread until spdk_app_stop; `ctx` stays valid for the whole call.
