@@ -65,16 +65,18 @@ void liteio_malloc_delete(const char *name, void (*cb_fn)(void *, int), void *cb
 int liteio_null_create(const char *name, uint64_t num_blocks, uint32_t block_size);
 /* Delete a null bdev. */
 void liteio_null_delete(const char *name, void (*cb_fn)(void *, int), void *cb_arg);
-/* Create a raid bdev (no superblock) of `level` (SPDK_BDEV_RAID_LEVEL_CONCAT, _RAID0 or _RAID1)
- * over `num_base` bdevs, with a strip size in KiB (0 for raid1). Call on the app thread.
- * Returns 0 when the operation started (`cb_fn(cb_arg, status)` will run, possibly before this
- * returns; on a failure SPDK has removed the raid again by then), or a negative errno (it will
- * not): -EINVAL another level, a bad strip size or too few bases, -EEXIST the name is taken.
- * A base bdev that does not exist leaves the raid "configuring" with `cb_fn(cb_arg, 0)`: the
- * caller checks the bases first and the state after. */
+/* Create a raid bdev of `level` (SPDK_BDEV_RAID_LEVEL_CONCAT, _RAID0 or _RAID1) over `num_base`
+ * bdevs, with a strip size in KiB (0 for raid1). With `superblock`, the raid keeps its layout
+ * in a superblock at the start of every base bdev (its data starts 1 MiB in) and can be
+ * assembled again from them; `uuid` is the raid's UUID (NULL or all zero: SPDK makes one).
+ * Call on the app thread. Returns 0 when the operation started (`cb_fn(cb_arg, status)` will
+ * run, possibly before this returns; on a failure SPDK has removed the raid again by then), or
+ * a negative errno (it will not): -EINVAL another level, a bad strip size or too few bases,
+ * -EEXIST the name is taken. A base bdev that does not exist leaves the raid "configuring"
+ * with `cb_fn(cb_arg, 0)`: the caller checks the bases first and the state after. */
 int liteio_raid_create(const char *name, uint32_t strip_size_kb, enum spdk_bdev_raid_level level,
-		       uint8_t num_base, const char *const *base_names,
-		       void (*cb_fn)(void *, int), void *cb_arg);
+		       uint8_t num_base, const char *const *base_names, bool superblock,
+		       const struct spdk_uuid *uuid, void (*cb_fn)(void *, int), void *cb_arg);
 /* Delete a raid bdev by name, also one still configuring (not registered as a bdev). Returns
  * 0 when started (`cb_fn(cb_arg, status)` will run; -EALREADY when a delete is under way),
  * or -ENODEV when there is no such raid (it will not). */
@@ -87,6 +89,17 @@ int liteio_raid_delete(const char *name, void (*cb_fn)(void *, int), void *cb_ar
  * background process runs. */
 int liteio_raid_add_base(const char *name, const char *base_name, void (*cb_fn)(void *, int),
 			 void *cb_arg);
+/* Find the raid whose configured member is the bdev `base_name`: writes the raid's name to
+ * `raid_out` (`len` bytes) and whether that member is already being removed to `removing`.
+ * Returns 0, -ENODEV when there is no such bdev, -ENOENT when no raid holds it. Call on the
+ * app thread. */
+int liteio_raid_find_base(const char *base_name, char *raid_out, size_t len, bool *removing);
+/* Remove the bdev `base_name` from the raid that holds it (a raid1 goes on degraded; its
+ * superblock, if any, marks the slot missing on the other members). Call on the app thread.
+ * Returns 0 when started (`cb_fn(cb_arg, status)` runs once the member is released), or a
+ * negative errno (it will not): -ENODEV no such bdev or no raid holds it. */
+int liteio_raid_remove_base(const char *base_name, void (*cb_fn)(void *, int), void *cb_arg);
+
 /* Limit the bandwidth of raid background processes (rebuilds) started from now on, in MiB/s;
  * 0: no limit (SPDK's default). Returns 0 or a negative errno. Call on the app thread. */
 int liteio_raid_set_process_limit(uint32_t max_mib_per_sec);
@@ -104,6 +117,11 @@ struct liteio_raid_base {
 	bool configured;
 	/* The base bdev is the target of the background process (a rebuild). */
 	bool process_target;
+	/* The raid failed the base bdev (an I/O error) and is removing it. */
+	bool failed;
+	/* State of the slot in the raid's superblock (LITEIO_RAID_SB_*); LITEIO_RAID_SB_NONE
+	 * without a superblock. */
+	uint32_t sb_state;
 };
 
 /* Facts about a raid bdev, read on the app thread. */
@@ -123,6 +141,9 @@ struct liteio_raid_info {
 	uint8_t num_base_bdevs_operational;
 	uint8_t min_base_bdevs_operational;
 	bool superblock;
+	/* The superblock's sequence number (incremented on every superblock update); 0 when
+	 * the raid has none (yet). */
+	uint64_t sb_seq;
 	/* A delete was started. */
 	bool destroying;
 	/* The background process, when `process_type` is not empty: its type ("rebuild"), the
@@ -139,6 +160,74 @@ struct liteio_raid_info {
  * no such raid. Call on the app thread. */
 int liteio_raid_get_info(const char *name, struct liteio_raid_info *info,
 			 struct liteio_raid_base *bases, int max);
+
+/* States of a slot in a raid superblock (SPDK's enum raid_bdev_sb_base_bdev_state), and "no
+ * superblock". */
+#define LITEIO_RAID_SB_MISSING 0
+#define LITEIO_RAID_SB_CONFIGURED 1
+#define LITEIO_RAID_SB_FAILED 2
+#define LITEIO_RAID_SB_SPARE 3
+#define LITEIO_RAID_SB_NONE 255
+
+/* One member slot as a raid superblock records it. */
+struct liteio_raid_sb_base {
+	char uuid[SPDK_UUID_STRING_LEN];
+	uint64_t data_offset;
+	uint64_t data_size;
+	/* LITEIO_RAID_SB_* */
+	uint32_t state;
+	uint8_t slot;
+};
+
+/* The raid superblock found on a bdev. */
+struct liteio_raid_sb {
+	char name[LITEIO_NAME_MAX];
+	char uuid[SPDK_UUID_STRING_LEN];
+	uint64_t seq_number;
+	/* Blocks of the raid bdev, its block size, strip size in blocks. */
+	uint64_t raid_size;
+	uint32_t block_size;
+	uint32_t strip_size;
+	/* enum spdk_bdev_raid_level */
+	int32_t level;
+	uint8_t num_base_bdevs;
+	uint8_t base_bdevs_size;
+	struct liteio_raid_sb_base bases[255];
+};
+
+/* Read the raid superblock of the bdev `bdev_name` (opened read-only: also a raid's member).
+ * Call on the app thread. Returns 0 when started: `cb_fn(cb_arg, sb, status)` runs once, with
+ * `sb` valid for that call only: status 0 and the superblock, -EINVAL and NULL when the bdev
+ * holds no valid raid superblock, another negative errno (an I/O error). Or returns a
+ * negative errno (no callback): -ENODEV no such bdev, -ENOTSUP a bdev with interleaved
+ * metadata or DIF. */
+int liteio_raid_sb_read(const char *bdev_name,
+			void (*cb_fn)(void *, struct liteio_raid_sb *, int), void *cb_arg);
+
+/* Mark the slots of the members whose UUIDs are in `missing` (`n` of them) missing in the raid
+ * superblock on the bdev `bdev_name`, bump its sequence number and write it back: what SPDK
+ * writes on the other members when one goes, so that a raid assembled from this bdev starts
+ * without them and never reads them as current. Refused (-ESTALE) unless the superblock there
+ * is the one of `raid_uuid` with sequence number `expect_seq`; -EPERM when the bdev is claimed
+ * (by a raid). Call on the app thread. Returns 0 when started (`cb_fn(cb_arg, status)` runs
+ * once), or a negative errno (it will not). */
+int liteio_raid_sb_mark_missing(const char *bdev_name, const char *raid_uuid, uint64_t expect_seq,
+				const char *const *missing, int n, void (*cb_fn)(void *, int),
+				void *cb_arg);
+
+/* Zero the raid superblock on the bdev `bdev_name` (no valid superblock is left: a raid takes
+ * the bdev as a blank member and rebuilds it), only if it is the superblock of `raid_uuid`
+ * with a sequence number below `below_seq` (a stale member of that raid; else -ESTALE);
+ * -EPERM when the bdev is claimed. Call on the app thread. Returns 0 when started
+ * (`cb_fn(cb_arg, status)` runs once), or a negative errno (it will not). */
+int liteio_raid_sb_wipe(const char *bdev_name, const char *raid_uuid, uint64_t below_seq,
+			void (*cb_fn)(void *, int), void *cb_arg);
+
+/* Have the raid module examine the bdev `bdev_name` now (read its superblock and create or
+ * join the raid it names), whatever the bdev layer's auto-examine setting, also a second
+ * time. Completion: spdk_bdev_wait_for_examine. Returns 0 when started, -ENODEV no such
+ * bdev, -EBUSY the bdev is claimed, -ENOENT no raid module. Call on the app thread. */
+int liteio_raid_examine(const char *bdev_name);
 
 /* Write the name of the module that claimed `bdev` to `out` (`len` bytes) and return true, or
  * return false when no module claimed it. Call on an SPDK thread. */

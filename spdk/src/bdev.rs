@@ -396,6 +396,41 @@ pub async fn delete_raid(name: &str) -> Result<()> {
     super::raid::delete_raid(name).await
 }
 
+/// Have SPDK's bdev modules examine the bdev `name` (an lvstore on it loads, a raid member's
+/// superblock is read and its raid assembled), then wait until they are done. For a runtime
+/// started with [`SpdkOptions::auto_examine`](super::SpdkOptions::auto_examine) off, where
+/// SPDK examines only the bdevs named this way; also a name whose bdev does not exist yet:
+/// SPDK examines it when it appears. With auto-examine on, every bdev was examined when it
+/// appeared and this only waits.
+///
+/// SPDK examines a bdev once: a second call for the same name (or a bdev that reappears
+/// under it) does not examine again. To assemble a raid from its members' superblocks again,
+/// use [`super::raid::assemble_from_superblock`], which has the raid module examine them.
+pub async fn examine(name: &str) -> Result<()> {
+    let c = cstr("name", name)?;
+    let name = name.to_string();
+    on_reactor_with(move |_r| {
+        // SAFETY: a zeroed options struct is a valid buffer for the getter, which fills it.
+        let mut o: spdk_sys::spdk_bdev_opts = unsafe { std::mem::zeroed() };
+        // SAFETY: `o` is writable and of the size passed.
+        unsafe { spdk_sys::spdk_bdev_get_opts(&mut o, std::mem::size_of_val(&o)) };
+        if o.bdev_auto_examine {
+            // Examined when it appeared (SPDK would log an error for asking).
+            return Ok(());
+        }
+        // SAFETY: on the app thread (SPDK asserts it); `c` outlives the call (SPDK copies it).
+        let rc = unsafe { spdk_sys::spdk_bdev_examine(c.as_ptr()) };
+        match rc {
+            // -EINVAL: auto-examine is on (already examined); -EEXIST: named before.
+            0 => Ok(()),
+            rc if rc == -libc_errno::EINVAL || rc == -libc_errno::EEXIST => Ok(()),
+            rc => Err(SpdkError::errno("examine bdev", name, rc)),
+        }
+    })
+    .await?;
+    wait_for_examine().await
+}
+
 /// Wait until every bdev module finished examining new bdevs (lvstores loaded).
 pub async fn wait_for_examine() -> Result<()> {
     exec_on(|_r, reply| {

@@ -116,6 +116,7 @@ pub type Result<T, E = SpdkError> = std::result::Result<T, E>;
 
 /// errno values SPDK returns (Linux).
 pub(crate) mod libc_errno {
+    pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
@@ -125,5 +126,6 @@ pub(crate) mod libc_errno {
     pub const EINVAL: i32 = 22;
     pub const ENOSPC: i32 = 28;
     pub const EINPROGRESS: i32 = 115;
+    pub const ESTALE: i32 = 116;
     pub const ENOKEY: i32 = 126;
 }

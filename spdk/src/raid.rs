@@ -1,20 +1,32 @@
-//! Raid bdevs of SPDK's raid module, without a superblock (the layout lives in the caller's
-//! records, not on the members):
+//! Raid bdevs of SPDK's raid module:
 //!
 //! - [`RaidLevel::Concat`] chains its members one after another (each cut down to a whole
 //!   number of strips) and [`RaidLevel::Raid0`] stripes over them (each cut down to the
 //!   smallest, in whole strips): the two shapes of a multi-disk volume, whose members are
-//!   volumes of other nodes attached over NVMe/TCP, or local disks for a pool;
-//! - [`RaidLevel::Raid1`] mirrors its members: for replicated volumes (a later issue). It
-//!   stays online with one member left (degraded); [`add_raid_base`] puts a new member in the
-//!   empty slot and SPDK rebuilds onto it, which [`RaidInfo::process`] follows
-//!   ([`set_rebuild_limit`] caps its bandwidth).
+//!   volumes of other nodes attached over NVMe/TCP, or local disks for a pool. No superblock:
+//!   the layout lives in the caller's records, not on the members;
+//! - [`RaidLevel::Raid1`] mirrors its members: for replicated volumes, with a superblock
+//!   ([`RaidCreateOpts::superblock`]). It stays online with one member left (degraded, after
+//!   [`remove_raid_base`] or a member's I/O error); [`add_raid_base`] puts a new member in the
+//!   empty slot and SPDK rebuilds the data onto it, which [`RaidInfo::process`] follows
+//!   ([`set_rebuild_limit`] caps its bandwidth, with polling reactors). With a superblock the raid is assembled
+//!   again from its members ([`assemble_from_superblock`]) after a restart or on another
+//!   node, and a member that missed writes is told apart by its superblock's sequence number
+//!   and never read as current (see `docs/replicas-spdk.md`).
 //!
 //! Raid5f, which SPDK also has, is not offered. A raid bdev whose members are not all present
 //! is "configuring" inside SPDK and is no bdev yet: [`create_raid`] never leaves one behind,
 //! and [`delete_raid`] removes one too.
 
 use std::fmt;
+
+mod superblock;
+
+use superblock::wipe_superblock;
+pub use superblock::{
+    AssembleOpts, Assembly, Superblock, SuperblockBase, assemble_from_superblock,
+    assemble_from_superblock_with, read_superblock,
+};
 
 use super::bdev::{BdevInfo, bdev_by_name, check_name, info_by_name};
 use super::error::{Result, SpdkError, libc_errno};
@@ -133,11 +145,57 @@ pub struct RaidBase {
     /// The base bdev is being rebuilt, from the moment it was added until its rebuild ends:
     /// its data is not whole yet.
     pub rebuilding: bool,
+    /// The raid failed this member (an I/O error on it, or its superblock slot says so): it
+    /// is being removed, or was and the slot waits for a new member.
+    pub failed: bool,
+    /// The slot's state in the raid's superblock; `None` without a superblock.
+    pub sb_state: Option<SlotState>,
     /// Blocks of the base bdev before the raid's data (0 without a superblock).
     pub data_offset_blocks: u64,
     /// Blocks of the base bdev the raid uses (rounded down as the level does; 0 until
     /// configured).
     pub data_size_blocks: u64,
+}
+
+/// State of a member slot in a raid superblock (SPDK's `raid_bdev_sb_base_bdev_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SlotState {
+    /// A member of the array whose data is current.
+    Configured,
+    /// No member (removed, never added, or a member the raid was started without).
+    Missing,
+    /// The member failed (an I/O error) and was taken out.
+    Failed,
+    /// A spare (SPDK writes none today).
+    Spare,
+}
+
+impl SlotState {
+    pub(crate) fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            spdk_sys::LITEIO_RAID_SB_CONFIGURED => Some(Self::Configured),
+            spdk_sys::LITEIO_RAID_SB_MISSING => Some(Self::Missing),
+            spdk_sys::LITEIO_RAID_SB_FAILED => Some(Self::Failed),
+            spdk_sys::LITEIO_RAID_SB_SPARE => Some(Self::Spare),
+            _ => None,
+        }
+    }
+
+    /// SPDK's word for the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Configured => "configured",
+            Self::Missing => "missing",
+            Self::Failed => "failed",
+            Self::Spare => "spare",
+        }
+    }
+}
+
+impl fmt::Display for SlotState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The background process of a raid bdev (SPDK has one kind: a raid1 rebuild).
@@ -149,6 +207,8 @@ pub struct RaidProcess {
     pub target: String,
     /// Blocks of the raid bdev done.
     pub blocks_done: u64,
+    /// Blocks of the raid bdev in all (its size).
+    pub blocks_total: u64,
     /// Percentage done, as SPDK rounds it.
     pub percent: u32,
 }
@@ -178,8 +238,14 @@ pub struct RaidInfo {
     pub num_base_bdevs_operational: u8,
     /// Fewest operational base bdevs the level serves I/O with (raid1: 1; others: all).
     pub min_base_bdevs_operational: u8,
-    /// The raid writes a superblock on its members (never for raids made here).
+    /// The raid writes a superblock on its members ([`RaidCreateOpts::superblock`], or
+    /// assembled from one).
     pub superblock: bool,
+    /// The superblock's sequence number, which SPDK increments on every superblock update
+    /// (the raid's start, a member removed or failed, a rebuild done); `None` without a
+    /// superblock (or before the first one is written). A member whose superblock has a
+    /// lower number missed an update and is not current.
+    pub superblock_seq: Option<u64>,
     /// A delete was started.
     pub deleting: bool,
     /// The background process, while one runs (SPDK starts it a moment after the member is
@@ -267,9 +333,26 @@ fn check_strip(level: RaidLevel, strip_kb: u32) -> Result<()> {
 
 /// How an existing raid differs from the one asked for, naming the field; `None` when it is
 /// the same. A missing slot (a removed member) matches any name.
-fn differs(have: &RaidInfo, level: RaidLevel, bases: &[String], strip_kb: u32) -> Option<String> {
+fn differs(
+    have: &RaidInfo,
+    level: RaidLevel,
+    bases: &[String],
+    strip_kb: u32,
+    opts: &RaidCreateOpts,
+) -> Option<String> {
     if have.level != level {
         return Some(format!("with raid_level {} (asked {level})", have.level));
+    }
+    if have.superblock != opts.superblock {
+        return Some(format!(
+            "with superblock {} (asked {})",
+            have.superblock, opts.superblock
+        ));
+    }
+    if let Some(u) = opts.uuid
+        && have.uuid != u.to_string()
+    {
+        return Some(format!("with uuid {} (asked {u})", have.uuid));
     }
     if level.has_strip() && have.strip_kb != strip_kb {
         return Some(format!(
@@ -352,6 +435,8 @@ fn info_now(_r: &Reactor, name: &str) -> Result<Option<RaidInfo>> {
                     uuid: from_c_array(&b.uuid),
                     configured: b.configured,
                     rebuilding: b.process_target,
+                    failed: b.failed,
+                    sb_state: SlotState::from_raw(b.sb_state),
                     data_offset_blocks: b.data_offset,
                     data_size_blocks: b.data_size,
                 }
@@ -361,11 +446,13 @@ fn info_now(_r: &Reactor, name: &str) -> Result<Option<RaidInfo>> {
         num_base_bdevs_operational: info.num_base_bdevs_operational,
         min_base_bdevs_operational: info.min_base_bdevs_operational,
         superblock: info.superblock,
+        superblock_seq: (info.superblock && info.sb_seq > 0).then_some(info.sb_seq),
         deleting: info.destroying,
         process: (!process_kind.is_empty()).then(|| RaidProcess {
             kind: process_kind,
             target: from_c_array(&info.process_target),
             blocks_done: info.process_blocks,
+            blocks_total: info.num_blocks,
             percent: info.process_percent,
         }),
     }))
@@ -444,9 +531,31 @@ fn not_online(info: &RaidInfo) -> SpdkError {
     )
 }
 
+/// Bytes at the start of each member that a raid with a superblock keeps for it at least
+/// (SPDK's `RAID_BDEV_MIN_DATA_OFFSET_SIZE`): its data starts after them, rounded up to the
+/// member's optimal I/O boundary (an lvol's cluster), as [`RaidBase::data_offset_blocks`]
+/// says.
+pub const SUPERBLOCK_RESERVED_BYTES: u64 = 1 << 20;
+
+/// How a raid is made beyond its level, members and strip size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RaidCreateOpts {
+    /// Keep the raid's layout in a superblock at the start of every member (its data starts
+    /// [`SUPERBLOCK_RESERVED_BYTES`] in, or at the member's next optimal I/O boundary: an
+    /// lvol's next cluster; the raid is that much smaller than a member): the
+    /// raid can then be assembled again from its members
+    /// ([`assemble_from_superblock`]), and a member that missed writes is known by its
+    /// superblock's lower sequence number. For replicated volumes (raid1).
+    pub superblock: bool,
+    /// The raid's UUID (its bdev's UUID and, with a superblock, the identity its members
+    /// carry); `None`: SPDK makes one.
+    pub uuid: Option<uuid::Uuid>,
+}
+
 /// Create a raid bdev `name` of `level` over `bases` (in that order), with a strip size in
 /// KiB: a power of two from 4 KiB to 1 GiB for concat and raid0 (and at least the block
-/// size), 0 for raid1. Returns the raid bdev.
+/// size), 0 for raid1. No superblock: [`create_raid_with`] with the default options.
+/// Returns the raid bdev.
 ///
 /// Idempotent: a raid of that name with the same level, bases and strip size is taken as it
 /// is (a raid1 slot whose member was removed matches any name); another shape is
@@ -463,17 +572,45 @@ pub async fn create_raid(
     bases: &[String],
     strip_kb: u32,
 ) -> Result<BdevInfo> {
+    create_raid_with(name, level, bases, strip_kb, &RaidCreateOpts::default()).await
+}
+
+/// [`create_raid`] with options: a superblock on the members, the raid's UUID. A raid1 with a
+/// superblock is the shape of a replicated volume: SPDK writes the superblock on every
+/// member before the raid comes online, and again (with a higher sequence number) whenever a
+/// member goes or a rebuild ends.
+///
+/// Idempotent as [`create_raid`]; the superblock setting and a UUID asked for are compared
+/// too (`superblock`, `uuid`).
+///
+/// Errors beyond [`create_raid`]'s: with a superblock, a base of at most
+/// [`SUPERBLOCK_RESERVED_BYTES`] is `base_bdevs` [`SpdkError::InvalidArgument`]; a base that
+/// holds the superblock of another raid is `EEXIST` (SPDK refuses to take it: wipe it first,
+/// or assemble that raid); a nil UUID is `uuid` [`SpdkError::InvalidArgument`].
+pub async fn create_raid_with(
+    name: &str,
+    level: RaidLevel,
+    bases: &[String],
+    strip_kb: u32,
+    opts: &RaidCreateOpts,
+) -> Result<BdevInfo> {
     check_name("name", name)?;
     check_bases(level, bases)?;
     check_strip(level, strip_kb)?;
-    let (name, bases) = (name.to_string(), bases.to_vec());
+    if opts.uuid.is_some_and(|u| u.is_nil()) {
+        return Err(SpdkError::InvalidArgument {
+            field: "uuid",
+            reason: "the nil UUID names no raid".into(),
+        });
+    }
+    let (name, bases, opts) = (name.to_string(), bases.to_vec(), *opts);
     exec_on(move |r, reply| {
         let existing = match info_now(r, &name) {
             Ok(i) => i,
             Err(e) => return reply.send(Err(e)),
         };
         if let Some(have) = existing {
-            if let Some(detail) = differs(&have, level, &bases, strip_kb) {
+            if let Some(detail) = differs(&have, level, &bases, strip_kb, &opts) {
                 return reply.send(Err(SpdkError::AlreadyExists {
                     kind: "raid bdev",
                     name,
@@ -499,16 +636,43 @@ pub async fn create_raid(
         if let Err(e) = check_bases_now(r, "create raid bdev", &name, &bases, strip_kb) {
             return reply.send(Err(e));
         }
+        if opts.superblock {
+            for b in &bases {
+                match info_by_name(r, b) {
+                    Ok(i) if i.size_bytes() <= SUPERBLOCK_RESERVED_BYTES => {
+                        return reply.send(Err(SpdkError::InvalidArgument {
+                            field: "base_bdevs",
+                            reason: format!(
+                                "{b} has {} bytes; a raid with a superblock needs more than {SUPERBLOCK_RESERVED_BYTES}",
+                                i.size_bytes()
+                            ),
+                        }));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return reply.send(Err(e)),
+                }
+            }
+        }
         let names: Result<Vec<_>> = bases.iter().map(|b| cstr("base_bdevs", b)).collect();
         let (c, names) = match (cstr("name", &name), names) {
             (Ok(c), Ok(n)) => (c, n),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
         let ptrs: Vec<*const std::ffi::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let uuid = opts.uuid.map(|u| spdk_sys::spdk_uuid {
+            u: spdk_sys::spdk_uuid__bindgen_ty_1 { raw: *u.as_bytes() },
+        });
         let n2 = name.clone();
         let ctx = errno_ctx(move |r, rc| {
-            if rc != 0 {
+            if rc == -libc_errno::EEXIST {
                 // SPDK removed the half-made raid before calling back.
+                return reply.send(Err(SpdkError::errno(
+                    "create raid bdev",
+                    format!("{n2} (a base bdev holds the superblock of another raid)"),
+                    rc,
+                )));
+            }
+            if rc != 0 {
                 return reply.send(Err(SpdkError::errno("create raid bdev", n2, rc)));
             }
             match info_now(r, &n2) {
@@ -526,9 +690,9 @@ pub async fn create_raid(
                 Err(e) => reply.send(Err(e)),
             }
         });
-        // SAFETY: on the app thread; the raid module copies the name and the base names
-        // before it returns (`c`, `names` and `ptrs` outlive the call); `ctx` is owned by
-        // SPDK when the call returns 0.
+        // SAFETY: on the app thread; the raid module copies the name, the base names and the
+        // UUID before it returns (`c`, `names`, `ptrs` and `uuid` outlive the call); `ctx` is
+        // owned by SPDK when the call returns 0.
         let rc = unsafe {
             spdk_sys::liteio_raid_create(
                 c.as_ptr(),
@@ -537,6 +701,8 @@ pub async fn create_raid(
                 // At most MAX_BASE_BDEVS (255): checked by `check_bases`.
                 ptrs.len() as u8,
                 ptrs.as_ptr(),
+                opts.superblock,
+                uuid.as_ref().map_or(std::ptr::null(), |u| u as *const _),
                 Some(errno_cb),
                 ctx,
             )
@@ -589,11 +755,84 @@ pub async fn delete_raid(name: &str) -> Result<()> {
     .await
 }
 
+/// Whether [`add_raid_base`] has anything to do.
+enum Added {
+    /// `base` is a member already: the raid as it is.
+    Already(RaidInfo),
+    /// `base` can be added to the raid as it is now.
+    Not(RaidInfo),
+}
+
+/// The checks of [`add_raid_base`], on the reactor.
+fn add_checks(r: &Reactor, name: &str, base: &str) -> Result<Added> {
+    let have = info_now(r, name)?.ok_or_else(|| SpdkError::NotFound {
+        kind: "raid bdev",
+        name: name.into(),
+    })?;
+    // The raid names a member as it was given (an lvol's alias) or, found by its superblock,
+    // by the bdev's own name.
+    let own = info_by_name(r, base).ok().map(|i| i.name);
+    if have
+        .bases
+        .iter()
+        .any(|b| b.name.as_deref() == Some(base) || (own.is_some() && b.name == own))
+    {
+        return Ok(Added::Already(have));
+    }
+    if have.state != RaidState::Online || have.deleting {
+        return Err(not_online(&have));
+    }
+    if let Some(p) = &have.process {
+        return Err(SpdkError::errno(
+            "add raid base bdev",
+            format!("{base} to {name} ({} onto {} under way)", p.kind, p.target),
+            -libc_errno::EBUSY,
+        ));
+    }
+    if !have.bases.iter().any(|b| b.name.is_none() && !b.configured) {
+        return Err(SpdkError::InvalidArgument {
+            field: "base_bdev",
+            reason: format!("{} {name} has no empty slot for {base}", have.level),
+        });
+    }
+    check_bases_now(r, "add raid base bdev", name, &[base.to_string()], 0)?;
+    // The new member's data starts where the others' does (past the superblock, if any) and
+    // is as long.
+    let need = have
+        .bases
+        .iter()
+        .filter(|b| b.configured)
+        .map(|b| b.data_offset_blocks.saturating_add(b.data_size_blocks))
+        .max()
+        .unwrap_or(0);
+    let b = info_by_name(r, base)?;
+    let reason = if b.block_size != have.block_size {
+        format!(
+            "{base} has {}-byte blocks, {name} {}-byte blocks",
+            b.block_size, have.block_size
+        )
+    } else if b.num_blocks < need {
+        format!("{base} has {} blocks, {name} needs {need}", b.num_blocks)
+    } else {
+        return Ok(Added::Not(have));
+    };
+    Err(SpdkError::InvalidArgument {
+        field: "base_bdev",
+        reason,
+    })
+}
+
 /// Add the bdev `base` to the empty slot of the raid bdev `name`: a raid1 that lost a member
 /// takes a new one and SPDK rebuilds the data onto it, which [`RaidInfo::process`] follows
 /// (the member is [`RaidBase::rebuilding`] until the rebuild is done). Returns the raid as it
 /// is once the member is in; the rebuild starts a moment later. Idempotent: a base already in
 /// a slot is taken as it is.
+///
+/// With a superblock, SPDK reads the new member's first: a blank one (or one with no valid
+/// superblock) is rebuilt; a former member of this raid (its superblock names the raid) goes
+/// back to its slot and is rebuilt too (it missed writes: it is never read as current); a
+/// member of another raid is refused (`EEXIST`). The superblock marks the member configured
+/// (with a higher sequence number) when its rebuild is done.
 ///
 /// Errors: [`SpdkError::NotFound`] for no such raid bdev or base bdev; `base_bdev`
 /// [`SpdkError::InvalidArgument`] when the raid has no empty slot (concat and raid0 never
@@ -602,75 +841,43 @@ pub async fn delete_raid(name: &str) -> Result<()> {
 pub async fn add_raid_base(name: &str, base: &str) -> Result<RaidInfo> {
     check_name("name", name)?;
     check_base_name("base_bdev", base)?;
+    let (n, b) = (name.to_string(), base.to_string());
+    let have = match on_reactor_with(move |r| add_checks(r, &n, &b)).await? {
+        Added::Already(i) => return Ok(i),
+        Added::Not(have) => have,
+    };
+    if have.superblock {
+        // A former member of this raid holds an older superblock of it: SPDK would put it
+        // back only into its old slot, and refuses it once that slot has had another member.
+        // Its data is rebuilt anyway: clear the stale superblock so that it is taken as a
+        // blank member.
+        if let Some(sb) = read_superblock(base).await?
+            && sb.uuid == have.uuid
+            && let Some(seq) = have.superblock_seq
+            && sb.seq < seq
+        {
+            wipe_superblock(base, &have.uuid, seq).await?;
+        }
+    }
     let (name, base) = (name.to_string(), base.to_string());
     exec_on(move |r, reply| {
-        let have = match info_now(r, &name) {
-            Ok(Some(i)) => i,
-            Ok(None) => {
-                return reply.send(Err(SpdkError::NotFound {
-                    kind: "raid bdev",
-                    name,
-                }));
-            }
+        match add_checks(r, &name, &base) {
+            Ok(Added::Already(i)) => return reply.send(Ok(i)),
+            Ok(Added::Not(_)) => {}
             Err(e) => return reply.send(Err(e)),
-        };
-        if have.bases.iter().any(|b| b.name.as_deref() == Some(&base)) {
-            return reply.send(Ok(have));
-        }
-        if have.state != RaidState::Online || have.deleting {
-            return reply.send(Err(not_online(&have)));
-        }
-        if let Some(p) = &have.process {
-            return reply.send(Err(SpdkError::errno(
-                "add raid base bdev",
-                format!("{base} to {name} ({} onto {} under way)", p.kind, p.target),
-                -libc_errno::EBUSY,
-            )));
-        }
-        if !have.bases.iter().any(|b| b.name.is_none() && !b.configured) {
-            return reply.send(Err(SpdkError::InvalidArgument {
-                field: "base_bdev",
-                reason: format!("{} {name} has no empty slot for {base}", have.level),
-            }));
-        }
-        if let Err(e) = check_bases_now(
-            r,
-            "add raid base bdev",
-            &name,
-            std::slice::from_ref(&base),
-            0,
-        ) {
-            return reply.send(Err(e));
-        }
-        let need = have
-            .bases
-            .iter()
-            .map(|b| b.data_size_blocks)
-            .max()
-            .unwrap_or(0);
-        let fits = match info_by_name(r, &base) {
-            Ok(b) if b.block_size != have.block_size => Err(format!(
-                "{base} has {}-byte blocks, {name} {}-byte blocks",
-                b.block_size, have.block_size
-            )),
-            Ok(b) if b.num_blocks < need => Err(format!(
-                "{base} has {} blocks, {name} needs {need}",
-                b.num_blocks
-            )),
-            Ok(_) => Ok(()),
-            Err(e) => return reply.send(Err(e)),
-        };
-        if let Err(reason) = fits {
-            return reply.send(Err(SpdkError::InvalidArgument {
-                field: "base_bdev",
-                reason,
-            }));
         }
         let (c, b) = match (cstr("name", &name), cstr("base_bdev", &base)) {
             (Ok(c), Ok(b)) => (c, b),
             (Err(e), _) | (_, Err(e)) => return reply.send(Err(e)),
         };
         let ctx = errno_ctx(move |r, rc| {
+            if rc == -libc_errno::EEXIST {
+                return reply.send(Err(SpdkError::errno(
+                    "add raid base bdev",
+                    format!("{base} to {name} ({base} holds the superblock of another raid)"),
+                    rc,
+                )));
+            }
             if rc != 0 {
                 return reply.send(Err(SpdkError::errno(
                     "add raid base bdev",
@@ -697,11 +904,133 @@ pub async fn add_raid_base(name: &str, base: &str) -> Result<RaidInfo> {
     .await
 }
 
+/// Take the member `base` out of the raid that holds it: a raid1 goes on degraded (online,
+/// its slot empty, reads and writes on the other members), and with a superblock the other
+/// members' superblocks mark the slot missing (a higher sequence number), so the removed
+/// member is not current from then on and is never assembled as such. The member keeps its
+/// data; [`add_raid_base`] can put it (or another bdev) back, and it is rebuilt. A member
+/// being rebuilt can be removed (its rebuild stops). A raid still configuring just lets the
+/// member go. Returns the raid as it is afterwards, or `None` when no raid held `base`.
+///
+/// Idempotent: no such bdev, or a bdev no raid holds, is `Ok(None)`.
+///
+/// Errors: `base_bdev` [`SpdkError::InvalidArgument`] when the raid is an online concat or
+/// raid0 (losing a member would take it offline) or `base` is the raid1's last whole member
+/// (the others missing or being rebuilt); `EBUSY` while the member is already being removed.
+pub async fn remove_raid_base(base: &str) -> Result<Option<RaidInfo>> {
+    check_base_name("base_bdev", base)?;
+    let base = base.to_string();
+    exec_on(move |r, reply| {
+        let b = match cstr("base_bdev", &base) {
+            Ok(b) => b,
+            Err(e) => return reply.send(Err(e)),
+        };
+        let mut raid = [0 as std::ffi::c_char; spdk_sys::LITEIO_NAME_MAX as usize];
+        let mut removing = false;
+        // SAFETY: on the app thread; `b` outlives the call; `raid` is writable for its length
+        // and `removing` for one bool.
+        let rc = unsafe {
+            spdk_sys::liteio_raid_find_base(
+                b.as_ptr(),
+                raid.as_mut_ptr(),
+                raid.len(),
+                &mut removing,
+            )
+        };
+        if rc == -libc_errno::ENODEV || rc == -libc_errno::ENOENT {
+            return reply.send(Ok(None));
+        }
+        if rc != 0 {
+            return reply.send(Err(SpdkError::errno("find raid of base bdev", base, rc)));
+        }
+        let name = from_c_array(&raid);
+        let have = match info_now(r, &name) {
+            Ok(Some(i)) => i,
+            Ok(None) => return reply.send(Ok(None)),
+            Err(e) => return reply.send(Err(e)),
+        };
+        if removing {
+            return reply.send(Err(SpdkError::errno(
+                "remove raid base bdev",
+                format!("{base} from {name} (being removed)"),
+                -libc_errno::EBUSY,
+            )));
+        }
+        if let Err(e) = check_removable(&have, &base) {
+            return reply.send(Err(e));
+        }
+        let ctx = errno_ctx(move |r, rc| {
+            if rc != 0 {
+                return reply.send(Err(SpdkError::errno(
+                    "remove raid base bdev",
+                    format!("{base} from {name}"),
+                    rc,
+                )));
+            }
+            reply.send(info_now(r, &name));
+        });
+        // SAFETY: on the app thread; `b` outlives the call; `ctx` is owned by SPDK when the
+        // call returns 0.
+        let rc = unsafe { spdk_sys::liteio_raid_remove_base(b.as_ptr(), Some(errno_cb), ctx) };
+        if rc != 0 {
+            // SAFETY: SPDK refused the call and never took `ctx`: it is answered here, once.
+            unsafe { errno_cb(ctx, rc) };
+        }
+    })
+    .await
+}
+
+/// Whether the member `base` can leave the raid `have` without taking it offline.
+fn check_removable(have: &RaidInfo, base: &str) -> Result<()> {
+    if have.state != RaidState::Online {
+        return Ok(());
+    }
+    let bad = |reason: String| {
+        Err(SpdkError::InvalidArgument {
+            field: "base_bdev",
+            reason,
+        })
+    };
+    if have.level != RaidLevel::Raid1 {
+        return bad(format!(
+            "{} {} cannot lose {base}: it would go offline",
+            have.level, have.name
+        ));
+    }
+    let whole_others = have
+        .bases
+        .iter()
+        .filter(|b| b.configured && !b.rebuilding && b.name.as_deref() != Some(base))
+        .count();
+    if whole_others < usize::from(have.min_base_bdevs_operational.max(1)) {
+        return bad(format!(
+            "{base} is the last whole member of raid1 {}: removing it would take the raid offline",
+            have.name
+        ));
+    }
+    Ok(())
+}
+
 /// Limit the bandwidth of raid rebuilds started from now on (every raid bdev of this SPDK), in
 /// MiB/s; 0 lifts the limit (SPDK's default). A rebuild under way keeps the limit it started
 /// with.
+///
+/// Only with polling reactors: SPDK paces a limited rebuild with a paused and resumed poller,
+/// which in interrupt mode runs again before its pause takes effect and locks the same range
+/// twice (seen with SPDK 26.05: the rebuild stops at its last window and logs "Failed to lock
+/// LBA range" forever). A limit in interrupt mode is `mib_per_sec`
+/// [`SpdkError::InvalidArgument`]; 0 is always taken.
 pub async fn set_rebuild_limit(mib_per_sec: u32) -> Result<()> {
     on_reactor_with(move |_r| {
+        // SAFETY: a getter of a flag set once at start.
+        if mib_per_sec != 0 && unsafe { spdk_sys::spdk_interrupt_mode_is_enabled() } {
+            return Err(SpdkError::InvalidArgument {
+                field: "mib_per_sec",
+                reason: format!(
+                    "a rebuild limit ({mib_per_sec} MiB/s) needs polling reactors; SPDK runs in interrupt mode"
+                ),
+            });
+        }
         // SAFETY: on the app thread, where the raid module reads its options.
         let rc = unsafe { spdk_sys::liteio_raid_set_process_limit(mib_per_sec) };
         if rc != 0 {
@@ -741,6 +1070,8 @@ mod tests {
                     uuid: String::new(),
                     configured: b.is_some(),
                     rebuilding: false,
+                    failed: false,
+                    sb_state: None,
                     data_offset_blocks: 0,
                     data_size_blocks: 0,
                 })
@@ -749,6 +1080,7 @@ mod tests {
             num_base_bdevs_operational: 0,
             min_base_bdevs_operational: 0,
             superblock: false,
+            superblock_seq: None,
             deleting: false,
             process: None,
         }
@@ -790,27 +1122,96 @@ mod tests {
 
     #[test]
     fn same_shape_or_the_field_that_differs() {
+        let plain = RaidCreateOpts::default();
         let have = info(RaidLevel::Raid0, 64, &[Some("a"), Some("b")]);
         assert_eq!(
-            differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 64),
+            differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 64, &plain),
             None
         );
-        let d = differs(&have, RaidLevel::Concat, &names(&["a", "b"]), 64).unwrap();
+        let d = differs(&have, RaidLevel::Concat, &names(&["a", "b"]), 64, &plain).unwrap();
         assert!(d.contains("raid_level raid0 (asked concat)"), "{d}");
-        let d = differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 128).unwrap();
+        let d = differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 128, &plain).unwrap();
         assert!(d.contains("strip_size_kb 64 (asked 128)"), "{d}");
-        let d = differs(&have, RaidLevel::Raid0, &names(&["a", "c"]), 64).unwrap();
+        let d = differs(&have, RaidLevel::Raid0, &names(&["a", "c"]), 64, &plain).unwrap();
         assert!(d.contains("base_bdevs [a, b] (asked [a, c])"), "{d}");
-        assert!(differs(&have, RaidLevel::Raid0, &names(&["b", "a"]), 64).is_some());
-        assert!(differs(&have, RaidLevel::Raid0, &names(&["a", "b", "c"]), 64).is_some());
+        assert!(differs(&have, RaidLevel::Raid0, &names(&["b", "a"]), 64, &plain).is_some());
+        assert!(
+            differs(
+                &have,
+                RaidLevel::Raid0,
+                &names(&["a", "b", "c"]),
+                64,
+                &plain
+            )
+            .is_some()
+        );
         // A removed raid1 member matches any name; raid1 has no strip to compare.
         let degraded = info(RaidLevel::Raid1, 0, &[Some("a"), None]);
         assert_eq!(
-            differs(&degraded, RaidLevel::Raid1, &names(&["a", "b"]), 0),
+            differs(&degraded, RaidLevel::Raid1, &names(&["a", "b"]), 0, &plain),
             None
         );
         assert!(degraded.is_degraded());
         assert_eq!(degraded.unconfigured(), Vec::<String>::new());
+        // The superblock setting and a UUID asked for are part of the shape.
+        let sb = RaidCreateOpts {
+            superblock: true,
+            uuid: None,
+        };
+        let d = differs(&have, RaidLevel::Raid0, &names(&["a", "b"]), 64, &sb).unwrap();
+        assert!(d.contains("superblock false (asked true)"), "{d}");
+        let mut with_sb = info(RaidLevel::Raid1, 0, &[Some("a"), Some("b")]);
+        with_sb.superblock = true;
+        with_sb.uuid = "0b0f6a53-3a0c-4a8e-9a4a-5d6c7e8f9a01".into();
+        let same = RaidCreateOpts {
+            superblock: true,
+            uuid: Some(uuid::Uuid::from_u128(
+                0x0b0f6a53_3a0c_4a8e_9a4a_5d6c7e8f9a01,
+            )),
+        };
+        assert_eq!(
+            differs(&with_sb, RaidLevel::Raid1, &names(&["a", "b"]), 0, &same),
+            None
+        );
+        assert_eq!(
+            differs(&with_sb, RaidLevel::Raid1, &names(&["a", "b"]), 0, &sb),
+            None,
+            "no UUID asked: any"
+        );
+        let other = RaidCreateOpts {
+            superblock: true,
+            uuid: Some(uuid::Uuid::from_u128(1)),
+        };
+        let d = differs(&with_sb, RaidLevel::Raid1, &names(&["a", "b"]), 0, &other).unwrap();
+        assert!(d.contains("with uuid 0b0f6a53"), "{d}");
+    }
+
+    #[test]
+    fn only_a_raid1_with_another_whole_member_loses_one() {
+        let two = info(RaidLevel::Raid1, 0, &[Some("a"), Some("b")]);
+        assert!(check_removable(&two, "b").is_ok());
+        let mut one = info(RaidLevel::Raid1, 0, &[Some("a"), None]);
+        one.min_base_bdevs_operational = 1;
+        let e = check_removable(&one, "a").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a is the last whole member of raid1 r"),
+            "{e}"
+        );
+        // A member being rebuilt is not whole: the other one is the last.
+        let mut rebuilding = two.clone();
+        rebuilding.bases[1].rebuilding = true;
+        assert!(check_removable(&rebuilding, "a").is_err());
+        assert!(
+            check_removable(&rebuilding, "b").is_ok(),
+            "the rebuild target can go"
+        );
+        let stripe = info(RaidLevel::Raid0, 64, &[Some("a"), Some("b")]);
+        let e = check_removable(&stripe, "a").unwrap_err();
+        assert!(e.to_string().contains("raid0 r cannot lose a"), "{e}");
+        let mut configuring = stripe.clone();
+        configuring.state = RaidState::Configuring;
+        assert!(check_removable(&configuring, "a").is_ok());
     }
 
     #[test]

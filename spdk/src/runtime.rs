@@ -70,6 +70,13 @@ pub struct SpdkOptions {
     /// when idle, so its priority costs the rest nothing while SPDK has no work. Polling
     /// reactors take their core anyway and are left alone.
     pub reactor_nice: i32,
+    /// SPDK examines every new bdev (SPDK's `bdev_auto_examine`, the default): an lvstore on
+    /// it loads, and the raid module reads its raid superblock and assembles the raid it names
+    /// (from whichever members appear first, also one that missed writes). Off, SPDK examines
+    /// only the bdevs named with [`crate::bdev::examine`], and raids with a superblock are
+    /// assembled only by [`crate::raid::assemble_from_superblock`]: a stale replica is never
+    /// assembled behind the caller's back. Set at start.
+    pub auto_examine: bool,
 }
 
 /// Default of [`SpdkOptions::reactor_nice`].
@@ -92,6 +99,7 @@ impl Default for SpdkOptions {
             max_subsystems: 0,
             dhchap_dhgroups: Vec::new(),
             reactor_nice: DEFAULT_REACTOR_NICE,
+            auto_examine: true,
         }
     }
 }
@@ -1163,10 +1171,8 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
     o.print_level = spdk_sys::SPDK_LOG_WARN;
     // Start-up settings of SPDK's own subsystems go through its JSON config (SPDK copies it).
     let config = startup_config(opts);
-    if let Some(c) = &config {
-        o.json_data = c.as_ptr().cast_mut().cast::<c_void>();
-        o.json_data_size = c.len();
-    }
+    o.json_data = config.as_ptr().cast_mut().cast::<c_void>();
+    o.json_data_size = config.len();
     let nice = if opts.interrupt_mode {
         opts.reactor_nice
     } else {
@@ -1197,8 +1203,8 @@ fn run_framework(opts: &SpdkOptions, ready: ReadySender) -> i32 {
 }
 
 /// SPDK's start-up JSON config for what `opts` sets beyond the app options (the NVMe-oF
-/// target's `max_subsystems` and DH groups); `None` when SPDK's defaults do.
-fn startup_config(opts: &SpdkOptions) -> Option<Vec<u8>> {
+/// target's `max_subsystems` and DH groups, the bdev layer's auto-examine).
+fn startup_config(opts: &SpdkOptions) -> Vec<u8> {
     let mut nvmf = Vec::new();
     if opts.max_subsystems > 0 {
         nvmf.push(format!(
@@ -1217,13 +1223,19 @@ fn startup_config(opts: &SpdkOptions) -> Option<Vec<u8>> {
             groups.join(",")
         ));
     }
-    (!nvmf.is_empty()).then(|| {
-        format!(
-            r#"{{"subsystems":[{{"subsystem":"nvmf","config":[{}]}}]}}"#,
+    // Always said: SPDK keeps its bdev options across a restart in the same process, so a
+    // start after one with auto-examine off would otherwise keep it off.
+    let mut subsystems = vec![format!(
+        r#"{{"subsystem":"bdev","config":[{{"method":"bdev_set_options","params":{{"bdev_auto_examine":{}}}}}]}}"#,
+        opts.auto_examine
+    )];
+    if !nvmf.is_empty() {
+        subsystems.push(format!(
+            r#"{{"subsystem":"nvmf","config":[{}]}}"#,
             nvmf.join(",")
-        )
-        .into_bytes()
-    })
+        ));
+    }
+    format!(r#"{{"subsystems":[{}]}}"#, subsystems.join(",")).into_bytes()
 }
 
 /// A running SPDK runtime. Dropping it stops SPDK (see [`Spdk::stop`]).

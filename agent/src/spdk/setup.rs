@@ -27,6 +27,10 @@ pub fn runtime_options(cfg: &Config) -> SpdkOptions {
         request_timeout: cfg.timeouts.spdk_request,
         max_subsystems: sp.max_subsystems,
         reactor_nice: sp.reactor_nice,
+        // SPDK's default. A node with replicated volumes wants it off, so that SPDK never
+        // assembles a stale replica by itself (docs/replicas-spdk.md); pools then load with
+        // liteio_spdk::bdev::examine.
+        auto_examine: true,
         // Names checked by Config::validate; one that is not a group is left out here.
         dhchap_dhgroups: cfg
             .nvmf
