@@ -2,8 +2,9 @@
 //! migration pipes and to test the target end to end.
 
 use std::ffi::{CString, c_char, c_void};
+use std::time::Duration;
 
-use super::error::{Result, SpdkError};
+use super::error::{Result, SpdkError, libc_errno};
 use super::nvmf::{AnaState, DhGroup, HostKeys, ptr_or_null};
 use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
@@ -41,7 +42,8 @@ unsafe extern "C" fn attached(arg: *mut c_void, count: usize, rc: i32) {
 }
 
 /// Connect to `subnqn` at `address:port` over TCP as `hostnqn`, creating bdevs named
-/// `<ctrlr>n<nsid>`. Returns their names.
+/// `<ctrlr>n<nsid>`. Returns their names. SPDK's default for a lost connection
+/// ([`AttachOpts::default`]: no reconnect); [`attach_tcp_opts`] chooses.
 pub async fn attach_tcp(
     ctrlr: &str,
     address: &str,
@@ -97,22 +99,205 @@ pub async fn attach_tcp_auth(
     reconnect: Option<Reconnect>,
     keys: &HostKeys,
 ) -> Result<Vec<String>> {
-    let reconnect = reconnect_secs(reconnect)?;
+    let timeouts = reconnect_secs(reconnect)?;
     attach(
         ctrlr,
         tcp_trid(address, port, subnqn)?,
         hostnqn,
-        reconnect,
+        timeouts,
         keys,
         false,
     )
     .await
 }
 
-/// Checked reconnect settings: (seconds between attempts, seconds before giving up).
-fn reconnect_secs(reconnect: Option<Reconnect>) -> Result<Option<(u32, i32)>> {
+/// How an attached controller rides out a lost connection, and how fast its I/O fails
+/// meanwhile: SPDK's per-controller `reconnect_delay_sec`, `fast_io_fail_timeout_sec` and
+/// `ctrlr_loss_timeout_sec` (whole seconds), and the keep-alive timeout.
+///
+/// For a member of a raid1 on another node: a member that cannot be reached must fail its
+/// I/O soon (the raid then fails the member and goes on degraded, with no error to its own
+/// user) instead of holding the raid's I/O, while an outage shorter than
+/// `fast_io_fail_timeout` only delays I/O. [`AttachOpts::raid_member`] is such a setting.
+/// [`AttachOpts::default`] is SPDK's default (no reconnect: I/O fails at once and the
+/// controller is deleted when the connection drops), what [`attach_tcp`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachOpts {
+    /// Between reconnect attempts (whole seconds, at least 1 s); zero: no reconnect (then
+    /// `ctrlr_loss_timeout` must be zero and `fast_io_fail_timeout` `None`).
+    pub reconnect_delay: Duration,
+    /// From the connection's loss until the controller's queued and new I/O fails (while it
+    /// goes on reconnecting): whole seconds, at least `reconnect_delay`, at most
+    /// `ctrlr_loss_timeout`. `None`: I/O waits until the controller is given up.
+    pub fast_io_fail_timeout: Option<Duration>,
+    /// From the connection's loss until the controller is given up and deleted with its
+    /// bdevs (whole seconds, at least `reconnect_delay`); zero: at once (no reconnect);
+    /// `None`: never (reconnect for ever).
+    pub ctrlr_loss_timeout: Option<Duration>,
+    /// The keep-alive timeout asked of the target (the host sends a keep-alive every half
+    /// of it; a target that hears none for that long drops the host's controller; SPDK's
+    /// target takes 10 s at least). SPDK applies one value to every NVMe controller of the
+    /// process: a value other than the current one is set only while no controller is
+    /// attached (else `keep_alive_timeout` [`SpdkError::InvalidArgument`]). `None`: the
+    /// current one (SPDK's default: 10 s).
+    pub keep_alive_timeout: Option<Duration>,
+}
+
+impl Default for AttachOpts {
+    fn default() -> Self {
+        Self {
+            reconnect_delay: Duration::ZERO,
+            fast_io_fail_timeout: None,
+            ctrlr_loss_timeout: Some(Duration::ZERO),
+            keep_alive_timeout: None,
+        }
+    }
+}
+
+impl AttachOpts {
+    /// For a raid1 member on another node: reconnect every second; I/O fails after 2 s
+    /// without a connection (the raid degrades instead of waiting); the controller is
+    /// given up after 30 s.
+    pub fn raid_member() -> Self {
+        Self {
+            reconnect_delay: Duration::from_secs(1),
+            fast_io_fail_timeout: Some(Duration::from_secs(2)),
+            ctrlr_loss_timeout: Some(Duration::from_secs(30)),
+            keep_alive_timeout: None,
+        }
+    }
+
+    /// The settings checked as SPDK checks them and turned into its units.
+    fn timeouts(&self) -> Result<Timeouts> {
+        let bad = |reason: String| {
+            Err(SpdkError::InvalidArgument {
+                field: "attach_opts",
+                reason,
+            })
+        };
+        let secs = |what: &str, d: Duration| -> Result<u32> {
+            if d.subsec_nanos() != 0 {
+                return Err(SpdkError::InvalidArgument {
+                    field: "attach_opts",
+                    reason: format!("{what} {d:?} is not a whole number of seconds"),
+                });
+            }
+            u32::try_from(d.as_secs())
+                .ok()
+                .filter(|s| *s <= i32::MAX as u32)
+                .ok_or_else(|| SpdkError::InvalidArgument {
+                    field: "attach_opts",
+                    reason: format!("{what} {d:?} is too long"),
+                })
+        };
+        let delay = secs("reconnect_delay", self.reconnect_delay)?;
+        let fast = match self.fast_io_fail_timeout {
+            Some(d) if d.is_zero() => {
+                return bad("fast_io_fail_timeout of zero: say None for no fast fail".into());
+            }
+            Some(d) => secs("fast_io_fail_timeout", d)?,
+            None => 0,
+        };
+        // SPDK: -1 for ever, 0 at once.
+        let loss: i32 = match self.ctrlr_loss_timeout {
+            // At most i32::MAX: checked by `secs`.
+            Some(d) => secs("ctrlr_loss_timeout", d)? as i32,
+            None => -1,
+        };
+        if loss == 0 {
+            if delay != 0 || fast != 0 {
+                return bad(format!(
+                    "without reconnecting (ctrlr_loss_timeout zero), reconnect_delay must be zero and fast_io_fail_timeout None (got {:?}, {:?})",
+                    self.reconnect_delay, self.fast_io_fail_timeout
+                ));
+            }
+        } else {
+            if delay == 0 {
+                return bad("reconnecting needs a reconnect_delay of at least 1 s".into());
+            }
+            if loss > 0 && delay > loss as u32 {
+                return bad(format!(
+                    "reconnect_delay {:?} is longer than ctrlr_loss_timeout {:?}",
+                    self.reconnect_delay, self.ctrlr_loss_timeout
+                ));
+            }
+            if fast != 0 && fast < delay {
+                return bad(format!(
+                    "fast_io_fail_timeout {:?} is shorter than reconnect_delay {:?}",
+                    self.fast_io_fail_timeout, self.reconnect_delay
+                ));
+            }
+            if fast != 0 && loss > 0 && fast > loss as u32 {
+                return bad(format!(
+                    "fast_io_fail_timeout {:?} is longer than ctrlr_loss_timeout {:?}",
+                    self.fast_io_fail_timeout, self.ctrlr_loss_timeout
+                ));
+            }
+        }
+        let keep_alive_ms = match self.keep_alive_timeout {
+            Some(d) if d.is_zero() => {
+                return Err(SpdkError::InvalidArgument {
+                    field: "keep_alive_timeout",
+                    reason: "zero would turn keep-alives off; say None for the current one".into(),
+                });
+            }
+            Some(d) => {
+                Some(
+                    u32::try_from(d.as_millis()).map_err(|_| SpdkError::InvalidArgument {
+                        field: "keep_alive_timeout",
+                        reason: format!("{d:?} is too long"),
+                    })?,
+                )
+            }
+            None => None,
+        };
+        Ok(Timeouts {
+            reconnect_delay_sec: delay,
+            ctrlr_loss_timeout_sec: loss,
+            fast_io_fail_timeout_sec: fast,
+            keep_alive_ms,
+        })
+    }
+}
+
+/// SPDK's units of [`AttachOpts`], checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timeouts {
+    reconnect_delay_sec: u32,
+    ctrlr_loss_timeout_sec: i32,
+    fast_io_fail_timeout_sec: u32,
+    keep_alive_ms: Option<u32>,
+}
+
+/// Connect to `subnqn` at `address:port` over TCP as `hostnqn`, authenticating with `keys`
+/// (as [`attach_tcp_auth`]), with `opts` for a lost connection: creates bdevs named
+/// `<ctrlr>n<nsid>` and returns their names.
+pub async fn attach_tcp_opts(
+    ctrlr: &str,
+    address: &str,
+    port: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    keys: &HostKeys,
+    opts: &AttachOpts,
+) -> Result<Vec<String>> {
+    let timeouts = opts.timeouts()?;
+    attach(
+        ctrlr,
+        tcp_trid(address, port, subnqn)?,
+        hostnqn,
+        timeouts,
+        keys,
+        false,
+    )
+    .await
+}
+
+/// Checked reconnect settings: [`Reconnect`] as [`AttachOpts`] (I/O waits while SPDK
+/// reconnects); `None` is SPDK's default.
+fn reconnect_secs(reconnect: Option<Reconnect>) -> Result<Timeouts> {
     let Some(r) = reconnect else {
-        return Ok(None);
+        return AttachOpts::default().timeouts();
     };
     let delay = u32::try_from(r.delay.as_secs()).unwrap_or(u32::MAX);
     let loss = i32::try_from(r.give_up_after.as_secs()).unwrap_or(i32::MAX);
@@ -125,7 +310,12 @@ fn reconnect_secs(reconnect: Option<Reconnect>) -> Result<Option<(u32, i32)>> {
             ),
         });
     }
-    Ok(Some((delay, loss)))
+    Ok(Timeouts {
+        reconnect_delay_sec: delay,
+        ctrlr_loss_timeout_sec: loss,
+        fast_io_fail_timeout_sec: 0,
+        keep_alive_ms: None,
+    })
 }
 
 fn check_ip(address: &str) -> Result<()> {
@@ -163,12 +353,12 @@ pub async fn attach_tcp_path(
     reconnect: Option<Reconnect>,
     keys: &HostKeys,
 ) -> Result<Vec<String>> {
-    let reconnect = reconnect_secs(reconnect)?;
+    let timeouts = reconnect_secs(reconnect)?;
     attach(
         ctrlr,
         tcp_trid(address, port, subnqn)?,
         hostnqn,
-        reconnect,
+        timeouts,
         keys,
         true,
     )
@@ -286,21 +476,20 @@ pub async fn attach_pcie(ctrlr: &str, bdf: &str) -> Result<Vec<String>> {
         ctrlr,
         format!("trtype:PCIe traddr:{bdf}"),
         "",
-        None,
+        AttachOpts::default().timeouts()?,
         &HostKeys::default(),
         false,
     )
     .await
 }
 
-/// `reconnect`: (seconds between attempts, seconds before giving up), checked by the caller.
-/// `multipath`: add a path to the controller `ctrlr` (active-passive) instead of failing
-/// when the name is taken.
+/// `timeouts`: checked by the caller. `multipath`: add a path to the controller `ctrlr`
+/// (active-passive) instead of failing when the name is taken.
 async fn attach(
     ctrlr: &str,
     trid: String,
     hostnqn: &str,
-    reconnect: Option<(u32, i32)>,
+    timeouts: Timeouts,
     keys: &HostKeys,
     multipath: bool,
 ) -> Result<Vec<String>> {
@@ -345,15 +534,21 @@ async fn attach(
                 *dst = *src as c_char;
             }
         }
+        let admin_ms = ADMIN_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed);
+        if admin_ms > 0 {
+            drv.admin_timeout_ms = u32::try_from(admin_ms).unwrap_or(u32::MAX);
+        }
         // SAFETY: as above.
         let mut bopts: spdk_sys::spdk_bdev_nvme_ctrlr_opts = unsafe { std::mem::zeroed() };
         // SAFETY: `bopts` writable.
         unsafe { spdk_sys::spdk_bdev_nvme_get_default_ctrlr_opts(&mut bopts) };
-        if let Some((delay, loss)) = reconnect {
-            // I/O waits (fast_io_fail_timeout_sec 0) while SPDK reconnects.
-            bopts.reconnect_delay_sec = delay;
-            bopts.ctrlr_loss_timeout_sec = loss;
-            bopts.fast_io_fail_timeout_sec = 0;
+        bopts.reconnect_delay_sec = timeouts.reconnect_delay_sec;
+        bopts.ctrlr_loss_timeout_sec = timeouts.ctrlr_loss_timeout_sec;
+        bopts.fast_io_fail_timeout_sec = timeouts.fast_io_fail_timeout_sec;
+        if let Some(ms) = timeouts.keep_alive_ms
+            && let Err(e) = set_keep_alive(ms)
+        {
+            return reply.send(Err(e));
         }
         if multipath {
             bopts.multipath = true;
@@ -390,6 +585,110 @@ async fn attach(
             // SAFETY: SPDK refused the call and never took `arg`: answered here, once.
             unsafe { attached(arg, 0, rc) };
         }
+    })
+    .await
+}
+
+/// Make `ms` the keep-alive timeout of SPDK's NVMe controllers (one value for all of them,
+/// which `spdk_bdev_nvme_create` copies into each); on the reactor.
+fn set_keep_alive(ms: u32) -> Result<()> {
+    // SAFETY: a zeroed options struct is a valid buffer for the getter, which fills it.
+    let mut o: spdk_sys::spdk_bdev_nvme_opts = unsafe { std::mem::zeroed() };
+    // SAFETY: on the reactor; `o` is writable and of the size passed.
+    unsafe { spdk_sys::spdk_bdev_nvme_get_opts(&mut o, std::mem::size_of_val(&o)) };
+    if o.keep_alive_timeout_ms == ms {
+        return Ok(());
+    }
+    let now = o.keep_alive_timeout_ms;
+    o.keep_alive_timeout_ms = ms;
+    // SAFETY: on the reactor; `o` was filled by the getter and is copied by the call.
+    let rc = unsafe { spdk_sys::spdk_bdev_nvme_set_opts(&o) };
+    match rc {
+        0 => Ok(()),
+        rc if rc == -libc_errno::EPERM => Err(SpdkError::InvalidArgument {
+            field: "keep_alive_timeout",
+            reason: format!(
+                "{ms} ms: SPDK applies one keep-alive timeout ({now} ms now) to every NVMe controller and changes it only while none is attached"
+            ),
+        }),
+        rc => Err(SpdkError::errno(
+            "set the NVMe keep-alive timeout",
+            format!("{ms} ms"),
+            rc,
+        )),
+    }
+}
+
+/// [`IoTimeouts::admin`] in milliseconds (0: none), for the controllers attached from now on.
+static ADMIN_TIMEOUT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Deadlines of the NVMe controllers' commands ([`set_io_timeouts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoTimeouts {
+    /// An I/O command without an answer for this long resets its controller; `None`: wait.
+    pub io: Option<Duration>,
+    /// The same for admin commands, keep-alives included (needs `io`); `None`: wait. Also
+    /// how long the controllers attached from now on wait for SPDK's synchronous admin
+    /// commands (SPDK's `admin_timeout_ms`, 30 s by default), which hold the reactor while
+    /// they wait: the status read after an I/O deadline passed is one, so with a silent
+    /// target each I/O deadline would otherwise stall every volume of the node for 30 s.
+    pub admin: Option<Duration>,
+}
+
+/// Reset a controller whose command (I/O, or admin with `admin`) got no answer in time:
+/// SPDK's `timeout_us`, `timeout_admin_us` and `action_on_timeout = reset`, for every NVMe
+/// controller of this SPDK (set while none is attached: else `EPERM`). A target that vanished
+/// without closing the connection (a node powered off, a link down) sends nothing, so
+/// without a deadline the I/O waits until TCP gives up (minutes); with one, the controller
+/// is reset, its reconnects fail, and [`AttachOpts::fast_io_fail_timeout`] fails the I/O.
+/// Both `None`: no deadline (SPDK's default).
+pub async fn set_io_timeouts(t: &IoTimeouts) -> Result<()> {
+    let us = |what: &'static str, d: Option<Duration>| -> Result<u64> {
+        match d {
+            None => Ok(0),
+            Some(d) if d.is_zero() => Err(SpdkError::InvalidArgument {
+                field: what,
+                reason: "zero: say None for no deadline".into(),
+            }),
+            Some(d) => u64::try_from(d.as_micros()).map_err(|_| SpdkError::InvalidArgument {
+                field: what,
+                reason: format!("{d:?} is too long"),
+            }),
+        }
+    };
+    let (io, admin) = (us("io", t.io)?, us("admin", t.admin)?);
+    if io == 0 && admin != 0 {
+        return Err(SpdkError::InvalidArgument {
+            field: "admin",
+            reason: "an admin deadline needs an I/O deadline too".into(),
+        });
+    }
+    exec(move |reply: Reply<()>| {
+        // SAFETY: a zeroed options struct is a valid buffer for the getter, which fills it.
+        let mut o: spdk_sys::spdk_bdev_nvme_opts = unsafe { std::mem::zeroed() };
+        // SAFETY: on the reactor; `o` is writable and of the size passed.
+        unsafe { spdk_sys::spdk_bdev_nvme_get_opts(&mut o, std::mem::size_of_val(&o)) };
+        o.timeout_us = io;
+        o.timeout_admin_us = admin;
+        o.action_on_timeout = if io == 0 {
+            spdk_sys::SPDK_BDEV_NVME_TIMEOUT_ACTION_NONE
+        } else {
+            spdk_sys::SPDK_BDEV_NVME_TIMEOUT_ACTION_RESET
+        };
+        // SAFETY: on the reactor; `o` was filled by the getter and is copied by the call.
+        let rc = unsafe { spdk_sys::spdk_bdev_nvme_set_opts(&o) };
+        if rc == 0 {
+            ADMIN_TIMEOUT_MS.store(admin / 1000, std::sync::atomic::Ordering::Relaxed);
+        }
+        reply.send(if rc == 0 {
+            Ok(())
+        } else {
+            Err(SpdkError::errno(
+                "set the NVMe command deadlines",
+                format!("I/O {io} us, admin {admin} us"),
+                rc,
+            ))
+        });
     })
     .await
 }
@@ -486,4 +785,125 @@ pub async fn set_dhchap_dhgroups(groups: &[DhGroup]) -> Result<()> {
         });
     })
     .await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn attach_opts_map_to_spdk_as_spdk_checks_them() {
+        let t = AttachOpts::default().timeouts().unwrap();
+        assert_eq!(
+            (
+                t.reconnect_delay_sec,
+                t.ctrlr_loss_timeout_sec,
+                t.fast_io_fail_timeout_sec
+            ),
+            (0, 0, 0),
+            "SPDK's default: no reconnect"
+        );
+        let t = AttachOpts::raid_member().timeouts().unwrap();
+        assert_eq!(
+            (
+                t.reconnect_delay_sec,
+                t.ctrlr_loss_timeout_sec,
+                t.fast_io_fail_timeout_sec
+            ),
+            (1, 30, 2)
+        );
+        let forever = AttachOpts {
+            reconnect_delay: s(2),
+            fast_io_fail_timeout: Some(s(5)),
+            ctrlr_loss_timeout: None,
+            keep_alive_timeout: Some(Duration::from_millis(2500)),
+        };
+        let t = forever.timeouts().unwrap();
+        assert_eq!(t.ctrlr_loss_timeout_sec, -1);
+        assert_eq!(t.keep_alive_ms, Some(2500));
+        let bad = [
+            (
+                AttachOpts {
+                    reconnect_delay: s(1),
+                    ..AttachOpts::default()
+                },
+                "without reconnecting",
+            ),
+            (
+                AttachOpts {
+                    ctrlr_loss_timeout: Some(s(10)),
+                    ..AttachOpts::default()
+                },
+                "needs a reconnect_delay of at least 1 s",
+            ),
+            (
+                AttachOpts {
+                    reconnect_delay: s(5),
+                    ctrlr_loss_timeout: Some(s(3)),
+                    ..AttachOpts::default()
+                },
+                "reconnect_delay 5s is longer than ctrlr_loss_timeout",
+            ),
+            (
+                AttachOpts {
+                    fast_io_fail_timeout: Some(s(1)),
+                    reconnect_delay: s(2),
+                    ctrlr_loss_timeout: Some(s(10)),
+                    keep_alive_timeout: None,
+                },
+                "fast_io_fail_timeout Some(1s) is shorter than reconnect_delay 2s",
+            ),
+            (
+                AttachOpts {
+                    fast_io_fail_timeout: Some(s(40)),
+                    ..AttachOpts::raid_member()
+                },
+                "is longer than ctrlr_loss_timeout",
+            ),
+            (
+                AttachOpts {
+                    fast_io_fail_timeout: Some(Duration::from_millis(1500)),
+                    ..AttachOpts::raid_member()
+                },
+                "not a whole number of seconds",
+            ),
+            (
+                AttachOpts {
+                    fast_io_fail_timeout: Some(Duration::ZERO),
+                    ..AttachOpts::raid_member()
+                },
+                "say None",
+            ),
+            (
+                AttachOpts {
+                    keep_alive_timeout: Some(Duration::ZERO),
+                    ..AttachOpts::raid_member()
+                },
+                "keep_alive_timeout: zero",
+            ),
+        ];
+        for (o, text) in bad {
+            let e = o.timeouts().unwrap_err();
+            assert!(e.to_string().contains(text), "{o:?}: {e}");
+        }
+        // The older Reconnect maps to the same: I/O waits while reconnecting.
+        let t = reconnect_secs(Some(Reconnect {
+            delay: s(1),
+            give_up_after: s(60),
+        }))
+        .unwrap();
+        assert_eq!(
+            (
+                t.reconnect_delay_sec,
+                t.ctrlr_loss_timeout_sec,
+                t.fast_io_fail_timeout_sec
+            ),
+            (1, 60, 0)
+        );
+    }
 }
