@@ -304,7 +304,13 @@ mod link {
         ] {
             println!("cargo:rerun-if-env-changed={var}");
         }
-        for f in ["wrapper.h", "shim/shim.c", "shim/gate.c", "shim/shim.h"] {
+        for f in [
+            "wrapper.h",
+            "shim/shim.c",
+            "shim/gate.c",
+            "shim/nvmf_hosts.c",
+            "shim/shim.h",
+        ] {
             println!("cargo:rerun-if-changed={f}");
         }
         let spdk = locate();
@@ -326,12 +332,15 @@ mod link {
         let mut cc = cc::Build::new();
         cc.file("shim/shim.c")
             .file("shim/gate.c")
+            .file("shim/nvmf_hosts.c")
             .warnings(true)
             .extra_warnings(false)
             .flag_if_supported("-Wno-unused-parameter");
         for i in &includes {
             cc.include(i);
         }
+        // nvmf_hosts.c reads the subsystem's controllers from the library's private header.
+        cc.include(spdk.src.join("lib/nvmf"));
         cc.compile("liteio_spdk_shim");
 
         let mut builder = bindgen::Builder::default()

@@ -283,6 +283,14 @@ int liteio_nvmf_add_host(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
 int liteio_nvmf_set_keys(struct spdk_nvmf_subsystem *ss, const char *hostnqn,
 			 const char *dhchap_key, const char *dhchap_ctrlr_key);
 
+/* Longest host NQN the shim reports, NUL included (SPDK_NVMF_NQN_MAX_LEN + 1). */
+#define LITEIO_NQN_MAX 224
+
+/* Write the host NQNs of the controllers connected to `ss` now (each once) into `out`, room
+ * for `max` of LITEIO_NQN_MAX bytes each. Returns how many hosts there are (may exceed `max`).
+ * Call on the app thread (the subsystem's thread). */
+int liteio_nvmf_connected_hosts(struct spdk_nvmf_subsystem *ss, char *out, int max);
+
 /* Give the attached NVMe bdev controller `name` new DH-HMAC-CHAP keys (names in the keyring;
  * NULL: none) and re-authenticate its connected queue pairs with them, without
  * disconnecting. Returns 0 when the operation started (`cb_fn` will run), or a negative
