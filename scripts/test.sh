@@ -6,7 +6,7 @@
 #   T1  components against the test API server and the file engine (tests/t1_*.rs): always;
 #       the PostgreSQL MetaSync tests use a private PostgreSQL started here (see pg_start)
 #   T2  against a real kube-apiserver (tests/t2_*.rs): when LITEIO_TEST_KUBECONFIG is set
-#   T3  against real SPDK (agent feature `spdk`, tests/t3_*.rs): when SPDK is found
+#   T3  against real SPDK (agent feature `spdk`, liteio-spdk feature `link`, t3_*.rs): when SPDK is found
 #       (SPDK_DIR, vendor/spdk, or pkg-config's spdk_nvmf)
 #   T4  Debian's stock kernels in microVMs (tests/t4_*.rs): when QEMU, virtme-ng and the
 #       kernels are installed (installed here when root on Debian; LITEIO_TEST_T4=0 skips)
@@ -252,7 +252,8 @@ fi
 if ! spdk_found; then
     skip_tier T3 "SPDK not found (set SPDK_DIR, place it at vendor/spdk, or install spdk_nvmf.pc for pkg-config)"
 else
-    t3_args=(-p liteio-agent --features spdk)
+    # The agent's T3 tests and the safe SPDK crate's own (spdk/tests/t3_*.rs).
+    t3_args=(-p liteio-agent -p liteio-spdk --features liteio-agent/spdk,liteio-spdk/link)
     [ -n "$(targets_with_prefix t3_)" ] && t3_args+=(--test 't3_*')
     run_tier T3 "real SPDK" -- "${t3_args[@]}" -- --test-threads=1 --show-output
 fi
