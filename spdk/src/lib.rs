@@ -2,8 +2,8 @@
 //! and lvols, the NVMe-oF target and initiator, block I/O, thread statistics).
 //!
 //! Raid bdevs ([`raid`]) come in three levels: concat and raid0 join the members of a
-//! multi-disk volume (chained or striped), raid1 mirrors the replicas of a replicated volume
-//! (a later issue).
+//! multi-disk volume (chained or striped), raid1 with a superblock mirrors the replicas of a
+//! replicated volume (`docs/replicas-spdk.md`).
 //!
 //! With `spdk-sys` this is the only crate of the workspace with `unsafe` code. Every call
 //! runs its SPDK work on SPDK's application thread and answers through a oneshot channel;
