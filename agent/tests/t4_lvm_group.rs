@@ -432,7 +432,13 @@ async fn grow(
             ..Default::default()
         })
         .await
-        .map_err(|e| format!("ControllerExpandVolume {pv}: {:?}: {}", e.code(), e.message()))?
+        .map_err(|e| {
+            format!(
+                "ControllerExpandVolume {pv}: {:?}: {}",
+                e.code(),
+                e.message()
+            )
+        })?
         .into_inner();
     check!(
         placed.capacity_bytes >= want && placed.node_expansion_required,
