@@ -32,6 +32,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 
+use liteio_api::replica::ReplicaStatus;
 use liteio_api::{SpdkLvol, SpdkTarget};
 
 /// A boxed future of an exporter call.
@@ -111,14 +112,18 @@ pub enum AssemblyLevel {
     Concat,
     /// Striped (`raid0`).
     Raid0,
+    /// Every member a whole copy (`raid1`: a replicated volume): a raid1 bdev with an on-disk
+    /// superblock, which serves while one member is whole, and rebuilds a member added to it.
+    Mirror,
 }
 
 impl AssemblyLevel {
-    /// The name used in messages (`concat`, `raid0`).
+    /// The name used in messages (`concat`, `raid0`, `raid1`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Concat => "concat",
             Self::Raid0 => "raid0",
+            Self::Mirror => "raid1",
         }
     }
 }
@@ -137,6 +142,12 @@ pub enum MemberSource {
     Remote {
         /// Its export (`spec.spdkTarget`).
         target: SpdkTarget,
+    },
+    /// A replica the assembling node cannot reach now (its node is down, it is not exported
+    /// to this node, …): a mirror serves without it. Refused for other levels.
+    Absent {
+        /// Why (reported in the replica's status).
+        reason: String,
     },
 }
 
@@ -179,6 +190,11 @@ pub struct AssemblyRequest {
     /// The target recorded on the data control (`status.spdkTarget`) by an earlier
     /// assembly: kept (NQN, serial, namespace UUID, port when free).
     pub preset: Option<SpdkTarget>,
+    /// Mirror only: the volume was never assembled (no data yet), so the raid is made over
+    /// every member, which must all be present. Otherwise a missing raid is assembled again
+    /// from its members' superblocks (degraded if need be), never made anew over them: a
+    /// replica that missed writes is rebuilt, never read as current.
+    pub new_mirror: bool,
 }
 
 /// What to tear down: the assembly of a data control.
@@ -331,6 +347,14 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     /// SPDK target assembles.
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move { Err(no_assembly(&req.name)) })
+    }
+
+    /// The state of each replica of a mirror assembly (`req.level` Mirror), in member order:
+    /// online, rebuilding (with progress), failed or missing. Empty for other levels and
+    /// for a target that does not assemble.
+    fn replicas<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, Vec<ReplicaStatus>> {
+        let _ = req;
+        Box::pin(async move { Ok(Vec::new()) })
     }
 
     /// Tears an assembly down: the subsystem, then the raid bdev, then the initiator

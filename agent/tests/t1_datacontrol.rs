@@ -643,7 +643,7 @@ async fn a_raid_level_that_is_not_assembled_is_refused_by_name() {
         .unwrap();
         let msg = wait_message(&dapi, PV, "spec.raid.level").await;
         assert!(
-            msg.contains("raid5 is not assembled (linear and raid0 are)"),
+            msg.contains("raid5 is not assembled (linear, raid0 and raid1 are)"),
             "{msg}"
         );
         assert_eq!(fake.calls(), 0);

@@ -119,6 +119,7 @@ fn an_assembly_is_made_kept_changed_and_removed_and_a_failed_one_leaves_nothing(
             allowed_hosts: vec![HOST.into()],
             keys: Some(keys.clone()),
             preset: None,
+            new_mirror: false,
         };
 
         // A member that cannot be attached (nothing listens there): nothing is left, and

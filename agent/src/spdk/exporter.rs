@@ -13,6 +13,7 @@
 
 use std::sync::Mutex;
 
+use liteio_api::replica::{ReplicaState, ReplicaStatus};
 use liteio_api::{SpdkTarget, naming};
 
 use super::error::SpdkError;
@@ -43,6 +44,10 @@ pub struct SpdkExporter {
     /// process: every subsystem there was made here). A migration destination has a second
     /// listener, the pipe's, and nothing in SPDK tells the two apart.
     host_ports: Mutex<std::collections::HashMap<String, u16>>,
+    /// The subsystem NQN each assembly member controller was attached to by this exporter
+    /// (a replica replaced in its slot has another; after a restart the path's address
+    /// tells).
+    member_nqns: Mutex<std::collections::HashMap<String, String>>,
     /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
     auth: bool,
     /// SPDK runs in interrupt mode, where its NVMe/TCP initiator (the migration pipe)
@@ -171,6 +176,7 @@ impl SpdkExporter {
             cursor: Mutex::new(start),
             reserved: Mutex::new(std::collections::HashSet::new()),
             host_ports: Mutex::new(std::collections::HashMap::new()),
+            member_nqns: Mutex::new(std::collections::HashMap::new()),
             auth: false,
             interrupt_mode: false,
         }
@@ -443,11 +449,21 @@ impl SpdkExporter {
                 })?;
                 Ok(b.name)
             }
+            MemberSource::Absent { reason } => Err(ExportError::InvalidRequest(format!(
+                "multi-disk volume {}: member {} is not reachable ({reason}); only a replicated volume serves without a member",
+                req.name, m.volume
+            ))),
             MemberSource::Remote { target } => {
                 let ctrl = naming::assembly_controller(&req.name, index);
                 let ns = naming::nvme_ns_bdev(&ctrl);
                 if bdev::get(&ns).await.map_err(target_err)?.is_some() {
-                    return Ok(ns);
+                    if req.level != AssemblyLevel::Mirror || self.attached_to(&ctrl, target).await {
+                        return Ok(ns);
+                    }
+                    // A replica replaced in its slot: the controller reaches the old one.
+                    // Out of the raid first, then detached, then the new one attached.
+                    tracing::info!(assembly = %req.name, member = %m.volume, controller = %ctrl, "slot's controller reaches a replaced replica; detaching it");
+                    raid::remove_raid_base(&ns).await.map_err(target_err)?;
                 }
                 let port: u16 = target.svc_id.parse().map_err(|_| {
                     ExportError::InvalidRequest(format!(
@@ -461,17 +477,32 @@ impl SpdkExporter {
                     Ok(()) | Err(SpdkError::NotFound { .. }) => {}
                     Err(e) => return Err(target_err(e)),
                 }
-                let names = initiator::attach_tcp_auth(
-                    &ctrl,
-                    &target.address,
-                    port,
-                    &target.subsys_nqn,
-                    &req.hostnqn,
-                    Some(MEMBER_RECONNECT),
-                    keys,
-                )
-                .await
-                .map_err(|e| ExportError::Target {
+                let attached = if req.level == AssemblyLevel::Mirror {
+                    // A replica whose node dies must fail its I/O fast, so that the raid
+                    // degrades instead of holding the host's I/O.
+                    initiator::attach_tcp_opts(
+                        &ctrl,
+                        &target.address,
+                        port,
+                        &target.subsys_nqn,
+                        &req.hostnqn,
+                        keys,
+                        &initiator::AttachOpts::raid_member(),
+                    )
+                    .await
+                } else {
+                    initiator::attach_tcp_auth(
+                        &ctrl,
+                        &target.address,
+                        port,
+                        &target.subsys_nqn,
+                        &req.hostnqn,
+                        Some(MEMBER_RECONNECT),
+                        keys,
+                    )
+                    .await
+                };
+                let names = attached.map_err(|e| ExportError::Target {
                     message: format!(
                         "multi-disk volume {}: cannot attach member {} (node {}) at {}:{port} as {}",
                         req.name, m.volume, m.node, target.address, req.hostnqn
@@ -479,6 +510,10 @@ impl SpdkExporter {
                     source: Some(Box::new(e)),
                 })?;
                 made.controllers.push(ctrl.clone());
+                self.member_nqns
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(ctrl.clone(), target.subsys_nqn.clone());
                 if !names.contains(&ns) {
                     return Err(ExportError::Target {
                         message: format!(
@@ -506,6 +541,12 @@ impl SpdkExporter {
         let level = match req.level {
             AssemblyLevel::Concat => RaidLevel::Concat,
             AssemblyLevel::Raid0 => RaidLevel::Raid0,
+            AssemblyLevel::Mirror => {
+                return Err(ExportError::InvalidRequest(format!(
+                    "multi-disk volume {}: a mirror is made by mirror_over",
+                    req.name
+                )));
+            }
         };
         let had = match raid::raid_info(&name).await.map_err(target_err)? {
             Some(i) if i.state != RaidState::Online || i.deleting => {
@@ -532,6 +573,233 @@ impl SpdkExporter {
             tracing::info!(assembly = %req.name, level = %level, strip_kb = req.strip_kb, members = bases.len(), "raid bdev made");
         }
         Ok(name)
+    }
+
+    /// Whether initiator controller `ctrl` reaches `target` (its first path's address and
+    /// port); no when it cannot tell.
+    async fn attached_to(&self, ctrl: &str, target: &SpdkTarget) -> bool {
+        let known = self
+            .member_nqns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(ctrl)
+            .cloned();
+        if let Some(nqn) = known {
+            return nqn == target.subsys_nqn;
+        }
+        match initiator::paths(ctrl).await {
+            Ok(paths) => paths.first().is_some_and(|p| {
+                p.address == target.address && p.port.to_string() == target.svc_id
+            }),
+            Err(_) => false,
+        }
+    }
+
+    /// The raid1 of a replicated volume over its reachable replicas (see
+    /// [`AssemblyRequest::new_mirror`]): made with a superblock over every replica when the
+    /// volume is new; otherwise found, or assembled again from the replicas' superblocks
+    /// (degraded when some are missing; a replica that missed writes is left out). Then
+    /// re-asserted: a slot whose replica is no longer a member (replaced) is removed, and one
+    /// reachable replica that is not in the raid is added and rebuilt — one at a time, while
+    /// no rebuild runs. A replica that cannot be attached counts as missing: the mirror
+    /// serves without it.
+    async fn mirror_over(
+        &self,
+        req: &AssemblyRequest,
+        keys: &HostKeys,
+        made: &mut Made,
+    ) -> Result<String, ExportError> {
+        let name = naming::assembly_bdev(&req.name);
+        let mut present: Vec<String> = Vec::new();
+        let mut missing: Vec<String> = Vec::new();
+        for (i, m) in req.members.iter().enumerate() {
+            if let MemberSource::Absent { reason } = &m.source {
+                missing.push(format!("{} ({reason})", m.volume));
+                continue;
+            }
+            match self.member_bdev(req, i, keys, made).await {
+                Ok(b) => present.push(b),
+                Err(e) if !req.new_mirror => {
+                    tracing::warn!(assembly = %req.name, member = %m.volume, error = %e, "replica not reachable; the mirror serves without it");
+                    missing.push(format!("{} ({e})", m.volume));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let info = raid::raid_info(&name).await.map_err(target_err)?;
+        let info = match info {
+            Some(i) if !i.deleting && i.state == RaidState::Online => i,
+            found => {
+                if let Some(i) = found {
+                    // Configuring (waiting for members) or offline: assembled again below.
+                    tracing::warn!(assembly = %req.name, state = %i.state, "mirror not online; assembling it again from its replicas");
+                    raid::delete_raid(&name).await.map_err(target_err)?;
+                }
+                if req.new_mirror {
+                    if !missing.is_empty() || present.len() < 2 {
+                        return Err(ExportError::InvalidRequest(format!(
+                            "replicated volume {}: a new mirror is made over every replica, and {} of {} are reachable (missing: {})",
+                            req.name,
+                            present.len(),
+                            req.members.len(),
+                            missing.join(", ")
+                        )));
+                    }
+                    // SPDK gives the raid a UUID of its own (not the export's namespace
+                    // UUID: a host in the same process would take that for its bdev).
+                    raid::create_raid_with(
+                        &name,
+                        RaidLevel::Raid1,
+                        &present,
+                        0,
+                        &raid::RaidCreateOpts {
+                            superblock: true,
+                            uuid: None,
+                        },
+                    )
+                    .await
+                    .map_err(|e| ExportError::Target {
+                        message: format!(
+                            "replicated volume {}: cannot make the raid1 over [{}]",
+                            req.name,
+                            present.join(", ")
+                        ),
+                        source: Some(Box::new(e)),
+                    })?;
+                    made.raid = Some(name.clone());
+                    tracing::info!(assembly = %req.name, replicas = present.len(), "mirror made over every replica");
+                } else {
+                    let a = raid::assemble_from_superblock(&name, &present, true)
+                        .await
+                        .map_err(|e| ExportError::Target {
+                            message: format!(
+                                "replicated volume {}: cannot assemble the raid1 again from the superblocks of [{}]",
+                                req.name,
+                                present.join(", ")
+                            ),
+                            source: Some(Box::new(e)),
+                        })?;
+                    made.raid = Some(name.clone());
+                    tracing::info!(assembly = %req.name, not_current = ?a.not_current, absent = ?a.absent, missing = ?missing, "mirror assembled again from its replicas' superblocks");
+                }
+                raid::raid_info(&name)
+                    .await
+                    .map_err(target_err)?
+                    .ok_or_else(|| ExportError::Target {
+                        message: format!("replicated volume {}: its raid1 vanished", req.name),
+                        source: None,
+                    })?
+            }
+        };
+        // Slots of replicas that are no longer members (replaced) leave the raid.
+        for b in &info.bases {
+            if let Some(n) = &b.name
+                && b.configured
+                && !present.contains(n)
+                && !self.is_member_slot(req, n)
+            {
+                raid::remove_raid_base(n).await.map_err(target_err)?;
+                tracing::info!(assembly = %req.name, base = %n, "replica that is no longer a member removed from the mirror");
+            }
+        }
+        // One reachable replica outside the raid joins it and is rebuilt.
+        let info = raid::raid_info(&name)
+            .await
+            .map_err(target_err)?
+            .unwrap_or(info);
+        let rebuilding = info.process.is_some() || info.bases.iter().any(|b| b.rebuilding);
+        if !rebuilding
+            && let Some(b) = present.iter().find(|p| {
+                !info
+                    .bases
+                    .iter()
+                    .any(|s| s.name.as_deref() == Some(p.as_str()) && s.configured)
+            })
+        {
+            raid::add_raid_base(&name, b)
+                .await
+                .map_err(|e| ExportError::Target {
+                    message: format!(
+                        "replicated volume {}: cannot add replica {b} to the mirror",
+                        req.name
+                    ),
+                    source: Some(Box::new(e)),
+                })?;
+            tracing::info!(assembly = %req.name, base = %b, "replica added to the mirror; rebuilding it");
+        }
+        Ok(name)
+    }
+
+    /// Whether base bdev `n` is the bdev of one of `req`'s member slots (a remote member's
+    /// namespace bdev whose controller is gone is still its slot's).
+    fn is_member_slot(&self, req: &AssemblyRequest, n: &str) -> bool {
+        req.members
+            .iter()
+            .enumerate()
+            .any(|(i, m)| match &m.source {
+                MemberSource::Remote { .. } => {
+                    naming::nvme_ns_bdev(&naming::assembly_controller(&req.name, i)) == n
+                }
+                _ => false,
+            })
+    }
+
+    /// The replicas' states for [`Exporter::replicas`].
+    async fn replica_reports(
+        &self,
+        req: &AssemblyRequest,
+    ) -> Result<Vec<ReplicaStatus>, ExportError> {
+        let name = naming::assembly_bdev(&req.name);
+        let info = raid::raid_info(&name).await.map_err(target_err)?;
+        let mut out = Vec::with_capacity(req.members.len());
+        for (i, m) in req.members.iter().enumerate() {
+            let base = match &m.source {
+                MemberSource::Local { lvol } => bdev::get(&lvol.full_name())
+                    .await
+                    .map_err(target_err)?
+                    .map(|b| b.name),
+                MemberSource::Remote { .. } => Some(naming::nvme_ns_bdev(
+                    &naming::assembly_controller(&req.name, i),
+                )),
+                MemberSource::Absent { .. } => None,
+            };
+            let slot = info.as_ref().and_then(|info| {
+                info.bases
+                    .iter()
+                    .find(|b| b.name.is_some() && b.name == base)
+            });
+            let mut st = ReplicaStatus {
+                volume: m.volume.clone(),
+                node: m.node.clone(),
+                state: ReplicaState::Missing,
+                rebuild_percent: None,
+                rebuilt_bytes: None,
+                since: None,
+                message: String::new(),
+            };
+            match (slot, &m.source) {
+                (Some(b), _) if b.rebuilding => {
+                    st.state = ReplicaState::Rebuilding;
+                    if let Some(p) = info.as_ref().and_then(|i| i.process.as_ref()) {
+                        let bs = u64::from(info.as_ref().map_or(0, |i| i.block_size));
+                        st.rebuilt_bytes = Some(p.blocks_done.saturating_mul(bs));
+                        st.rebuild_percent = u8::try_from(p.percent.min(100)).ok();
+                    }
+                }
+                (Some(b), _) if b.configured && !b.failed => st.state = ReplicaState::Online,
+                (Some(_), _) => {
+                    st.state = ReplicaState::Failed;
+                    st.message = "failed by the raid after an I/O error".into();
+                }
+                (None, MemberSource::Absent { reason }) => st.message = reason.clone(),
+                (None, _) => {
+                    st.message =
+                        "reachable, not in the mirror yet (added once no rebuild runs)".into();
+                }
+            }
+            out.push(st);
+        }
+        Ok(out)
     }
 
     /// [`Exporter::ensure_assembly`]'s work; what it makes is recorded in `made`.
@@ -574,15 +842,20 @@ impl SpdkExporter {
         if fresh && self.auth {
             made.keys = Some(req.uuid.clone());
         }
-        let mut bases = Vec::with_capacity(req.members.len());
-        for i in 0..req.members.len() {
-            bases.push(self.member_bdev(req, i, &keys, made).await?);
-        }
-        // One member needs no raid (SPDK's raids take two or more).
-        let exported = match bases.as_slice() {
-            [one] => one.clone(),
-            _ => self.raid_over(req, &bases, made).await?,
+        let exported = if req.level == AssemblyLevel::Mirror {
+            self.mirror_over(req, &keys, made).await?
+        } else {
+            let mut bases = Vec::with_capacity(req.members.len());
+            for i in 0..req.members.len() {
+                bases.push(self.member_bdev(req, i, &keys, made).await?);
+            }
+            // One member needs no raid (SPDK's raids take two or more).
+            match bases.as_slice() {
+                [one] => one.clone(),
+                _ => self.raid_over(req, &bases, made).await?,
+            }
         };
+        let bases_count = req.members.len();
         let size = bdev::get(&exported)
             .await
             .map_err(target_err)?
@@ -592,7 +865,7 @@ impl SpdkExporter {
                 "multi-disk volume {}: the {} of its {} member(s) holds {size} bytes, less than its spec.totalSize {}",
                 req.name,
                 req.level.as_str(),
-                bases.len(),
+                bases_count,
                 req.size_bytes
             )));
         }
@@ -817,6 +1090,15 @@ impl Exporter for SpdkExporter {
                 self.undo(&req.name, made).await;
             }
             res
+        })
+    }
+
+    fn replicas<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, Vec<ReplicaStatus>> {
+        Box::pin(async move {
+            if req.level != AssemblyLevel::Mirror {
+                return Ok(Vec::new());
+            }
+            self.replica_reports(req).await
         })
     }
 

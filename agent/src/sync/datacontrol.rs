@@ -84,8 +84,9 @@ pub fn level_of(dc: &AntstorDataControl) -> std::result::Result<AssemblyLevel, S
     match dc.spec.raid.level {
         RaidLevel::Linear => Ok(AssemblyLevel::Concat),
         RaidLevel::Raid0 => Ok(AssemblyLevel::Raid0),
+        RaidLevel::Raid1 => Ok(AssemblyLevel::Mirror),
         other => Err(format!(
-            "spec.raid.level: {} is not assembled (linear and raid0 are)",
+            "spec.raid.level: {} is not assembled (linear, raid0 and raid1 are)",
             serde_json::to_value(other)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
@@ -164,6 +165,49 @@ pub fn assembly_members(
                 node: on.to_string(),
                 source,
             });
+        }
+    }
+    if out.is_empty() {
+        return Err("its volume groups have no members".into());
+    }
+    Ok(out)
+}
+
+/// The replicas of a replicated volume that is served already, as this node assembles them:
+/// a replica [`assembly_members`] would wait for is [`MemberSource::Absent`] with that
+/// reason instead (the mirror serves without it). `Err` when a group is not placed.
+pub fn mirror_members(
+    node: &str,
+    groups: &[AntstorVolumeGroup],
+    vols: &BTreeMap<String, AntstorVolume>,
+) -> std::result::Result<Vec<AssemblyMember>, String> {
+    let mut out = Vec::new();
+    for g in groups {
+        if !g.fully_placed() {
+            return Err(format!(
+                "waiting for AntstorVolumeGroup {} to be placed",
+                g.name_any()
+            ));
+        }
+        for m in &g.spec.volumes {
+            let one = AntstorVolumeGroup {
+                spec: liteio_api::AntstorVolumeGroupSpec {
+                    volumes: vec![m.clone()],
+                    total_size: 0,
+                    ..g.spec.clone()
+                },
+                ..g.clone()
+            };
+            let member = match assembly_members(node, std::slice::from_ref(&one), vols) {
+                Ok(mut v) if v.len() == 1 => v.remove(0),
+                Ok(_) => continue,
+                Err(reason) => AssemblyMember {
+                    volume: m.vol_id.name.clone(),
+                    node: m.target_node_name.clone(),
+                    source: MemberSource::Absent { reason },
+                },
+            };
+            out.push(member);
         }
     }
     if out.is_empty() {
@@ -252,7 +296,15 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
         Ok(x) => x,
         Err(why) => return wait(ctx, dc, &why).await,
     };
-    let members = match assembly_members(&ctx.node, &groups, &vols) {
+    // A replicated volume that was served once goes on without the replicas it cannot
+    // reach; a new one (and every other level) waits for all of its members.
+    let serving_mirror = level == AssemblyLevel::Mirror && is_ready(dc);
+    let members = if serving_mirror {
+        mirror_members(&ctx.node, &groups, &vols)
+    } else {
+        assembly_members(&ctx.node, &groups, &vols)
+    };
+    let members = match members {
         Ok(m) => m,
         Err(why) => return wait(ctx, dc, &why).await,
     };
@@ -300,6 +352,7 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
         allowed_hosts,
         keys,
         preset: dc.status.as_ref().and_then(|s| s.spdk_target.clone()),
+        new_mirror: level == AssemblyLevel::Mirror && !serving_mirror,
     };
     let target: SpdkTarget =
         ctx.exporter
@@ -329,8 +382,78 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
         rvs.extend(dc.metadata.resource_version.iter().cloned());
         info!(nqn = %target.subsys_nqn, address = %target.address, port = %target.svc_id, members = req.members.len(), level = req.level.as_str(), "multi-disk volume assembled and exported");
     }
+    if req.level == AssemblyLevel::Mirror {
+        let replicas =
+            ctx.exporter
+                .replicas(&req)
+                .await
+                .map_err(|source| AgentError::Assembly {
+                    op: "report the replicas of",
+                    data_control: dc.name_any(),
+                    source,
+                })?;
+        let now = dc
+            .status
+            .as_ref()
+            .map(|s| s.replicas.clone())
+            .unwrap_or_default();
+        if replicas_changed(&now, &replicas) {
+            let replicas = with_since(&now, replicas);
+            dc = patch_status(ctx, &api, &dc, json!({"replicas": replicas})).await?;
+            rvs.extend(dc.metadata.resource_version.iter().cloned());
+            info!(replicas = %summary(&replicas), "replicas reported");
+        }
+        ctx.own_writes.record(key, rvs);
+        // A replica's failure and a rebuild's progress are read from SPDK: soon again.
+        return Ok(Action::requeue(MIRROR_RESYNC.min(ctx.resync)));
+    }
     ctx.own_writes.record(key, rvs);
     Ok(Action::requeue(ctx.resync))
+}
+
+/// How often a replicated volume's replicas are read from SPDK and reported.
+pub const MIRROR_RESYNC: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the replicas' report differs from the recorded one in anything but `since`, and
+/// in rebuild progress by at least a percent.
+fn replicas_changed(
+    now: &[liteio_api::replica::ReplicaStatus],
+    new: &[liteio_api::replica::ReplicaStatus],
+) -> bool {
+    now.len() != new.len()
+        || now.iter().zip(new).any(|(a, b)| {
+            a.volume != b.volume
+                || a.node != b.node
+                || a.state != b.state
+                || a.rebuild_percent != b.rebuild_percent
+                || a.message != b.message
+        })
+}
+
+/// `new` with each replica's `since`: kept from `now` while its state is the same, else the
+/// current time.
+fn with_since(
+    now: &[liteio_api::replica::ReplicaStatus],
+    new: Vec<liteio_api::replica::ReplicaStatus>,
+) -> Vec<liteio_api::replica::ReplicaStatus> {
+    let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
+    new.into_iter()
+        .map(|mut r| {
+            r.since = now
+                .iter()
+                .find(|o| o.volume == r.volume && o.state == r.state)
+                .and_then(|o| o.since.clone())
+                .or_else(|| Some(stamp.clone()));
+            r
+        })
+        .collect()
+}
+
+fn summary(r: &[liteio_api::replica::ReplicaStatus]) -> String {
+    r.iter()
+        .map(|r| format!("{}@{}:{}", r.volume, r.node, r.state.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The data control's groups and their member volumes (by name); `Err` says what to wait
@@ -649,16 +772,86 @@ mod tests {
     }
 
     #[test]
-    fn linear_is_a_concat_raid0_a_raid0_and_nothing_else() {
+    fn linear_is_a_concat_raid0_a_raid0_raid1_a_mirror_and_nothing_else() {
         let mut dc = AntstorDataControl::new("d", Default::default());
         dc.spec.raid.level = RaidLevel::Linear;
         assert_eq!(level_of(&dc), Ok(AssemblyLevel::Concat));
         dc.spec.raid.level = RaidLevel::Raid0;
         assert_eq!(level_of(&dc), Ok(AssemblyLevel::Raid0));
         dc.spec.raid.level = RaidLevel::Raid1;
+        assert_eq!(level_of(&dc), Ok(AssemblyLevel::Mirror));
+        dc.spec.raid.level = RaidLevel::Raid5;
         assert_eq!(
             level_of(&dc).unwrap_err(),
-            "spec.raid.level: raid1 is not assembled (linear and raid0 are)"
+            "spec.raid.level: raid5 is not assembled (linear, raid0 and raid1 are)"
         );
+    }
+
+    #[test]
+    fn a_served_mirror_goes_on_without_the_replicas_it_cannot_reach() {
+        let groups = [group("g", &[("a", "n2"), ("b", "n1"), ("c", "n3")])];
+        let mut down = member("c", "n3", "n1", true);
+        down.status = None;
+        let vols = by_name(vec![
+            member("a", "n2", "n1", true),
+            member("b", "n1", "n1", false),
+            down,
+        ]);
+        // A new volume waits for every replica; a served one takes the others and says why
+        // the third is missing, in the groups' order.
+        assert!(assembly_members("n1", &groups, &vols).is_err());
+        let m = mirror_members("n1", &groups, &vols).unwrap();
+        let names: Vec<&str> = m.iter().map(|m| m.volume.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(matches!(&m[0].source, MemberSource::Remote { .. }));
+        assert!(matches!(&m[1].source, MemberSource::Local { .. }));
+        assert!(
+            matches!(&m[2].source, MemberSource::Absent { reason } if reason.contains("member c to be ready")),
+            "{:?}",
+            m[2]
+        );
+        assert_eq!(m[2].node, "n3");
+        // A group that is not placed is still waited for.
+        let mut g = group("g", &[("a", "n2")]);
+        g.spec.total_size = 2 * GIB;
+        assert!(mirror_members("n1", &[g], &vols).is_err());
+    }
+
+    #[test]
+    fn replica_reports_are_written_when_they_change_and_keep_their_since() {
+        use liteio_api::replica::{ReplicaState, ReplicaStatus};
+        let r = |v: &str, st: ReplicaState, pct: Option<u8>| ReplicaStatus {
+            volume: v.into(),
+            node: "n".into(),
+            state: st,
+            rebuild_percent: pct,
+            rebuilt_bytes: None,
+            since: None,
+            message: String::new(),
+        };
+        let old = with_since(&[], vec![r("a", ReplicaState::Online, None)]);
+        assert!(old[0].since.is_some());
+        assert!(!replicas_changed(
+            &old,
+            &[r("a", ReplicaState::Online, None)]
+        ));
+        assert!(replicas_changed(
+            &old,
+            &[r("a", ReplicaState::Failed, None)]
+        ));
+        assert!(replicas_changed(
+            &old,
+            &[r("b", ReplicaState::Online, None)]
+        ));
+        let rebuilding = with_since(&[], vec![r("a", ReplicaState::Rebuilding, Some(10))]);
+        assert!(replicas_changed(
+            &rebuilding,
+            &[r("a", ReplicaState::Rebuilding, Some(11))]
+        ));
+        // The same state keeps its time; a new one gets a new time.
+        let kept = with_since(&old, vec![r("a", ReplicaState::Online, None)]);
+        assert_eq!(kept[0].since, old[0].since);
+        let moved = with_since(&old, vec![r("a", ReplicaState::Failed, None)]);
+        assert!(moved[0].since.is_some());
     }
 }

@@ -899,11 +899,17 @@ async fn withdraw_export(
     Ok(v)
 }
 
-/// Whether the other end of a hot migration uses `vol`'s Secret (both ends of a migration
+/// Whether another object uses `vol`'s Secret: the data control of a group member (see
+/// below), or the other end of a hot migration (both ends of a migration
 /// export with the volume's one Secret): a cancelled destination leaves it to its source, a
 /// retired source to the destination that took over (labelled as the destination, or, once
 /// the controller finished the migration, with the volume's uuid).
 async fn shares_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<bool> {
+    // A member of a multi-disk or replicated volume uses the PV's Secret, which its data
+    // control owns: a replica replaced while the volume lives must leave it.
+    if label(&vol.metadata, labels::VOL_GROUP_NAME).is_some() {
+        return Ok(true);
+    }
     let api = api(ctx, vol);
     if is_migration_destination(vol)
         && let Some(source) = label(&vol.metadata, labels::MIGRATE_SOURCE_VOLUME_NAME)
