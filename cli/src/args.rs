@@ -119,7 +119,34 @@ pub enum Command {
         #[arg(long)]
         node: Option<String>,
     },
+    /// A live view of the busiest volumes (IOPS, reads and writes per second, MiB/s, mean
+    /// latency) and of the pools (capacity, free space, I/O), read from the disk-agents'
+    /// /metrics and refreshed every --interval seconds until q or Ctrl-C. The agents are
+    /// found at every StoragePool's node address (spec.nodeInfo.ip) and --metrics-port,
+    /// unless --metrics-url names them. Volumes are sorted by IOPS, the busiest first.
+    Top {
+        /// Seconds between two refreshes; rates are over this interval.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval: u64,
+        /// Print one frame (two scrapes --interval apart) and exit; with -o json or yaml,
+        /// the frame's rows with raw numbers.
+        #[arg(long)]
+        once: bool,
+        /// An agent's metrics URL (http://10.0.0.5:9810/metrics); repeat it for several
+        /// agents. Without it, every StoragePool's agent is scraped.
+        #[arg(long = "metrics-url", value_name = "URL")]
+        metrics_urls: Vec<String>,
+        /// Port of the agents' metrics (their config's metrics.listenAddress).
+        #[arg(long, default_value_t = AGENT_METRICS_PORT)]
+        metrics_port: u16,
+        /// Volumes shown, the busiest first.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
 }
+
+/// Default `--metrics-port`: the disk-agent's metrics port in deploy/ (`metrics.listenAddress`).
+pub const AGENT_METRICS_PORT: u16 = 9810;
 
 /// Object of `describe`.
 #[derive(Subcommand, Debug, Clone)]

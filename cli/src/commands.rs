@@ -61,6 +61,30 @@ fn no_rows(what: &str, ns: &str) -> String {
     format!("No {what} found in namespace {ns}.\n")
 }
 
+/// Where `top` reads the disk-agents' metrics: for every StoragePool (sorted by name), its
+/// node's address as the agent reports it (`spec.nodeInfo.ip`) at `port`. Pools without
+/// an address are left out; none at all is an error that says to use `--metrics-url`.
+pub async fn agent_metrics_urls(
+    client: &Client,
+    ns: &str,
+    port: u16,
+) -> Result<Vec<String>, CliError> {
+    let mut pools: Vec<StoragePool> = list(client, ns, "storagepools").await?;
+    pools.sort_by_key(|p| p.name_any());
+    let urls: Vec<String> = pools
+        .iter()
+        .map(|p| p.spec.node_info.ip.trim())
+        .filter(|ip| !ip.is_empty())
+        .map(|ip| crate::top::agent_url(ip, port))
+        .collect();
+    if urls.is_empty() {
+        return Err(CliError::NoMetrics(format!(
+            "no StoragePool in namespace {ns} has a node address (spec.nodeInfo.ip) to find its agent at; name the agents with --metrics-url"
+        )));
+    }
+    Ok(urls)
+}
+
 /// `pools`.
 pub async fn pools(
     client: &Client,

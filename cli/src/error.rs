@@ -39,6 +39,9 @@ pub enum CliError {
     /// do).
     #[error("{0}")]
     Refused(String),
+    /// No disk-agent answered for its metrics (`top`); the message names each one and why.
+    #[error("no disk-agent answered: {0}")]
+    NoMetrics(String),
     /// The result could not be rendered.
     #[error("cannot render the output as {format}: {message}")]
     Render {
@@ -63,6 +66,8 @@ pub enum ErrorKind {
     Refused,
     /// Output rendering.
     Render,
+    /// The components that serve what was asked for did not answer.
+    Unreachable,
 }
 
 impl CliError {
@@ -74,6 +79,7 @@ impl CliError {
             Self::Api { .. } => ErrorKind::Api,
             Self::Refused(_) => ErrorKind::Refused,
             Self::Render { .. } => ErrorKind::Render,
+            Self::NoMetrics(_) => ErrorKind::Unreachable,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod args;
 pub mod commands;
 pub mod error;
 pub mod table;
+pub mod top;
 pub mod view;
 
 use std::path::Path;
@@ -93,5 +94,71 @@ pub async fn run_at(cli: &Cli, client: &Client, now: Timestamp) -> Result<String
         Command::RotateKeys { volume, node } => {
             commands::rotate_keys(client, ns, volume.as_deref(), node.as_deref(), fmt, now).await
         }
+        Command::Top { .. } => top(cli, Some(client)).await,
     }
+}
+
+/// True when `cli` is a `top` that names its agents (`--metrics-url`): it needs no
+/// Kubernetes client.
+pub fn needs_no_client(cli: &Cli) -> bool {
+    matches!(&cli.command, Command::Top { metrics_urls, .. } if !metrics_urls.is_empty())
+}
+
+/// `top`: with `--once` the frame to print; otherwise the live view, drawn until `q` or
+/// Ctrl-C, and nothing to print. `client` finds the agents through the StoragePools when
+/// no `--metrics-url` is given (and must then be `Some`).
+pub async fn top(cli: &Cli, client: Option<&Client>) -> Result<String, CliError> {
+    let Command::Top {
+        interval,
+        once,
+        metrics_urls,
+        metrics_port,
+        limit,
+    } = &cli.command
+    else {
+        return Err(CliError::Refused("not a top command".into()));
+    };
+    let urls = if metrics_urls.is_empty() {
+        let client = client.ok_or_else(|| {
+            CliError::NoConfig(
+                "top without --metrics-url finds the agents through the StoragePools".into(),
+            )
+        })?;
+        commands::agent_metrics_urls(client, &cli.namespace, *metrics_port).await?
+    } else {
+        metrics_urls.clone()
+    };
+    let interval = std::time::Duration::from_secs(*interval);
+    if *once {
+        let frame = top::screen::once(&urls, interval).await;
+        if !urls.is_empty() && frame.unreachable.len() == urls.len() {
+            return Err(CliError::NoMetrics(
+                frame
+                    .unreachable
+                    .iter()
+                    .map(|u| format!("{}: {}", u.url, u.error))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ));
+        }
+        return match cli.output {
+            OutputFormat::Table => Ok(top::render(
+                &frame,
+                &format!(
+                    "kubectl liteio top · {} agents · rates over {}s",
+                    urls.len(),
+                    interval.as_secs()
+                ),
+                *limit,
+            )),
+            f => commands::render(&frame, f),
+        };
+    }
+    if cli.output != OutputFormat::Table {
+        return Err(CliError::Refused(
+            "top prints JSON or YAML only with --once (the live view is a table)".into(),
+        ));
+    }
+    top::screen::live(&urls, interval, *limit).await;
+    Ok(String::new())
 }

@@ -19,6 +19,9 @@ fn init_logging() {
 }
 
 async fn main_async(cli: Cli) -> anyhow::Result<String> {
+    if liteio_cli::needs_no_client(&cli) {
+        return Ok(liteio_cli::top(&cli, None).await?);
+    }
     let client = client(cli.kubeconfig.as_deref()).await?;
     Ok(run(&cli, &client).await?)
 }
