@@ -62,6 +62,8 @@ pub fn log_tails(dir: &Path, lines: usize) -> String {
 pub const AGENT_METRICS_PORT: u16 = 9100;
 /// Port of a controller's probes and metrics when it runs in a node's namespace.
 pub const NODE_CONTROLLER_PORT: u16 = 9090;
+/// Port of each node's CSI node plugin metrics (in the node's namespace, on its address).
+pub const CSI_NODE_METRICS_PORT: u16 = 9101;
 
 /// Where a node-disk-controller runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +179,7 @@ pub struct Cluster {
     /// What was asked.
     pub opts: ClusterOptions,
     controller_ports: Vec<u16>,
+    csi_controller_metrics_port: u16,
     ledger: Ledger,
     /// Where the file engine's pools have their reflinks from, when not the run directory's
     /// own file system (see [`crate::poolfs`]), one line per node.
@@ -292,6 +295,7 @@ impl Cluster {
             bin_dir: bin_dir.to_path_buf(),
             api_port: 0,
             controller_ports: Vec::new(),
+            csi_controller_metrics_port: 0,
             net,
             opts,
             ledger,
@@ -319,6 +323,7 @@ impl Cluster {
                 Place::Node(_) => Ok(NODE_CONTROLLER_PORT),
             })
             .collect::<Result<_, _>>()?;
+        self.csi_controller_metrics_port = free_port(Ipv4Addr::LOCALHOST)?;
         for k in 1..=self.opts.nodes {
             let pool = self.node_dir(k).join("pool");
             mkdir(&pool)?;
@@ -417,6 +422,19 @@ impl Cluster {
             self.node_address(k)?,
             AGENT_METRICS_PORT,
         )))
+    }
+
+    /// Where node `k`'s CSI node plugin serves /metrics.
+    pub fn csi_node_metrics_addr(&self, k: usize) -> Result<SocketAddr, LocalError> {
+        Ok(SocketAddr::from((
+            self.node_address(k)?,
+            CSI_NODE_METRICS_PORT,
+        )))
+    }
+
+    /// Where the CSI controller service serves /metrics (root namespace, 127.0.0.1).
+    pub fn csi_controller_metrics_addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.csi_controller_metrics_port))
     }
 
     /// Node `k`'s agent configuration: the single-node one for the engine, listening on the
@@ -555,7 +573,9 @@ impl Cluster {
                     .arg("--node-id")
                     .arg("csi-controller")
                     .arg("--mode")
-                    .arg("controller");
+                    .arg("controller")
+                    .arg("--metrics-addr")
+                    .arg(self.csi_controller_metrics_addr().to_string());
             }
             Role::Controller(i) => {
                 cmd.arg("--kubeconfig")
@@ -594,7 +614,9 @@ impl Cluster {
                     .arg("--mode")
                     .arg("node")
                     .arg("--hostnqn-file")
-                    .arg(self.node_dir(k).join("hostnqn"));
+                    .arg(self.node_dir(k).join("hostnqn"))
+                    .arg("--metrics-addr")
+                    .arg(self.csi_node_metrics_addr(k)?.to_string());
             }
         }
         cmd.env(
