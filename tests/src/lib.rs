@@ -1,5 +1,7 @@
 //! Cross-component test support.
 #![forbid(unsafe_code)]
 
+pub mod dashboard;
+pub mod prometheus;
 pub mod promtool;
 pub mod prop;
