@@ -18,7 +18,9 @@ fn word() -> impl Strategy<Value = String> {
             "pools", "pool", "volumes", "volume", "vol", "snapshots", "snap", "describe",
             "lock", "unlock", "-o", "--output", "json", "yaml", "table", "xml", "-n",
             "--namespace", "--kubeconfig", "--help", "-h", "--version", "--", "-", "=",
-            "-o=json", "--namespace=", "-nfoo",
+            "-o=json", "--namespace=", "-nfoo", "top", "--once", "--interval", "0", "1",
+            "3601", "--metrics-url", "http://127.0.0.1:9810/metrics", "--metrics-port",
+            "--limit",
         ])
         .prop_map(str::to_string),
         1 => "\\PC{0,20}",
@@ -56,6 +58,18 @@ fn any_command_line_is_parsed_or_refused() {
                     };
                     if let Some(n) = name {
                         prop_assert!(words.contains(&n), "{n:?} not in {words:?}");
+                    }
+                    // `top`: the interval is within its range, the URLs are words given.
+                    if let Command::Top {
+                        interval,
+                        metrics_urls,
+                        ..
+                    } = &cli.command
+                    {
+                        prop_assert!((1..=3600).contains(interval), "--interval {interval}");
+                        for u in metrics_urls {
+                            prop_assert!(words.contains(u), "{u:?} not in {words:?}");
+                        }
                     }
                 }
                 Err(e) => prop_assert!(!e.to_string().is_empty()),
