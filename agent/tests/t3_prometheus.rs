@@ -800,11 +800,25 @@ async fn run(
     .await?;
     // Cleaning waits for the host's report: the migration is under way until then.
     panels.wait("migration under way", 60, migrating).await?;
-    let progress = "max by (migration) (liteio_controller_migration_copied_bytes) / max by (migration) (liteio_controller_migration_volume_size_bytes)";
+    // The gauge says what the VolumeMigration says (the copy is over: it no longer moves).
+    let copied_q =
+        format!(r#"max(liteio_controller_migration_copied_bytes{{migration="{name}"}})"#);
     let copied = poll(
-        "the whole volume copied, as Prometheus sees it",
+        "the copied bytes in Prometheus as in the migration",
         60,
-        || async move { Ok(value(api, progress).await?.filter(|p| *p >= 1.0)) },
+        || {
+            let (q, name) = (copied_q.clone(), name.clone());
+            async move {
+                let want = migration(c, &name)
+                    .await
+                    .ok_or("migration gone")?
+                    .bytes_copied() as f64;
+                match value(api, &q).await? {
+                    Some(v) if v == want && v > 0.0 => Ok(Some(v)),
+                    got => Err(format!("Prometheus {got:?}, the migration {want}")),
+                }
+            }
+        },
     )
     .await?;
     let rate_q = panels
@@ -815,9 +829,10 @@ async fn run(
         .ok_or("no copy rate panel")?;
     let copy_rate = value(api, &rate_q).await?.unwrap_or(0.0);
     println!(
-        "migration {name} {} → {}: progress {copied}, copy rate panel {:.1} MiB/s",
+        "migration {name} {} → {}: {:.0} MiB copied, copy rate panel {:.1} MiB/s",
         c.node_name(from),
         c.node_name(to),
+        copied / 1048576.0,
         copy_rate / 1048576.0
     );
     if copy_rate <= 0.0 {
