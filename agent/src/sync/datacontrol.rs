@@ -46,6 +46,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use liteio_api::common::{PoolMode, VolumeStatus};
 use liteio_api::datacontrol::RaidLevel;
+use liteio_api::group::VolumeMeta;
 use liteio_api::keys::{self, annotations, finalizers, labels};
 use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, SpdkTarget};
 use serde_json::json;
@@ -106,71 +107,7 @@ pub fn assembly_members(
     groups: &[AntstorVolumeGroup],
     vols: &BTreeMap<String, AntstorVolume>,
 ) -> std::result::Result<Vec<AssemblyMember>, String> {
-    let mut out = Vec::new();
-    for g in groups {
-        if !g.fully_placed() {
-            return Err(format!(
-                "waiting for AntstorVolumeGroup {} to be placed",
-                g.name_any()
-            ));
-        }
-        for m in &g.spec.volumes {
-            let name = &m.vol_id.name;
-            let Some(v) = vols.get(name) else {
-                return Err(format!("waiting for member AntstorVolume {name}"));
-            };
-            if v.metadata.deletion_timestamp.is_some() {
-                return Err(format!("member AntstorVolume {name} is being deleted"));
-            }
-            if v.phase() != VolumeStatus::Ready {
-                return Err(format!("waiting for member {name} to be ready"));
-            }
-            if v.spec.host_node.as_ref().map(|h| h.id.as_str()) != Some(node) {
-                return Err(format!(
-                    "waiting for member {name} to admit this node (spec.hostNode)"
-                ));
-            }
-            let on = v.spec.target_node_id.as_str();
-            let source = if on == node {
-                let Some(lvol) = v.spec.spdk_lvol.clone().filter(|l| !l.name.is_empty()) else {
-                    return Err(format!(
-                        "member {name} on this node has no spec.spdkLvol: the SpdkLVStore assembly needs SPDK lvols"
-                    ));
-                };
-                if v.spec.spdk_target.is_some()
-                    || has_finalizer(&v.metadata, finalizers::SPDK_TARGET)
-                {
-                    return Err(format!(
-                        "waiting for member {name} to be unexported (this node's raid opens its lvol directly)"
-                    ));
-                }
-                MemberSource::Local { lvol }
-            } else {
-                let exported = v
-                    .spec
-                    .spdk_target
-                    .clone()
-                    .filter(|t| !t.subsys_nqn.is_empty() && !t.address.is_empty());
-                let Some(target) = exported
-                    .filter(|_| annotation(&v.metadata, annotations::EXPORTED_TO) == Some(node))
-                else {
-                    return Err(format!(
-                        "waiting for member {name} on node {on} to be exported to this node"
-                    ));
-                };
-                MemberSource::Remote { target }
-            };
-            out.push(AssemblyMember {
-                volume: name.clone(),
-                node: on.to_string(),
-                source,
-            });
-        }
-    }
-    if out.is_empty() {
-        return Err("its volume groups have no members".into());
-    }
-    Ok(out)
+    members_of(node, groups, vols, |_, why| Err(why))
 }
 
 /// The replicas of a replicated volume that is served already, as this node assembles them:
@@ -181,6 +118,23 @@ pub fn mirror_members(
     groups: &[AntstorVolumeGroup],
     vols: &BTreeMap<String, AntstorVolume>,
 ) -> std::result::Result<Vec<AssemblyMember>, String> {
+    members_of(node, groups, vols, |m, reason| {
+        Ok(AssemblyMember {
+            volume: m.vol_id.name.clone(),
+            node: m.target_node_name.clone(),
+            source: MemberSource::Absent { reason },
+        })
+    })
+}
+
+/// The members of `groups` in order; `unmet` decides what a member that is not in place
+/// becomes (an error to wait on, or an absent member).
+fn members_of(
+    node: &str,
+    groups: &[AntstorVolumeGroup],
+    vols: &BTreeMap<String, AntstorVolume>,
+    unmet: impl Fn(&VolumeMeta, String) -> std::result::Result<AssemblyMember, String>,
+) -> std::result::Result<Vec<AssemblyMember>, String> {
     let mut out = Vec::new();
     for g in groups {
         if !g.fully_placed() {
@@ -190,30 +144,72 @@ pub fn mirror_members(
             ));
         }
         for m in &g.spec.volumes {
-            let one = AntstorVolumeGroup {
-                spec: liteio_api::AntstorVolumeGroupSpec {
-                    volumes: vec![m.clone()],
-                    total_size: 0,
-                    ..g.spec.clone()
-                },
-                ..g.clone()
-            };
-            let member = match assembly_members(node, std::slice::from_ref(&one), vols) {
-                Ok(mut v) if v.len() == 1 => v.remove(0),
-                Ok(_) => continue,
-                Err(reason) => AssemblyMember {
-                    volume: m.vol_id.name.clone(),
-                    node: m.target_node_name.clone(),
-                    source: MemberSource::Absent { reason },
-                },
-            };
-            out.push(member);
+            out.push(match member(node, m, vols) {
+                Ok(a) => a,
+                Err(why) => unmet(m, why)?,
+            });
         }
     }
     if out.is_empty() {
         return Err("its volume groups have no members".into());
     }
     Ok(out)
+}
+
+/// Member `m` as `node` assembles it; `Err` says what it waits for.
+fn member(
+    node: &str,
+    m: &VolumeMeta,
+    vols: &BTreeMap<String, AntstorVolume>,
+) -> std::result::Result<AssemblyMember, String> {
+    let name = &m.vol_id.name;
+    let Some(v) = vols.get(name) else {
+        return Err(format!("waiting for member AntstorVolume {name}"));
+    };
+    if v.metadata.deletion_timestamp.is_some() {
+        return Err(format!("member AntstorVolume {name} is being deleted"));
+    }
+    if v.phase() != VolumeStatus::Ready {
+        return Err(format!("waiting for member {name} to be ready"));
+    }
+    if v.spec.host_node.as_ref().map(|h| h.id.as_str()) != Some(node) {
+        return Err(format!(
+            "waiting for member {name} to admit this node (spec.hostNode)"
+        ));
+    }
+    let on = v.spec.target_node_id.as_str();
+    let source = if on == node {
+        let Some(lvol) = v.spec.spdk_lvol.clone().filter(|l| !l.name.is_empty()) else {
+            return Err(format!(
+                "member {name} on this node has no spec.spdkLvol: the SpdkLVStore assembly needs SPDK lvols"
+            ));
+        };
+        if v.spec.spdk_target.is_some() || has_finalizer(&v.metadata, finalizers::SPDK_TARGET) {
+            return Err(format!(
+                "waiting for member {name} to be unexported (this node's raid opens its lvol directly)"
+            ));
+        }
+        MemberSource::Local { lvol }
+    } else {
+        let exported = v
+            .spec
+            .spdk_target
+            .clone()
+            .filter(|t| !t.subsys_nqn.is_empty() && !t.address.is_empty());
+        let Some(target) =
+            exported.filter(|_| annotation(&v.metadata, annotations::EXPORTED_TO) == Some(node))
+        else {
+            return Err(format!(
+                "waiting for member {name} on node {on} to be exported to this node"
+            ));
+        };
+        MemberSource::Remote { target }
+    };
+    Ok(AssemblyMember {
+        volume: name.clone(),
+        node: on.to_string(),
+        source,
+    })
 }
 
 /// Reconciles one AntstorDataControl. See the module documentation for the flow, guarantees
