@@ -337,6 +337,14 @@ pub trait Exporter: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether this target serves subsystem `nqn` to a host (from its own record, without a
+    /// request to the target): an assembly made here and not removed since. The default
+    /// serves nothing.
+    fn serves(&self, nqn: &str) -> bool {
+        let _ = nqn;
+        false
+    }
+
     /// Creates or re-asserts the assembly of a multi-disk volume and its export; returns the
     /// target to record (`status.spdkTarget`). Idempotent and level-triggered like
     /// [`Exporter::ensure_export`]: what exists is checked and kept, what is missing is made

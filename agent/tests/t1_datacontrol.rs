@@ -48,6 +48,8 @@ struct FakeAssembler {
     removed: Mutex<Vec<UnassembleRequest>>,
     /// Fail this many calls of `ensure_assembly` before succeeding.
     fail: AtomicUsize,
+    /// The subsystems of the assemblies made and not removed.
+    serving: Mutex<std::collections::BTreeSet<String>>,
 }
 
 fn target_of(req: &AssemblyRequest) -> SpdkTarget {
@@ -88,6 +90,9 @@ impl Exporter for FakeAssembler {
     fn assembles(&self) -> bool {
         true
     }
+    fn serves(&self, nqn: &str) -> bool {
+        self.serving.lock().unwrap().contains(nqn)
+    }
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             self.assemblies.lock().unwrap().push(req.clone());
@@ -101,12 +106,18 @@ impl Exporter for FakeAssembler {
                     source: None,
                 });
             }
-            Ok(target_of(req))
+            let t = target_of(req);
+            self.serving.lock().unwrap().insert(t.subsys_nqn.clone());
+            Ok(t)
         })
     }
     fn remove_assembly<'a>(&'a self, req: &'a UnassembleRequest) -> ExportFuture<'a, ()> {
         Box::pin(async move {
             self.removed.lock().unwrap().push(req.clone());
+            self.serving
+                .lock()
+                .unwrap()
+                .remove(&naming::subsys_nqn(&req.uuid));
             Ok(())
         })
     }
@@ -581,6 +592,68 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
         )
         .await;
         assert_eq!(fake.last().unwrap().preset, Some(target));
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// The controller moved the assembly to another node (`spec.targetNodeId`) while this one
+/// still serves it: this node tears its assembly down (its subsystem would still admit the
+/// host, and its raid holds the local replica open), once, and leaves the data control's
+/// finalizer to the new node's assembly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        members_in_place(&env).await;
+        let dapi = dcs(&env);
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid0),
+        )
+        .await
+        .unwrap();
+        let dc = eventually("ready", Duration::from_secs(10), || async {
+            let dc = dapi.get(PV).await.unwrap();
+            (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(dc)
+        })
+        .await;
+        assert!(fake.removed.lock().unwrap().is_empty());
+        dapi.patch(
+            PV,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"targetNodeId": "node-y"}})),
+        )
+        .await
+        .unwrap();
+        let removed = eventually("torn down here", Duration::from_secs(10), || async {
+            fake.removed.lock().unwrap().first().cloned()
+        })
+        .await;
+        assert_eq!(removed.name, PV);
+        assert_eq!(removed.uuid, dc.spec.uuid);
+        assert_eq!(removed.members, MEMBERS.len());
+        assert!(!fake.serves(&naming::subsys_nqn(&dc.spec.uuid)));
+        let dc = dapi.get(PV).await.unwrap();
+        assert!(dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()));
+        // Moved back: assembled here again, and nothing more was removed meanwhile.
+        let calls = fake.calls();
+        dapi.patch(
+            PV,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"targetNodeId": NODE}})),
+        )
+        .await
+        .unwrap();
+        eventually("assembled here again", Duration::from_secs(10), || async {
+            (fake.calls() > calls).then_some(())
+        })
+        .await;
+        assert_eq!(fake.removed.lock().unwrap().len(), 1);
+        assert!(fake.serves(&naming::subsys_nqn(&dc.spec.uuid)));
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await

@@ -1082,6 +1082,10 @@ impl Exporter for SpdkExporter {
         true
     }
 
+    fn serves(&self, nqn: &str) -> bool {
+        self.known_host_port(nqn).is_some()
+    }
+
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             let mut made = Made::default();

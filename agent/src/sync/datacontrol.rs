@@ -1,6 +1,10 @@
 //! Data-control sync: the SpdkLVStore assembly of the multi-disk volumes whose
 //! AntstorDataControl names this node (`spec.targetNodeId`, label `obnvmf/target-node-id`).
 //! Engine KernelLVM data controls are assembled by the CSI node on the host: ignored here.
+//! A data control that names another node is ignored too, unless this node still serves its
+//! assembly (the controller moved a replicated volume's assembly off this node while it was
+//! cut off): that assembly is torn down here ([`remove_moved`]), so that this node neither
+//! serves the host nor holds its replica open.
 //!
 //! **Expected flow** (one pass does every step that is due; writes are guarded by the
 //! object's resourceVersion):
@@ -48,7 +52,7 @@ use liteio_api::common::{PoolMode, VolumeStatus};
 use liteio_api::datacontrol::RaidLevel;
 use liteio_api::group::VolumeMeta;
 use liteio_api::keys::{self, annotations, finalizers, labels};
-use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, SpdkTarget};
+use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, SpdkTarget, naming};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
@@ -267,8 +271,11 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
         return tear_down(ctx, dc).await;
     }
     // KernelLVM: the CSI node assembles it on the host.
-    if dc.spec.engine_type != PoolMode::SpdkLVStore || dc.spec.target_node_id != ctx.node {
+    if dc.spec.engine_type != PoolMode::SpdkLVStore {
         return Ok(Action::await_change());
+    }
+    if dc.spec.target_node_id != ctx.node {
+        return remove_moved(ctx, dc).await;
     }
     let what = format!("AntstorDataControl {}/{}", namespace(dc), dc.name_any());
     if !ctx.exporter.assembles() {
@@ -528,6 +535,37 @@ async fn wait(ctx: &Ctx, dc: &AntstorDataControl, why: &str) -> Result<Action> {
 }
 
 /// Deleted: the assembly goes, then the finalizer (idempotent; nothing to do without it).
+/// An assembly this node still serves after `spec.targetNodeId` moved to another node (the
+/// controller moved it while this node was cut off, or this agent missed the change): torn
+/// down here, so that this node neither serves the host nor holds its local replica open
+/// (which the new assembling node needs exported). The data control's finalizer stays: the
+/// new node's assembly keeps it.
+async fn remove_moved(ctx: &Ctx, dc: &AntstorDataControl) -> Result<Action> {
+    if !ctx.exporter.serves(&naming::subsys_nqn(&dc.spec.uuid)) || dc.spec.uuid.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let members = match read_members(ctx, dc).await? {
+        Ok((groups, _)) => groups.iter().map(|g| g.spec.volumes.len()).sum(),
+        Err(_) => 0,
+    };
+    let req = UnassembleRequest {
+        name: dc.name_any(),
+        uuid: dc.spec.uuid.clone(),
+        target: None,
+        members,
+    };
+    ctx.exporter
+        .remove_assembly(&req)
+        .await
+        .map_err(|source| AgentError::Assembly {
+            op: "tear down the moved",
+            data_control: dc.name_any(),
+            source,
+        })?;
+    warn!(to = %dc.spec.target_node_id, "the assembly moved to another node: removed here");
+    Ok(Action::await_change())
+}
+
 async fn tear_down(ctx: &Ctx, dc: &AntstorDataControl) -> Result<Action> {
     if !has_finalizer(&dc.metadata, finalizers::ASSEMBLY) {
         return Ok(Action::await_change());
