@@ -690,6 +690,58 @@ pub struct TimeoutsConfig {
         serialize_with = "ser_duration"
     )]
     pub command: Duration,
+    /// One I/O command this node's NVMe-oF initiator sent (to a remote replica or member of
+    /// an assembly, or to a migration's destination) without an answer: its controller is
+    /// reset, and the I/O fails once reconnecting has failed for the member's fast-fail
+    /// time (2 s), so that a raid1 goes on degraded instead of waiting for TCP to give up
+    /// on a node that vanished without closing its connections (default 3s). SPDK applies
+    /// it to every NVMe controller of the node.
+    #[serde(
+        rename = "nvmeIo",
+        default = "default_nvme_io_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub nvme_io: Duration,
+    /// The same for the initiator's admin commands, keep-alives included; also how long
+    /// SPDK's synchronous admin commands may hold the reactor (every volume of the node)
+    /// after an I/O deadline passed (default 2s; SPDK's own is 30s).
+    #[serde(
+        rename = "nvmeAdmin",
+        default = "default_nvme_admin_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub nvme_admin: Duration,
+    /// The TCP connections of this node's NVMe-oF initiator: data unacknowledged this long
+    /// closes the connection (`TCP_USER_TIMEOUT`, rounded up to a power of two
+    /// milliseconds), and a reconnect that has not connected this long fails (default 2s).
+    /// Without it a peer behind a cut link holds the controller's reset in a connect that
+    /// the kernel retries for tens of seconds, and a raid1's writes wait with it.
+    #[serde(
+        rename = "nvmeTransport",
+        default = "default_nvme_transport_timeout",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub nvme_transport: Duration,
+}
+
+/// Default of `timeouts.nvmeIo`.
+pub const DEFAULT_NVME_IO_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default of `timeouts.nvmeAdmin`.
+pub const DEFAULT_NVME_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn default_nvme_io_timeout() -> Duration {
+    DEFAULT_NVME_IO_TIMEOUT
+}
+fn default_nvme_admin_timeout() -> Duration {
+    DEFAULT_NVME_ADMIN_TIMEOUT
+}
+/// Default of `timeouts.nvmeTransport`.
+pub const DEFAULT_NVME_TRANSPORT_TIMEOUT: Duration = Duration::from_secs(2);
+fn default_nvme_transport_timeout() -> Duration {
+    DEFAULT_NVME_TRANSPORT_TIMEOUT
 }
 
 fn default_api_request_timeout() -> Duration {
@@ -708,6 +760,9 @@ impl Default for TimeoutsConfig {
             api_request: DEFAULT_API_REQUEST_TIMEOUT,
             spdk_request: DEFAULT_SPDK_REQUEST_TIMEOUT,
             command: DEFAULT_COMMAND_TIMEOUT,
+            nvme_io: DEFAULT_NVME_IO_TIMEOUT,
+            nvme_admin: DEFAULT_NVME_ADMIN_TIMEOUT,
+            nvme_transport: DEFAULT_NVME_TRANSPORT_TIMEOUT,
         }
     }
 }
@@ -1002,10 +1057,21 @@ impl Config {
             ("timeouts.apiRequest", self.timeouts.api_request),
             ("timeouts.spdkRequest", self.timeouts.spdk_request),
             ("timeouts.command", self.timeouts.command),
+            ("timeouts.nvmeIo", self.timeouts.nvme_io),
+            ("timeouts.nvmeAdmin", self.timeouts.nvme_admin),
+            ("timeouts.nvmeTransport", self.timeouts.nvme_transport),
         ] {
             if value.is_zero() {
                 return Err(invalid(field, "0s", "must be positive"));
             }
+        }
+        let t = self.timeouts.nvme_transport;
+        if t < Duration::from_millis(2) || t > Duration::from_millis(1 << 31) {
+            return Err(invalid(
+                "timeouts.nvmeTransport",
+                format_duration(t),
+                "must be from 2ms to 2^31 ms (SPDK's TCP acknowledgement timeout is 2^n ms)",
+            ));
         }
         let keys = &self.node_info_keys;
         for (field, value) in [

@@ -349,14 +349,27 @@ fn timeouts_have_defaults_and_refuse_zero() {
     assert_eq!(cfg.timeouts.api_request, Duration::from_secs(10));
     assert_eq!(cfg.timeouts.spdk_request, Duration::from_secs(30));
     assert_eq!(cfg.timeouts.command, Duration::from_secs(300));
+    assert_eq!(cfg.timeouts.nvme_io, Duration::from_secs(3));
+    assert_eq!(cfg.timeouts.nvme_admin, Duration::from_secs(2));
+    assert_eq!(cfg.timeouts.nvme_transport, Duration::from_secs(2));
     let cfg = Config::from_yaml(&format!(
-        "{MINIMAL_FILE}timeouts: {{apiRequest: 3s, spdkRequest: 1m, command: 90}}\n"
+        "{MINIMAL_FILE}timeouts: {{apiRequest: 3s, spdkRequest: 1m, command: 90, nvmeIo: 5s, nvmeAdmin: 4s, nvmeTransport: 500ms}}\n"
     ))
     .unwrap();
+    assert_eq!(cfg.timeouts.nvme_io, Duration::from_secs(5));
+    assert_eq!(cfg.timeouts.nvme_admin, Duration::from_secs(4));
+    assert_eq!(cfg.timeouts.nvme_transport, Duration::from_millis(500));
     assert_eq!(cfg.timeouts.api_request, Duration::from_secs(3));
     assert_eq!(cfg.timeouts.spdk_request, Duration::from_secs(60));
     assert_eq!(cfg.timeouts.command, Duration::from_secs(90));
-    for field in ["apiRequest", "spdkRequest", "command"] {
+    for field in [
+        "apiRequest",
+        "spdkRequest",
+        "command",
+        "nvmeIo",
+        "nvmeAdmin",
+        "nvmeTransport",
+    ] {
         let e = err(&format!("{MINIMAL_FILE}timeouts: {{{field}: 0s}}\n"));
         assert_eq!(
             e.to_string(),
@@ -364,6 +377,9 @@ fn timeouts_have_defaults_and_refuse_zero() {
             "{field}"
         );
     }
+    let e = err(&format!("{MINIMAL_FILE}timeouts: {{nvmeTransport: 1ms}}\n"));
+    assert_eq!(e.field(), Some("timeouts.nvmeTransport"));
+    assert!(e.to_string().contains("from 2ms"), "{e}");
     let e = err(&format!(
         "{MINIMAL_FILE}timeouts: {{spdkRequest: forever}}\n"
     ));

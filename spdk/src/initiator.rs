@@ -633,6 +633,13 @@ pub struct IoTimeouts {
     /// they wait: the status read after an I/O deadline passed is one, so with a silent
     /// target each I/O deadline would otherwise stall every volume of the node for 30 s.
     pub admin: Option<Duration>,
+    /// The TCP connection of every NVMe/TCP controller: data unacknowledged this long closes
+    /// it (`TCP_USER_TIMEOUT`, SPDK's `transport_ack_timeout`, rounded up to a power of two
+    /// milliseconds), and a (re)connect that has not completed this long fails (SPDK's
+    /// `tcp_connect_timeout_ms`). Without it a peer that vanished (a link down) holds the
+    /// controller's reset in a connect that the kernel retries for many seconds, and the
+    /// queued I/O with it, although `fast_io_fail_timeout` is shorter. `None`: the kernel's.
+    pub transport: Option<Duration>,
 }
 
 /// Reset a controller whose command (I/O, or admin with `admin`) got no answer in time:
@@ -663,6 +670,10 @@ pub async fn set_io_timeouts(t: &IoTimeouts) -> Result<()> {
             reason: "an admin deadline needs an I/O deadline too".into(),
         });
     }
+    let (ack_exp, connect_ms) = match t.transport {
+        None => (0_u8, 0_u32),
+        Some(d) => transport_timeouts(d)?,
+    };
     exec(move |reply: Reply<()>| {
         // SAFETY: a zeroed options struct is a valid buffer for the getter, which fills it.
         let mut o: spdk_sys::spdk_bdev_nvme_opts = unsafe { std::mem::zeroed() };
@@ -670,6 +681,8 @@ pub async fn set_io_timeouts(t: &IoTimeouts) -> Result<()> {
         unsafe { spdk_sys::spdk_bdev_nvme_get_opts(&mut o, std::mem::size_of_val(&o)) };
         o.timeout_us = io;
         o.timeout_admin_us = admin;
+        o.transport_ack_timeout = ack_exp;
+        o.tcp_connect_timeout_ms = connect_ms;
         o.action_on_timeout = if io == 0 {
             spdk_sys::SPDK_BDEV_NVME_TIMEOUT_ACTION_NONE
         } else {
@@ -691,6 +704,27 @@ pub async fn set_io_timeouts(t: &IoTimeouts) -> Result<()> {
         });
     })
     .await
+}
+
+/// [`IoTimeouts::transport`] in SPDK's units: the exponent of the acknowledgement timeout
+/// (2^n ms, 1..=31, NVMe/TCP's limit) and the connect deadline in milliseconds.
+fn transport_timeouts(d: Duration) -> Result<(u8, u32)> {
+    let bad = |reason: String| SpdkError::InvalidArgument {
+        field: "transport",
+        reason,
+    };
+    if d < Duration::from_millis(2) {
+        return Err(bad(format!(
+            "{d:?}: at least 2 ms (zero: say None for the kernel's)"
+        )));
+    }
+    let ms = u32::try_from(d.as_millis()).map_err(|_| bad(format!("{d:?} is too long")))?;
+    // The smallest n with 2^n >= ms.
+    let exp = 32 - (ms - 1).leading_zeros();
+    if exp > 31 {
+        return Err(bad(format!("{d:?} is longer than 2^31 ms")));
+    }
+    Ok((exp as u8, ms))
 }
 
 /// Disconnect an attached controller and remove its bdevs; missing = success.
@@ -794,6 +828,29 @@ mod tests {
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
+    }
+
+    #[test]
+    fn the_transport_timeout_becomes_a_power_of_two_ack_timeout_and_a_connect_deadline() {
+        let ms = Duration::from_millis;
+        assert_eq!(transport_timeouts(s(2)).unwrap(), (11, 2000));
+        assert_eq!(transport_timeouts(ms(1024)).unwrap(), (10, 1024));
+        assert_eq!(transport_timeouts(ms(1025)).unwrap(), (11, 1025));
+        assert_eq!(transport_timeouts(ms(2)).unwrap(), (1, 2));
+        assert_eq!(transport_timeouts(ms(1 << 31)).unwrap(), (31, 1 << 31));
+        for bad in [ms(0), ms(1), ms((1 << 31) + 1), s(u64::MAX)] {
+            let e = transport_timeouts(bad).unwrap_err();
+            assert!(
+                matches!(
+                    &e,
+                    SpdkError::InvalidArgument {
+                        field: "transport",
+                        ..
+                    }
+                ),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -289,12 +289,14 @@ async fn scenarios() {
     initiator::set_io_timeouts(&IoTimeouts {
         io: Some(Duration::from_secs(3)),
         admin: Some(Duration::from_secs(2)),
+        transport: Some(Duration::from_secs(2)),
     })
     .await
     .unwrap();
     let e = initiator::set_io_timeouts(&IoTimeouts {
         io: None,
         admin: Some(Duration::from_secs(1)),
+        transport: None,
     })
     .await
     .unwrap_err();

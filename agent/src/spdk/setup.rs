@@ -129,7 +129,19 @@ pub fn exporter(cfg: &Config, address: std::net::IpAddr) -> Result<SpdkExporter,
     .with_interrupt_mode(cfg.spdk.interrupt_mode))
 }
 
-/// Start the runtime from the config (blocking; call from `spawn_blocking`).
+/// Start the runtime from the config (blocking; call from `spawn_blocking`), with the NVMe
+/// initiator's deadlines (`timeouts.nvmeIo`, `nvmeAdmin`, `nvmeTransport`) set before any
+/// controller is attached (SPDK takes them only then).
 pub fn start(cfg: &Config) -> Result<Spdk, SpdkError> {
-    Spdk::start(&runtime_options(cfg))
+    let spdk = Spdk::start(&runtime_options(cfg))?;
+    let t = super::initiator::IoTimeouts {
+        io: Some(cfg.timeouts.nvme_io),
+        admin: Some(cfg.timeouts.nvme_admin),
+        transport: Some(cfg.timeouts.nvme_transport),
+    };
+    if let Err(e) = futures::executor::block_on(super::initiator::set_io_timeouts(&t)) {
+        spdk.stop();
+        return Err(e);
+    }
+    Ok(spdk)
 }

@@ -96,6 +96,7 @@ where
         }
         let record = c.record().clone();
         let undone = c.shutdown().await;
+        keep_logs(dir);
         (result, record, undone)
     });
     println!("run took {:.1} s", started.elapsed().as_secs_f64());
@@ -106,6 +107,33 @@ where
         left.is_empty(),
         "left behind: {left:?} (cleanup did {undone:?})"
     );
+}
+
+/// With `LITEIO_KEEP_CLUSTER_LOGS=<dir>`, the run's logs (every `*.log` under `dir`) are
+/// copied to `<dir>/<run directory's name>/` before the run directory is removed.
+fn keep_logs(dir: &Path) {
+    let Some(to) = std::env::var_os("LITEIO_KEEP_CLUSTER_LOGS") else {
+        return;
+    };
+    let to = PathBuf::from(to).join(dir.file_name().unwrap_or_default());
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "log")
+                && let Ok(rel) = p.strip_prefix(dir)
+            {
+                let dest = to.join(rel);
+                if let Some(parent) = dest.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                let _ = std::fs::copy(&p, &dest);
+            }
+        }
+    }
+    println!("logs kept in {}", to.display());
 }
 
 pub fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {

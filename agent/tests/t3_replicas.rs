@@ -1,0 +1,770 @@
+//! T3 replicated volumes end to end: the real controller, CSI driver and disk-agents (each
+//! with its embedded SPDK, in its own network namespace) of a three-node cluster. A volume
+//! with two replicas (`liteio.io/replicas: "2"`) is assembled as SPDK's raid1 in the agent
+//! of one replica's node; the host (`nvmf-check --verify-writes`, SPDK's userspace
+//! initiator with the PV's keys: this kernel has no `nvme_tcp`) writes a verifying pattern
+//! at queue depth 8 the whole time while
+//! 1. the other replica's node is cut off (its link down): the raid fails that replica and
+//!    serves degraded, the controller places a replacement on the third node, the
+//!    assembling agent adds it in the lost one's slot and SPDK rebuilds it; the link back,
+//!    the replaced replica is deleted;
+//! 2. the new replica's agent is killed (SIGKILL, not started again until replaced): the
+//!    same, the replacement going to the first case's node.
+//!
+//! No write of the host fails, every block it wrote reads back, and once the agents are
+//! stopped each replica's lvol is read directly from a copy of its node's pool (in this
+//! process's own SPDK) and the replicas compared byte for byte.
+//!
+//! Needs root and network namespaces; elsewhere each test prints one `SKIP` line.
+#![cfg(feature = "spdk")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../local/tests/cluster_common/mod.rs"]
+mod cluster_common;
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster_common::*;
+use kube::Api;
+use liteio_api::common::{SpdkTarget, VolumeStatus};
+use liteio_api::keys;
+use liteio_api::replica::{ReplicaHealth, ReplicaState};
+use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup};
+use liteio_local::Engine;
+use liteio_local::cluster::{Cluster, ClusterOptions, Liveness, Role};
+use liteio_local::datapath::{self, HostNqn};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const MIB: u64 = 1 << 20;
+/// The volume's size.
+const SIZE: u64 = 64 * MIB;
+/// The node the volume is created for (its host NQN is the one the export admits).
+const HOST: usize = 2;
+const NAME: &str = "pvc-rep";
+
+/// Three nodes, every one polling (the assembling node, known only once placed, attaches
+/// the remote replica with SPDK's NVMe/TCP initiator, which has no interrupt mode); pools
+/// go offline 15 s after their agent's last heartbeat.
+fn cluster() -> ClusterOptions {
+    let mut o = ClusterOptions::new(3, Engine::Spdk);
+    o.pool_bytes = 1 << 30;
+    o.spdk_polling = vec![1, 2, 3];
+    o.liveness = Some(Liveness {
+        unknown_after: Duration::from_secs(6),
+        offline_after: Duration::from_secs(15),
+        tick: Duration::from_millis(500),
+    });
+    o.heartbeat = Some((Duration::from_secs(1), Duration::from_secs(6)));
+    o
+}
+
+fn params() -> HashMap<String, String> {
+    HashMap::from([("liteio.io/replicas".to_string(), "2".to_string())])
+}
+
+/// One JSON-RPC call on node `k`'s SPDK (its agent's socket), off the runtime's threads.
+async fn rpc(c: &Cluster, k: usize, method: &'static str, params: Value) -> Result<Value, String> {
+    let sock = c.node_dir(k).join("spdk.sock");
+    tokio::task::spawn_blocking(move || common::rpc(&sock, method, params))
+        .await
+        .map_err(err("join"))?
+        .map_err(|e| format!("{method} on node {k}: {e}"))
+}
+
+fn node_index(c: &Cluster, name: &str) -> Result<usize, String> {
+    (1..=c.opts.nodes)
+        .find(|&k| c.node_name(k) == name)
+        .ok_or_else(|| format!("{name} is not a node of this run"))
+}
+
+async fn data_control(c: &Cluster) -> Result<AntstorDataControl, String> {
+    let dcs: Api<AntstorDataControl> = Api::namespaced(
+        c.kube().await.map_err(err("kube"))?,
+        keys::DEFAULT_NAMESPACE,
+    );
+    dcs.get(NAME).await.map_err(err("get data control"))
+}
+
+/// The replicas' states as the assembling agent reports them: (member, node, state).
+fn replica_states(dc: &AntstorDataControl) -> Vec<(String, String, ReplicaState)> {
+    dc.status
+        .as_ref()
+        .map(|s| {
+            s.replicas
+                .iter()
+                .map(|r| (r.volume.clone(), r.node.clone(), r.state))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn health(dc: &AntstorDataControl) -> Option<ReplicaHealth> {
+    dc.status.as_ref().and_then(|s| s.health)
+}
+
+/// The group's members in the raid's order: (member, node).
+async fn members(c: &Cluster) -> Result<Vec<(String, String)>, String> {
+    let groups: Api<AntstorVolumeGroup> = Api::namespaced(
+        c.kube().await.map_err(err("kube"))?,
+        keys::DEFAULT_NAMESPACE,
+    );
+    let g = groups.get(NAME).await.map_err(err("get group"))?;
+    Ok(g.spec
+        .volumes
+        .iter()
+        .map(|m| (m.vol_id.name.clone(), m.target_node_name.clone()))
+        .collect())
+}
+
+/// Waits until the data control is ready, healthy, with every replica online and exactly
+/// `want` (member, node) as its replicas; returns it.
+async fn healthy_over(
+    c: &Cluster,
+    want: &[(String, String)],
+    secs: u64,
+) -> Result<AntstorDataControl, String> {
+    let mut want: Vec<(String, String, &str)> = want
+        .iter()
+        .map(|(v, n)| (v.clone(), n.clone(), ReplicaState::Online.as_str()))
+        .collect();
+    want.sort();
+    eventually(
+        c,
+        &format!("{NAME} healthy over {want:?}"),
+        secs,
+        Role::Controller(0),
+        || async {
+            data_control(c).await.is_ok_and(|dc| {
+                let mut got: Vec<(String, String, &str)> = replica_states(&dc)
+                    .into_iter()
+                    .map(|(v, n, s)| (v, n, s.as_str()))
+                    .collect();
+                got.sort();
+                dc.status.as_ref().is_some_and(|s| {
+                    s.status == Some(VolumeStatus::Ready) && s.spdk_target.is_some()
+                }) && health(&dc) == Some(ReplicaHealth::Healthy)
+                    && got == want
+            })
+        },
+    )
+    .await?;
+    data_control(c).await
+}
+
+/// `(type, note)` of the events with `reason` about the data control.
+async fn events(c: &Cluster, reason: &str) -> Result<Vec<(String, String)>, String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(
+        c.kube().await.map_err(err("kube"))?,
+        keys::DEFAULT_NAMESPACE,
+    );
+    Ok(api
+        .list(&Default::default())
+        .await
+        .map_err(err("list events"))?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME)
+        })
+        .map(|e| (e.type_.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect())
+}
+
+/// The host: `nvmf-check --verify-writes` in a node's namespace, its output collected by a
+/// task. Each second it prints `tick {"writes":…,"errors":…,"max_us":…}`.
+struct Writer {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    async fn start(
+        c: &Cluster,
+        ns: usize,
+        t: &SpdkTarget,
+        keys: &datapath::KeysFile,
+    ) -> Result<Self, String> {
+        let hostnqn = c.node_dir(HOST).join("hostnqn");
+        let mut child = datapath::check_command(
+            &c.bin_dir,
+            &c.net.exec_prefix(ns).map_err(err("netns"))?,
+            t,
+            HostNqn::File(&hostnqn),
+            Some(keys),
+            &["--verify-writes", "--queue-depth", "8"],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(err("spawn nvmf-check"))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l = lines.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = out.next_line().await {
+                l.lock().unwrap().push(line);
+            }
+        });
+        let w = Self {
+            child,
+            stdin,
+            lines,
+            reader,
+        };
+        // Under way once two ticks with writes are in.
+        let t0 = Instant::now();
+        while w.ticks().iter().filter(|t| t["writes"] != 0).count() < 2 {
+            if t0.elapsed() > Duration::from_secs(120) {
+                return Err(format!(
+                    "the host did not start writing within 120 s: {:?}",
+                    w.lines.lock().unwrap()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(w)
+    }
+
+    fn ticks(&self) -> Vec<Value> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.strip_prefix("tick "))
+            .filter_map(|j| serde_json::from_str(j).ok())
+            .collect()
+    }
+
+    /// Writes completed so far; an error if any write failed or the tool reported one.
+    fn check(&self) -> Result<u64, String> {
+        let lines = self.lines.lock().unwrap();
+        if let Some(e) = lines.iter().find(|l| l.starts_with("error")) {
+            return Err(format!("the host: {e}"));
+        }
+        drop(lines);
+        let ticks = self.ticks();
+        if let Some(t) = ticks.iter().find(|t| t["errors"] != 0) {
+            return Err(format!("a write of the host failed: {t}"));
+        }
+        // It runs until told to stop: its output closed means it ended.
+        if self.reader.is_finished() {
+            return Err(format!(
+                "the host's nvmf-check ended: {:?}",
+                self.lines.lock().unwrap()
+            ));
+        }
+        Ok(ticks.iter().filter_map(|t| t["writes"].as_u64()).sum())
+    }
+
+    /// The longest I/O completion in the ticks from index `from` on, in ms.
+    fn longest_ms(&self, from: usize) -> f64 {
+        self.ticks()
+            .iter()
+            .skip(from)
+            .filter_map(|t| t["max_us"].as_f64())
+            .fold(0.0, f64::max)
+            / 1000.0
+    }
+
+    /// Stops the writes; the tool reads every block back. Its result.
+    async fn finish(mut self) -> Result<Value, String> {
+        self.check()?;
+        self.stdin
+            .write_all(b"stop\n")
+            .await
+            .map_err(err("write to nvmf-check"))?;
+        let status = tokio::time::timeout(Duration::from_secs(600), self.child.wait())
+            .await
+            .map_err(|_| "nvmf-check did not verify within 600 s".to_string())?
+            .map_err(err("wait"))?;
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.reader).await;
+        let lines = self.lines.lock().unwrap().clone();
+        let r = lines
+            .iter()
+            .rev()
+            .find_map(|l| {
+                serde_json::from_str::<Value>(l)
+                    .ok()
+                    .filter(Value::is_object)
+            })
+            .ok_or_else(|| format!("no JSON result: {lines:?}"))?;
+        if status.code() != Some(0)
+            || r["mismatches"] != 0
+            || r["errors"] != 0
+            || r["verified_blocks"].as_u64().unwrap_or(0) == 0
+        {
+            return Err(format!("the host's writes did not verify ({status}): {r}"));
+        }
+        Ok(r)
+    }
+}
+
+/// One replica's loss while the host writes: `lose` takes node `victim` away; then the
+/// volume must turn degraded, get a replacement on `spare`, and be healthy over the
+/// survivor and the replacement, with writes going on and none failing. Returns the new
+/// members in the raid's order.
+async fn lose_and_rebuild(
+    c: &mut Cluster,
+    w: &Writer,
+    victim: usize,
+    spare: usize,
+    how: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let before = members(c).await?;
+    let lost = before
+        .iter()
+        .find(|(_, n)| *n == c.node_name(victim))
+        .cloned()
+        .ok_or_else(|| format!("no replica on {}: {before:?}", c.node_name(victim)))?;
+    let writes0 = w.check()?;
+    let tick0 = w.ticks().len();
+    let t0 = Instant::now();
+    match how {
+        "link" => c.set_link(victim, false).await.map_err(err("link down"))?,
+        _ => c.kill(Role::Agent(victim)).await.map_err(err("kill"))?,
+    }
+    println!(
+        "{how}: replica {} on {} lost ({writes0} host writes so far)",
+        lost.0, lost.1
+    );
+    // Degraded (or already rebuilding its replacement); the timeline says what was seen.
+    let seen = Timeline::record(c).await?;
+    let got = eventually(
+        c,
+        "the volume degraded",
+        120,
+        Role::Controller(0),
+        || async {
+            seen.saw(|h, _| matches!(h, Some(ReplicaHealth::Degraded | ReplicaHealth::Rebuilding)))
+        },
+    )
+    .await;
+    w.check()?;
+    got.map_err(|e| format!("{e}; seen: {}", seen.show()))?;
+    let degraded = t0.elapsed();
+    // The replacement: in the lost one's slot, on the spare node.
+    eventually(
+        c,
+        "a replacement placed",
+        180,
+        Role::Controller(0),
+        || async {
+            members(c).await.is_ok_and(|m| {
+                m.len() == before.len()
+                    && !m.contains(&lost)
+                    && m.iter().any(|(_, n)| *n == c.node_name(spare))
+            })
+        },
+    )
+    .await?;
+    let placed = t0.elapsed();
+    let after = members(c).await?;
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        if (b == &lost) == (b == a) {
+            return Err(format!(
+                "slot {i}: {b:?} became {a:?}; only the lost replica's slot may change"
+            ));
+        }
+    }
+    let dc = healthy_over(c, &after, 300)
+        .await
+        .map_err(|e| format!("{e}; seen: {}", seen.show()))?;
+    let rebuilt = t0.elapsed();
+    println!("{how}: seen {}", seen.show());
+    seen.stop();
+    let writes1 = w.check()?;
+    if writes1 <= writes0 {
+        return Err(format!(
+            "the host wrote nothing while the replica was replaced ({writes0} → {writes1})"
+        ));
+    }
+    let cond = dc
+        .status
+        .as_ref()
+        .and_then(|s| liteio_api::replica::condition(&s.conditions, "Degraded"))
+        .map(|c| format!("{:?}", c.status));
+    println!(
+        "{how}: degraded after {:.1} s, replacement placed after {:.1} s, rebuilt and healthy after {:.1} s; \
+         {} host writes meanwhile, none failed, longest I/O {:.0} ms; Degraded condition now {cond:?}",
+        degraded.as_secs_f64(),
+        placed.as_secs_f64(),
+        rebuilt.as_secs_f64(),
+        writes1 - writes0,
+        w.longest_ms(tick0)
+    );
+    Ok(after)
+}
+
+/// When (seconds), the health, the replicas.
+type Seen = (f64, Option<ReplicaHealth>, String);
+
+/// The data control's health and replica states as they changed, polled every 100 ms by a
+/// task: (seconds since the start, health, replicas).
+struct Timeline {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Timeline {
+    async fn record(c: &Cluster) -> Result<Self, String> {
+        let api: Api<AntstorDataControl> = Api::namespaced(
+            c.kube().await.map_err(err("kube"))?,
+            keys::DEFAULT_NAMESPACE,
+        );
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let out = seen.clone();
+        let t0 = Instant::now();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok(dc) = api.get(NAME).await {
+                    let reps = replica_states(&dc)
+                        .iter()
+                        .map(|(v, n, s)| format!("{v}@{n}:{}", s.as_str()))
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    let h = health(&dc);
+                    let mut l = out.lock().unwrap();
+                    if l.last().is_none_or(|(_, lh, lr)| *lh != h || *lr != reps) {
+                        l.push((t0.elapsed().as_secs_f64(), h, reps));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Ok(Self { seen, task })
+    }
+
+    fn saw(&self, f: impl Fn(Option<ReplicaHealth>, &str) -> bool) -> bool {
+        self.seen.lock().unwrap().iter().any(|(_, h, r)| f(*h, r))
+    }
+
+    fn show(&self) -> String {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(t, h, r)| format!("[{t:.1}s {} {r}]", h.map_or("-", ReplicaHealth::as_str)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The raid's slots on the assembling node `asm`: (base bdev, data offset in bytes, data
+/// bytes).
+async fn slots(c: &Cluster, asm: usize) -> Result<Vec<(String, u64, u64)>, String> {
+    let raids = rpc(c, asm, "bdev_raid_get_bdevs", json!({"category": "all"})).await?;
+    let r = raids
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["name"] == NAME)
+        .ok_or_else(|| format!("no raid {NAME} on node {asm}: {raids}"))?;
+    if r["raid_level"] != "raid1" || r["state"] != "online" || r["superblock"] != true {
+        return Err(format!("not an online raid1 with a superblock: {r}"));
+    }
+    let b = rpc(c, asm, "bdev_get_bdevs", json!({"name": NAME})).await?;
+    let bs = b[0]["block_size"].as_u64().ok_or("no block size")?;
+    r["base_bdevs_list"]
+        .as_array()
+        .ok_or("no base bdevs")?
+        .iter()
+        .map(|s| {
+            Ok((
+                s["name"].as_str().unwrap_or_default().to_string(),
+                s["data_offset"].as_u64().ok_or("no data_offset")? * bs,
+                s["data_size"].as_u64().ok_or("no data_size")? * bs,
+            ))
+        })
+        .collect()
+}
+
+/// Where to read a replica after the run: a copy of its node's pool, its lvol, and where
+/// its data is.
+#[derive(Debug, Clone)]
+struct ReplicaCopy {
+    member: String,
+    pool: PathBuf,
+    lvol: String,
+    offset: u64,
+    bytes: u64,
+}
+
+/// Reads each replica from its pool copy in this process's SPDK (auto-examine off: the raid
+/// module must not assemble the raid from the superblocks) and compares them.
+fn compare_replicas(copies: &[ReplicaCopy]) {
+    let opts = liteio_agent::spdk::SpdkOptions {
+        name: "t3-replicas-read".into(),
+        auto_examine: false,
+        ..liteio_agent::spdk::SpdkOptions::small()
+    };
+    let copies = copies.to_vec();
+    common::with_spdk_opts(&opts, Duration::from_secs(300), async move {
+        use liteio_agent::spdk::{bdev, io, lvol};
+        let mut digests = Vec::new();
+        for (i, r) in copies.iter().enumerate() {
+            let aio = format!("copy{i}");
+            bdev::create_aio(&aio, &r.pool, 512).await.unwrap();
+            bdev::examine(&aio).await.unwrap();
+            bdev::wait_for_examine().await.unwrap();
+            let lvs = r.lvol.split('/').next().unwrap().to_string();
+            let mut chunks = Vec::new();
+            let mut written = 0;
+            let mut off = 0;
+            while off < r.bytes {
+                let len = (4 * MIB).min(r.bytes - off);
+                let data = io::read_at(&r.lvol, r.offset + off, len as usize)
+                    .await
+                    .unwrap_or_else(|e| panic!("read {} at {}: {e}", r.lvol, r.offset + off));
+                if data.iter().any(|b| *b != 0) {
+                    written += 1;
+                }
+                chunks.push(data);
+                off += len;
+            }
+            println!(
+                "replica {} ({} in {}): {} bytes at {}, {written} of {} 4 MiB chunks hold data",
+                r.member,
+                r.lvol,
+                r.pool.display(),
+                r.bytes,
+                r.offset,
+                chunks.len()
+            );
+            assert!(written > 0, "replica {} holds no data", r.member);
+            digests.push(chunks);
+            lvol::unload_lvstore(&lvs).await.unwrap();
+            bdev::delete_aio(&aio).await.unwrap();
+        }
+        let first = &digests[0];
+        for (i, d) in digests.iter().enumerate().skip(1) {
+            assert_eq!(first.len(), d.len());
+            for (k, (a, b)) in first.iter().zip(d).enumerate() {
+                assert!(
+                    a == b,
+                    "replicas {} and {} differ in chunk {k} (bytes {}..{})",
+                    copies[0].member,
+                    copies[i].member,
+                    k as u64 * 4 * MIB,
+                    (k as u64 + 1) * 4 * MIB
+                );
+            }
+        }
+        println!("every replica holds the same {} bytes", copies[0].bytes);
+    });
+}
+
+/// A two-replica volume keeps serving the host's verified writes through the loss of a
+/// replica's link and then of a replica's agent; each loss is replaced on the free node and
+/// rebuilt online; afterwards the replicas are equal block for block.
+#[test]
+fn a_replicated_volume_rides_out_a_cut_link_and_a_killed_agent_and_rebuilds() {
+    if skip("replicated volume") {
+        return;
+    }
+    let dir = scratch("t3-replicas");
+    let copies_dir =
+        std::env::temp_dir().join(format!("liteio-t3-replicas-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&copies_dir);
+    std::fs::create_dir_all(&copies_dir).unwrap();
+    let copies: Arc<Mutex<Vec<ReplicaCopy>>> = Arc::default();
+    let out = copies.clone();
+    let cd = copies_dir.clone();
+    with_cluster(&dir, cluster(), Duration::from_secs(1500), move |c| {
+        Box::pin(async move {
+            let client = c.kube().await.map_err(err("kube"))?;
+            let started = Instant::now();
+            create_volume_sized(
+                c,
+                NAME,
+                Some(c.node_name(HOST)),
+                params(),
+                i64::try_from(SIZE).unwrap(),
+            )
+            .await
+            .map_err(err("join"))??;
+            // Healthy: both replicas online (the members are placed by then).
+            eventually(
+                c,
+                "the volume healthy",
+                240,
+                Role::Controller(0),
+                || async {
+                    data_control(c).await.is_ok_and(|dc| {
+                        health(&dc) == Some(ReplicaHealth::Healthy)
+                            && replica_states(&dc).len() == 2
+                    })
+                },
+            )
+            .await?;
+            let first = members(c).await?;
+            let dc = healthy_over(c, &first, 60).await?;
+            println!(
+                "{NAME}: 2 replicas {first:?}, assembled on {}, healthy {:.1} s after CreateVolume",
+                dc.spec.target_node_id,
+                started.elapsed().as_secs_f64()
+            );
+            let t = dc
+                .status
+                .as_ref()
+                .and_then(|s| s.spdk_target.clone())
+                .ok_or("no export")?;
+            let asm = node_index(c, &dc.spec.target_node_id)?;
+            let mut nodes: Vec<usize> = first
+                .iter()
+                .map(|(_, n)| node_index(c, n))
+                .collect::<Result<_, _>>()?;
+            nodes.sort_unstable();
+            nodes.dedup();
+            if nodes.len() != 2 || !nodes.contains(&asm) {
+                return Err(format!(
+                    "replicas not on two nodes, one assembling: {first:?}"
+                ));
+            }
+            let other = nodes
+                .iter()
+                .copied()
+                .find(|&k| k != asm)
+                .ok_or("no other")?;
+            let spare = (1..=3).find(|k| !nodes.contains(k)).ok_or("no spare")?;
+            let keys = datapath::keys_file(&client, &first[0].0, &c.node_dir(HOST))
+                .await
+                .map_err(err("keys"))?
+                .ok_or("no Secret for the PV")?;
+            // The host runs in the assembling node's namespace: never cut off here.
+            let w = Writer::start(c, asm, &t, &keys).await?;
+
+            // 1. The other replica's node cut off.
+            let second = lose_and_rebuild(c, &w, other, spare, "link").await?;
+            let lost = events(c, "ReplicaLost").await?;
+            if !lost.iter().any(|(ty, _)| ty == "Warning") {
+                return Err(format!("no Warning event ReplicaLost: {lost:?}"));
+            }
+            c.set_link(other, true).await.map_err(err("link up"))?;
+            let vols: Api<AntstorVolume> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+            let gone = first
+                .iter()
+                .find(|m| !second.contains(m))
+                .cloned()
+                .ok_or("nothing replaced")?;
+            eventually(
+                c,
+                "the replaced replica deleted",
+                180,
+                Role::Agent(other),
+                || async { vols.get_opt(&gone.0).await.is_ok_and(|v| v.is_none()) },
+            )
+            .await?;
+            println!(
+                "the replaced replica {} is deleted once its node is back",
+                gone.0
+            );
+
+            // 2. The new replica's agent killed; the replacement goes to the first victim.
+            let second_remote = node_index(
+                c,
+                &second
+                    .iter()
+                    .find(|(_, n)| *n != dc.spec.target_node_id)
+                    .ok_or("no remote replica")?
+                    .1,
+            )?;
+            let third = lose_and_rebuild(c, &w, second_remote, other, "SIGKILL").await?;
+            c.launch(Role::Agent(second_remote))
+                .await
+                .map_err(err("restart agent"))?;
+            let gone = second
+                .iter()
+                .find(|m| !third.contains(m))
+                .cloned()
+                .ok_or("nothing replaced")?;
+            eventually(
+                c,
+                "the killed node's replica deleted",
+                180,
+                Role::Agent(second_remote),
+                || async { vols.get_opt(&gone.0).await.is_ok_and(|v| v.is_none()) },
+            )
+            .await?;
+
+            let r = w.finish().await?;
+            println!(
+                "host: {} writes, {} blocks verified, {} errors, {} mismatches",
+                r["writes"], r["verified_blocks"], r["errors"], r["mismatches"]
+            );
+            drop(keys);
+
+            // Where each replica's data is, then every agent stopped at once (nothing torn
+            // down) and the pools of the replicas' nodes copied.
+            let slots = slots(c, asm).await?;
+            if slots.len() != third.len() {
+                return Err(format!(
+                    "{} slots for {} replicas",
+                    slots.len(),
+                    third.len()
+                ));
+            }
+            let mut found = Vec::new();
+            for ((member, node), (_, offset, bytes)) in third.iter().zip(&slots) {
+                let v = vols.get(member).await.map_err(err("member"))?;
+                let l = v.spec.spdk_lvol.as_ref().ok_or("member without an lvol")?;
+                found.push((
+                    member.clone(),
+                    node_index(c, node)?,
+                    l.full_name(),
+                    *offset,
+                    *bytes,
+                ));
+            }
+            for k in 1..=3 {
+                c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
+            }
+            let mut list = Vec::new();
+            for (member, k, lvol, offset, bytes) in found {
+                let pool = cd.join(format!("pool-{k}.img"));
+                let st = tokio::process::Command::new("cp")
+                    .arg("--sparse=always")
+                    .arg(c.node_dir(k).join("pool/aio-lvs.img"))
+                    .arg(&pool)
+                    .status()
+                    .await
+                    .map_err(err("cp"))?;
+                if !st.success() {
+                    return Err(format!("copying node {k}'s pool: {st}"));
+                }
+                list.push(ReplicaCopy {
+                    member,
+                    pool,
+                    lvol,
+                    offset,
+                    bytes,
+                });
+            }
+            *out.lock().unwrap() = list;
+            Ok(())
+        })
+    });
+    let copies = copies.lock().unwrap().clone();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    compare_replicas(&copies);
+    let _ = std::fs::remove_dir_all(&copies_dir);
+}
