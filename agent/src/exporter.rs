@@ -74,6 +74,13 @@ pub struct ExportRequest {
     /// The volume's QoS limits (`spec.qos`; unlimited when absent), enforced on the
     /// exported bdev and changed live on a live export.
     pub qos: liteio_api::qos::VolumeQos,
+    /// A member of a multi-disk volume (label `obnvmf/vol-group-name`), exported to the node
+    /// that assembles it: a new export's namespace takes the lvol's own UUID rather than the
+    /// volume's. A replicated volume's raid superblock names each replica by the UUID of the
+    /// bdev it was opened as; with this, the lvol opened directly on its own node and its
+    /// namespace attached on another have the same one, so the raid can be assembled from
+    /// the superblocks on any replica's node.
+    pub group_member: bool,
 }
 
 /// The ANA state of an export's listener, as hosts with NVMe multipath see it.
@@ -343,6 +350,12 @@ pub trait Exporter: Send + Sync + fmt::Debug {
     fn serves(&self, nqn: &str) -> bool {
         let _ = nqn;
         false
+    }
+
+    /// The assemblies this target made and has not removed since, as (name, data-control
+    /// UUID), from its own record. The default has none.
+    fn assemblies(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
 
     /// Creates or re-asserts the assembly of a multi-disk volume and its export; returns the

@@ -93,6 +93,15 @@ impl Exporter for FakeAssembler {
     fn serves(&self, nqn: &str) -> bool {
         self.serving.lock().unwrap().contains(nqn)
     }
+    fn assemblies(&self) -> Vec<(String, String)> {
+        // The test's assemblies are all of data control PV.
+        let dc_uuid = format!("dc-{UUID}");
+        if self.serves(&naming::subsys_nqn(&dc_uuid)) {
+            vec![(PV.to_string(), dc_uuid)]
+        } else {
+            Vec::new()
+        }
+    }
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             self.assemblies.lock().unwrap().push(req.clone());
@@ -598,8 +607,8 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
     .unwrap();
 }
 
-/// The controller moved the assembly to another node (`spec.targetNodeId`) while this one
-/// still serves it: this node tears its assembly down (its subsystem would still admit the
+/// The controller moved the assembly to another node (`spec.targetNodeId` and the label)
+/// while this one still serves it: this node tears its assembly down (its subsystem would still admit the
 /// host, and its raid holds the local replica open), once, and leaves the data control's
 /// finalizer to the new node's assembly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -622,14 +631,19 @@ async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
         })
         .await;
         assert!(fake.removed.lock().unwrap().is_empty());
+        // As the controller moves it: the label too, so it leaves this agent's watch (which
+        // then reconciles nothing): the sweep of served assemblies finds it.
         dapi.patch(
             PV,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"targetNodeId": "node-y"}})),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {labels::TARGET_NODE_ID: "node-y"}},
+                "spec": {"targetNodeId": "node-y"},
+            })),
         )
         .await
         .unwrap();
-        let removed = eventually("torn down here", Duration::from_secs(10), || async {
+        let removed = eventually("torn down here", Duration::from_secs(20), || async {
             fake.removed.lock().unwrap().first().cloned()
         })
         .await;
@@ -644,7 +658,10 @@ async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
         dapi.patch(
             PV,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"targetNodeId": NODE}})),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {labels::TARGET_NODE_ID: NODE}},
+                "spec": {"targetNodeId": NODE},
+            })),
         )
         .await
         .unwrap();
@@ -654,6 +671,78 @@ async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
         .await;
         assert_eq!(fake.removed.lock().unwrap().len(), 1);
         assert!(fake.serves(&naming::subsys_nqn(&dc.spec.uuid)));
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// A replicated volume whose assembly the controller moved to this node (annotation
+/// `liteio.io/assembly-moving-to`, status `creating`) is assembled from the replicas it can
+/// reach, as an existing mirror (from their superblocks), not waited on like a new one: the
+/// old node's replica is likely lost with the old node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_moved_here_is_assembled_without_the_replicas_it_cannot_reach() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        consumer_pool(&env.client).await;
+        let groups: Api<AntstorVolumeGroup> =
+            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        groups
+            .create(&PostParams::default(), &group())
+            .await
+            .unwrap();
+        // Member 0 (on node-x, the old assembling node) is not exported to this node.
+        let vapi = vols(&env);
+        for (i, (name, _, _)) in MEMBERS.iter().enumerate().skip(1) {
+            vapi.create(&PostParams::default(), &member(i, i != 1))
+                .await
+                .unwrap();
+            set_ready(&vapi, name).await;
+        }
+        let mut lone = member(0, true);
+        lone.metadata.annotations.as_mut().unwrap().insert(
+            annotations::EXPORTED_TO.to_string(),
+            "node-x".to_string(),
+        );
+        vapi.create(&PostParams::default(), &lone).await.unwrap();
+        set_ready(&vapi, MEMBERS[0].0).await;
+        let dapi = dcs(&env);
+        // Not moved: a new mirror waits for every replica.
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid1),
+        )
+        .await
+        .unwrap();
+        let msg = wait_message(&dapi, PV, MEMBERS[0].0).await;
+        assert!(msg.contains("to be exported to this node"), "{msg}");
+        assert_eq!(fake.calls(), 0);
+        // Moved here by the controller: assembled over the two it reaches.
+        dapi.patch(
+            PV,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                liteio_api::replica::ANNO_ASSEMBLY_MOVING_TO: NODE,
+            }}})),
+        )
+        .await
+        .unwrap();
+        let req = eventually("assembled", Duration::from_secs(10), || async {
+            fake.last()
+        })
+        .await;
+        assert_eq!(req.level, AssemblyLevel::Mirror);
+        assert!(!req.new_mirror, "assembled as a new mirror: {req:?}");
+        assert!(
+            matches!(&req.members[0].source, MemberSource::Absent { reason } if reason.contains("exported to this node")),
+            "{:?}",
+            req.members[0]
+        );
+        assert!(matches!(&req.members[1].source, MemberSource::Local { .. }));
+        assert!(matches!(&req.members[2].source, MemberSource::Remote { .. }));
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await

@@ -469,6 +469,253 @@ impl Drop for Timeline {
     }
 }
 
+/// The assembling node `asm` cut off while a host on the free node writes in sequence
+/// through its export: the controller fences the replicas and moves the assembly to the
+/// other replica's node, whose agent assembles the mirror from its replica's superblock
+/// (degraded); the lost node's replica is replaced and rebuilt. What the host sees is
+/// printed: its connection is to the old node's address. The moved export serves a new
+/// host session; the old node, its link back, tears its assembly down and serves nothing.
+/// Returns the new assembling node.
+async fn lose_the_assembling_node(
+    c: &mut Cluster,
+    keys: &datapath::KeysFile,
+    asm: usize,
+) -> Result<usize, String> {
+    let before = members(c).await?;
+    let holders: Vec<usize> = before
+        .iter()
+        .map(|(_, n)| node_index(c, n))
+        .collect::<Result<_, _>>()?;
+    let free = (1..=3)
+        .find(|k| !holders.contains(k))
+        .ok_or("no free node")?;
+    let dc = data_control(c).await?;
+    let old_t = dc
+        .status
+        .as_ref()
+        .and_then(|s| s.spdk_target.clone())
+        .ok_or("no export")?;
+    let hostnqn = c.node_dir(HOST).join("hostnqn");
+    let mut child = datapath::check_command(
+        &c.bin_dir,
+        &c.net.exec_prefix(free).map_err(err("netns"))?,
+        &old_t,
+        HostNqn::File(&hostnqn),
+        Some(keys),
+        &[
+            "--check-bytes",
+            "0",
+            "--write-seconds",
+            "120",
+            "--reconnect-seconds",
+            "20",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map_err(err("spawn nvmf-check"))?;
+    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
+            .map_err(err("read"))?
+            .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
+        let started = line.starts_with("written 64 blocks");
+        seen.push(line);
+        if started {
+            break;
+        }
+    }
+    let t0 = Instant::now();
+    c.set_link(asm, false).await.map_err(err("link down"))?;
+    println!(
+        "assembling node {} cut off; a host on {} was writing through {}:{}",
+        c.node_name(asm),
+        c.node_name(free),
+        old_t.address,
+        old_t.svc_id
+    );
+    // The host's session, watched for 40 s: its connection is to the old address.
+    let host = tokio::spawn(async move {
+        let mut seen = seen;
+        let until = tokio::time::Instant::now() + Duration::from_secs(40);
+        while let Ok(Ok(Some(l))) = tokio::time::timeout_at(until, lines.next_line()).await {
+            seen.push(l);
+        }
+        let st = match tokio::time::timeout_at(until, child.wait()).await {
+            Ok(Ok(st)) => format!("it ended ({st})"),
+            _ => {
+                let _ = child.kill().await;
+                "its writes were still waiting (no error), then it was stopped".to_string()
+            }
+        };
+        (seen, st, t0.elapsed())
+    });
+    // Moved: another replica's node serves the same NQN on its own address.
+    let old_name = c.node_name(asm);
+    eventually(
+        c,
+        "the assembly moved",
+        240,
+        Role::Controller(0),
+        || async {
+            data_control(c).await.is_ok_and(|dc| {
+                dc.spec.target_node_id != old_name
+                    && dc.status.as_ref().is_some_and(|s| {
+                        s.status == Some(VolumeStatus::Ready)
+                            && s.spdk_target
+                                .as_ref()
+                                .is_some_and(|t| t.address != old_t.address)
+                    })
+            })
+        },
+    )
+    .await?;
+    let moved = t0.elapsed();
+    let dc = data_control(c).await?;
+    let new_asm = node_index(c, &dc.spec.target_node_id)?;
+    let new_t = dc
+        .status
+        .as_ref()
+        .and_then(|s| s.spdk_target.clone())
+        .ok_or("no export")?;
+    if new_t.subsys_nqn != old_t.subsys_nqn || new_t.ns_uuid != old_t.ns_uuid {
+        return Err(format!(
+            "the moved export is another subsystem: {old_t:?} -> {new_t:?}"
+        ));
+    }
+    let ev = events(c, "AssemblyMoved").await?;
+    if ev.is_empty() {
+        return Err("no AssemblyMoved event".into());
+    }
+    println!(
+        "assembly moved to {} ({}:{}) {:.1} s after the cut: {ev:?}",
+        dc.spec.target_node_id,
+        new_t.address,
+        new_t.svc_id,
+        moved.as_secs_f64()
+    );
+    let (host_lines, st, ended) = host.await.map_err(err("join"))?;
+    let r = host_lines.iter().rev().find_map(|l| {
+        serde_json::from_str::<Value>(l)
+            .ok()
+            .filter(Value::is_object)
+    });
+    println!(
+        "the host on the old address, {:.1} s after the cut: {st}; last: {}",
+        ended.as_secs_f64(),
+        r.map_or_else(
+            || host_lines.last().cloned().unwrap_or_default(),
+            |r| r.to_string()
+        )
+    );
+    // A new session on the moved export writes and reads back.
+    let w = Writer::start(c, free, &new_t, keys).await?;
+    let r = w.finish().await?;
+    println!(
+        "a new host session on the moved export: {} blocks verified",
+        r["verified_blocks"]
+    );
+    // The lost node's replica replaced and rebuilt.
+    let lost = before
+        .iter()
+        .find(|(_, n)| *n == c.node_name(asm))
+        .cloned()
+        .ok_or("the old node held no replica")?;
+    eventually(
+        c,
+        "the old node's replica replaced",
+        240,
+        Role::Controller(0),
+        || async { members(c).await.is_ok_and(|m| !m.contains(&lost)) },
+    )
+    .await?;
+    let after = members(c).await?;
+    healthy_over(c, &after, 300).await?;
+    println!(
+        "healthy again over {after:?} {:.1} s after the cut",
+        t0.elapsed().as_secs_f64()
+    );
+    // The split: the old node back. Its agent tears down its assembly; it serves nothing
+    // of the volume, and no replica's export has its initiator connected.
+    c.set_link(asm, true).await.map_err(err("link up"))?;
+    let nqn = old_t.subsys_nqn.clone();
+    eventually(
+        c,
+        "the old node's assembly torn down",
+        120,
+        Role::Agent(asm),
+        || async {
+            let raid = rpc(c, asm, "bdev_raid_get_bdevs", json!({"category": "all"}))
+                .await
+                .is_ok_and(|r| {
+                    !r.as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|x| x["name"] == NAME)
+                });
+            let sub = rpc(c, asm, "nvmf_get_subsystems", Value::Null)
+                .await
+                .is_ok_and(|r| {
+                    !r.as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|x| x["nqn"] == nqn.as_str())
+                });
+            raid && sub
+        },
+    )
+    .await?;
+    let old_host = std::fs::read_to_string(c.node_dir(asm).join("hostnqn"))
+        .map_err(err("hostnqn"))?
+        .trim()
+        .to_string();
+    for (_, n) in &after {
+        let k = node_index(c, n)?;
+        let subs = rpc(c, k, "nvmf_get_subsystems", Value::Null).await?;
+        for sub in subs.as_array().into_iter().flatten() {
+            let Some(q) = sub["nqn"].as_str().filter(|q| !q.contains("discovery")) else {
+                continue;
+            };
+            let ctrls = rpc(c, k, "nvmf_subsystem_get_controllers", json!({"nqn": q})).await?;
+            if ctrls
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|x| x["hostnqn"] == old_host.as_str())
+            {
+                return Err(format!(
+                    "the old assembling node is still connected to {q} on {n}: {ctrls}"
+                ));
+            }
+        }
+    }
+    println!(
+        "the old node {} is back: its assembly is gone and no replica admits it",
+        c.node_name(asm)
+    );
+    vols_gone(c, &lost.0).await?;
+    Ok(new_asm)
+}
+
+/// Waits until member `name` is deleted (its node's agent released it).
+async fn vols_gone(c: &Cluster, name: &str) -> Result<(), String> {
+    let vols: Api<AntstorVolume> = Api::namespaced(
+        c.kube().await.map_err(err("kube"))?,
+        keys::DEFAULT_NAMESPACE,
+    );
+    eventually(
+        c,
+        &format!("{name} deleted"),
+        180,
+        Role::Controller(0),
+        || async { vols.get_opt(name).await.is_ok_and(|v| v.is_none()) },
+    )
+    .await
+}
+
 /// The raid's slots on the assembling node `asm`: (base bdev, data offset in bytes, data
 /// bytes).
 async fn slots(c: &Cluster, asm: usize) -> Result<Vec<(String, u64, u64)>, String> {
@@ -711,6 +958,10 @@ fn a_replicated_volume_rides_out_a_cut_link_and_a_killed_agent_and_rebuilds() {
                 "host: {} writes, {} blocks verified, {} errors, {} mismatches",
                 r["writes"], r["verified_blocks"], r["errors"], r["mismatches"]
             );
+
+            // 3. The assembling node cut off: the assembly moves to the other replica's node.
+            let asm = lose_the_assembling_node(c, &keys, asm).await?;
+            let third = members(c).await?;
             drop(keys);
 
             // Where each replica's data is, then every agent stopped at once (nothing torn

@@ -94,6 +94,7 @@ fn an_assembly_is_made_kept_changed_and_removed_and_a_failed_one_leaves_nothing(
                 keys: Some(keys.clone()),
                 path_state: Default::default(),
                 qos: Default::default(),
+                group_member: false,
             })
             .await
             .unwrap();

@@ -44,6 +44,7 @@ fn request(name: &str, i: usize) -> ExportRequest {
         keys: None,
         path_state: Default::default(),
         qos: Default::default(),
+        group_member: false,
     }
 }
 

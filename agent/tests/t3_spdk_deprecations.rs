@@ -101,6 +101,7 @@ async fn scenario() {
         keys: None,
         path_state: Default::default(),
         qos: Default::default(),
+        group_member: false,
     };
     let t = exp.ensure_export(&req).await.unwrap();
     // The re-create path (lookup by NQN, host reconciliation) and a live host change.

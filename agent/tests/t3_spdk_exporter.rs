@@ -52,6 +52,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 keys: None,
                 path_state: Default::default(),
                 qos: Default::default(),
+                group_member: false,
             };
             let t = exp.ensure_export(&req).await.unwrap();
             assert_eq!(t.subsys_nqn, naming::subsys_nqn(uuid));
@@ -169,6 +170,7 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
                 keys: None,
                 path_state: Default::default(),
         qos: Default::default(),
+                group_member: false,
             };
             let t2 = exp.ensure_export(&req2).await.unwrap();
             assert_eq!(t2.bdev_name, naming::aio_bdev_name(uuid2));

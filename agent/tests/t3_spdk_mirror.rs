@@ -74,6 +74,7 @@ async fn export_replica(
         keys: Some(keys.clone()),
         path_state: Default::default(),
         qos: Default::default(),
+        group_member: false,
     })
     .await
     .unwrap()

@@ -48,6 +48,8 @@ pub struct SpdkExporter {
     /// (a replica replaced in its slot has another; after a restart the path's address
     /// tells).
     member_nqns: Mutex<std::collections::HashMap<String, String>>,
+    /// The assemblies made here and not removed since: name → data-control UUID.
+    assemblies: Mutex<std::collections::BTreeMap<String, String>>,
     /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
     auth: bool,
     /// SPDK runs in interrupt mode, where its NVMe/TCP initiator (the migration pipe)
@@ -177,6 +179,7 @@ impl SpdkExporter {
             reserved: Mutex::new(std::collections::HashSet::new()),
             host_ports: Mutex::new(std::collections::HashMap::new()),
             member_nqns: Mutex::new(std::collections::HashMap::new()),
+            assemblies: Mutex::new(std::collections::BTreeMap::new()),
             auth: false,
             interrupt_mode: false,
         }
@@ -1030,9 +1033,17 @@ impl Exporter for SpdkExporter {
             apply_qos(&bdev_name, req.qos).await?;
             let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
             let nqn = request_nqn(req);
+            let own = match (&req.lvol, req.group_member) {
+                (Some(l), true) => bdev::get(&l.full_name())
+                    .await
+                    .map_err(target_err)?
+                    .map(|b| b.uuid),
+                _ => None,
+            };
             let ns_uuid = preset
                 .map(|t| t.ns_uuid.clone())
                 .filter(|u| !u.is_empty())
+                .or(own)
                 .unwrap_or_else(|| req.uuid.clone());
             let (keys, secure_channel) = self.load_keys(req).await?;
             // The namespace's identity comes from the volume, never the node: the preset's
@@ -1086,12 +1097,26 @@ impl Exporter for SpdkExporter {
         self.known_host_port(nqn).is_some()
     }
 
+    fn assemblies(&self) -> Vec<(String, String)> {
+        self.assemblies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(n, u)| (n.clone(), u.clone()))
+            .collect()
+    }
+
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             let mut made = Made::default();
             let res = self.assemble(req, &mut made).await;
             if res.is_err() {
                 self.undo(&req.name, made).await;
+            } else {
+                self.assemblies
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(req.name.clone(), req.uuid.clone());
             }
             res
         })
@@ -1149,6 +1174,10 @@ impl Exporter for SpdkExporter {
             for k in key_names(&req.uuid) {
                 keyring::remove_key(&k).await.map_err(target_err)?;
             }
+            self.assemblies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&req.name);
             Ok(())
         })
     }

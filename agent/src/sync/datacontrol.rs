@@ -300,8 +300,13 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
         Err(why) => return wait(ctx, dc, &why).await,
     };
     // A replicated volume that was served once goes on without the replicas it cannot
-    // reach; a new one (and every other level) waits for all of its members.
-    let serving_mirror = level == AssemblyLevel::Mirror && is_ready(dc);
+    // reach, also on the node the controller moved its assembly to (from the replicas'
+    // superblocks: the old node's replica may be lost with it); a new one (and every other
+    // level) waits for all of its members.
+    let serving_mirror = level == AssemblyLevel::Mirror
+        && (is_ready(dc)
+            || annotation(&dc.metadata, liteio_api::replica::ANNO_ASSEMBLY_MOVING_TO)
+                == Some(ctx.node.as_str()));
     let members = if serving_mirror {
         mirror_members(&ctx.node, &groups, &vols)
     } else {
@@ -635,6 +640,7 @@ pub(crate) fn triggers(
     let groups: Api<PartialObjectMeta<AntstorVolumeGroup>> =
         Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
     let s = store.clone();
+    let swept = store.clone();
     let members = watcher(
         vols,
         watcher::Config::default().labels(labels::VOL_GROUP_NAME),
@@ -661,9 +667,76 @@ pub(crate) fn triggers(
                 Vec::new()
             }
         });
-    futures::stream::select(members, groups)
+    // Assemblies whose data control left this node's watch (its label names another node
+    // now: the watch drops it without a reconcile) or is gone: swept here.
+    let sweep = {
+        let ctx = Arc::clone(ctx);
+        futures::stream::unfold(swept, move |s| {
+            let ctx = Arc::clone(&ctx);
+            async move {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                sweep_moved(&ctx, &s).await;
+                Some((Vec::new(), s))
+            }
+        })
+    };
+    futures::stream::select(futures::stream::select(members, groups), sweep)
         .flat_map(futures::stream::iter)
         .boxed()
+}
+
+/// How often the assemblies this node serves are checked against their data controls.
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Removes each assembly this node serves whose data control is not in this node's watch
+/// (`store`) and, read from the API server, names another node (moved) or is gone.
+/// Best effort: an API error leaves it for the next sweep.
+async fn sweep_moved(ctx: &Ctx, store: &Store<AntstorDataControl>) {
+    for (name, uuid) in ctx.exporter.assemblies() {
+        let here = store
+            .state()
+            .iter()
+            .any(|dc| dc.name_any() == name && dc.spec.target_node_id == ctx.node);
+        if here {
+            continue;
+        }
+        let api: Api<AntstorDataControl> =
+            Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+        let got = match tokio::time::timeout(ctx.request_timeout, api.get_opt(&name)).await {
+            Ok(Ok(dc)) => dc,
+            Ok(Err(e)) => {
+                debug!(data_control = %name, error = %e, "cannot read a served assembly's data control; next sweep");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let res = match got {
+            Some(dc) if dc.spec.target_node_id != ctx.node => {
+                remove_moved(ctx, &dc).await.map(|_| ())
+            }
+            Some(_) => continue,
+            None => {
+                let req = UnassembleRequest {
+                    name: name.clone(),
+                    uuid,
+                    target: None,
+                    members: 0,
+                };
+                let r = ctx.exporter.remove_assembly(&req).await;
+                if r.is_ok() {
+                    warn!(data_control = %name, "the data control of an assembly served here is gone: removed");
+                }
+                r.map_err(|source| AgentError::Assembly {
+                    op: "tear down the orphaned",
+                    data_control: name.clone(),
+                    source,
+                })
+            }
+        };
+        if let Err(e) = res {
+            warn!(data_control = %name, error = %e.chain(), "cannot remove an assembly served here for another node; next sweep");
+        }
+    }
 }
 
 #[cfg(test)]

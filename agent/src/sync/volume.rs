@@ -698,6 +698,7 @@ async fn export_request(
         keys,
         path_state: desired_path_state(vol),
         qos: export_qos(vol),
+        group_member: label(&vol.metadata, labels::VOL_GROUP_NAME).is_some(),
     }
 }
 
