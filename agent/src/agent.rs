@@ -378,6 +378,15 @@ async fn supervise(
         },
         shutdown.subscribe(),
     ));
+    // Replicated volumes assembled here hold their I/O while the Lease is stale.
+    if ctx.exporter.assembles() {
+        set.spawn(sync::datacontrol::self_fence(
+            Arc::clone(&ctx),
+            heartbeat.subscribe(),
+            sync::datacontrol::self_fence_after(heartbeat.duration()),
+            shutdown.subscribe(),
+        ));
+    }
     // Only a target that can copy and switch over takes part in migrations as a source.
     if ctx.exporter.migrator().is_some() {
         set.spawn(sync::run_controller(

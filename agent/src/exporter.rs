@@ -352,10 +352,24 @@ pub trait Exporter: Send + Sync + fmt::Debug {
         false
     }
 
-    /// The assemblies this target made and has not removed since, as (name, data-control
-    /// UUID), from its own record. The default has none.
-    fn assemblies(&self) -> Vec<(String, String)> {
+    /// The assemblies this target made and has not removed since, from its own record. The
+    /// default has none.
+    fn assemblies(&self) -> Vec<ServedAssembly> {
         Vec::new()
+    }
+
+    /// Holds the I/O of an assembly's export in the target (nothing is acknowledged, nothing
+    /// fails) until [`Exporter::unfence_assembly`]: the self-fence of a node whose Lease is
+    /// stale. The default has nothing to hold.
+    fn fence_assembly<'a>(&'a self, uuid: &'a str) -> ExportFuture<'a, ()> {
+        let _ = uuid;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Releases [`Exporter::fence_assembly`]; an assembly that is gone is success.
+    fn unfence_assembly<'a>(&'a self, uuid: &'a str) -> ExportFuture<'a, ()> {
+        let _ = uuid;
+        Box::pin(async { Ok(()) })
     }
 
     /// Creates or re-asserts the assembly of a multi-disk volume and its export; returns the
@@ -385,6 +399,17 @@ pub trait Exporter: Send + Sync + fmt::Debug {
         let _ = req;
         Box::pin(async { Ok(()) })
     }
+}
+
+/// An assembly a target serves ([`Exporter::assemblies`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedAssembly {
+    /// Its name (the data control's).
+    pub name: String,
+    /// The data control's UUID.
+    pub uuid: String,
+    /// A replicated volume's mirror.
+    pub mirror: bool,
 }
 
 /// Why a target without SPDK cannot assemble multi-disk volume `name`.

@@ -72,6 +72,9 @@ impl HeartbeatOptions {
 pub struct HeartbeatState {
     /// Time of the last successful renewal.
     pub last_renewal: Option<Timestamp>,
+    /// When the last renewal succeeded, on this process's monotonic clock (what the
+    /// self-fence of replicated volumes measures the Lease's age by).
+    pub renewed_at: Option<std::time::Instant>,
     /// Failed attempts since the last success.
     pub consecutive_failures: u32,
     /// Kind of the last failure.
@@ -99,6 +102,11 @@ impl Heartbeat {
             opts,
             state: watch::Sender::new(HeartbeatState::default()),
         }
+    }
+
+    /// The Lease's duration.
+    pub fn duration(&self) -> Duration {
+        self.opts.duration
     }
 
     /// Follows the heartbeat's state.
@@ -210,6 +218,7 @@ impl Heartbeat {
                 }
                 self.state.send_modify(|s| {
                     s.last_renewal = renewed;
+                    s.renewed_at = Some(std::time::Instant::now());
                     s.consecutive_failures = 0;
                     s.last_error = None;
                 });

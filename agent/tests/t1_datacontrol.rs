@@ -19,7 +19,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyRequest, ExportError, ExportFuture, ExportRequest, Exporter,
-    ExporterHealth, MemberSource, UnassembleRequest, UnexportRequest,
+    ExporterHealth, MemberSource, ServedAssembly, UnassembleRequest, UnexportRequest,
 };
 use liteio_api::common::{PoolMode, VolumeStatus};
 use liteio_api::datacontrol::{AntstorDataControlSpec, Raid, RaidLevel};
@@ -50,6 +50,9 @@ struct FakeAssembler {
     fail: AtomicUsize,
     /// The subsystems of the assemblies made and not removed.
     serving: Mutex<std::collections::BTreeSet<String>>,
+    /// The data-control UUIDs whose I/O is held (`fence_assembly`), and every call.
+    fenced: Mutex<std::collections::BTreeSet<String>>,
+    fence_calls: Mutex<Vec<(bool, String)>>,
 }
 
 fn target_of(req: &AssemblyRequest) -> SpdkTarget {
@@ -93,14 +96,40 @@ impl Exporter for FakeAssembler {
     fn serves(&self, nqn: &str) -> bool {
         self.serving.lock().unwrap().contains(nqn)
     }
-    fn assemblies(&self) -> Vec<(String, String)> {
+    fn assemblies(&self) -> Vec<ServedAssembly> {
         // The test's assemblies are all of data control PV.
         let dc_uuid = format!("dc-{UUID}");
         if self.serves(&naming::subsys_nqn(&dc_uuid)) {
-            vec![(PV.to_string(), dc_uuid)]
+            vec![ServedAssembly {
+                name: PV.to_string(),
+                uuid: dc_uuid,
+                mirror: self
+                    .last()
+                    .is_some_and(|r| r.level == AssemblyLevel::Mirror),
+            }]
         } else {
             Vec::new()
         }
+    }
+    fn fence_assembly<'a>(&'a self, uuid: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            self.fenced.lock().unwrap().insert(uuid.to_string());
+            self.fence_calls
+                .lock()
+                .unwrap()
+                .push((true, uuid.to_string()));
+            Ok(())
+        })
+    }
+    fn unfence_assembly<'a>(&'a self, uuid: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            self.fenced.lock().unwrap().remove(uuid);
+            self.fence_calls
+                .lock()
+                .unwrap()
+                .push((false, uuid.to_string()));
+            Ok(())
+        })
     }
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
@@ -743,6 +772,150 @@ async fn a_mirror_moved_here_is_assembled_without_the_replicas_it_cannot_reach()
         );
         assert!(matches!(&req.members[1].source, MemberSource::Local { .. }));
         assert!(matches!(&req.members[2].source, MemberSource::Remote { .. }));
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// The self-fence: while the node's Lease goes unrenewed (its updates fail) for longer
+/// than three quarters of its duration, the mirror assembled here holds its I/O
+/// (`fence_assembly`); renewed again, the fence is released — unless the data control moved
+/// to another node meanwhile: then the assembly is torn down, never released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_lease_fences_the_mirrors_assembled_here_until_it_is_renewed() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        members_in_place(&env).await;
+        let dapi = dcs(&env);
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid1),
+        )
+        .await
+        .unwrap();
+        let dc = eventually("ready", Duration::from_secs(10), || async {
+            let dc = dapi.get(PV).await.unwrap();
+            (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(dc)
+        })
+        .await;
+        assert!(fake.fence_calls.lock().unwrap().is_empty());
+        // The Lease's updates fail from now on.
+        let faults = env.server.faults();
+        faults.fail_next(
+            1_000_000,
+            liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
+            500,
+            "InternalError",
+        );
+        eventually("fenced", Duration::from_secs(20), || async {
+            fake.fenced
+                .lock()
+                .unwrap()
+                .contains(&dc.spec.uuid)
+                .then_some(())
+        })
+        .await;
+        assert!(agent.heartbeat().borrow().consecutive_failures > 0);
+        // Renewed again: released.
+        faults.clear();
+        eventually("released", Duration::from_secs(20), || async {
+            fake.fenced.lock().unwrap().is_empty().then_some(())
+        })
+        .await;
+        // Fence, release, in turn (one pair; more only if the Lease went stale again).
+        let calls = fake.fence_calls.lock().unwrap().clone();
+        assert!(calls.len() >= 2 && calls.len() % 2 == 0, "{calls:?}");
+        for (i, (fence, uuid)) in calls.iter().enumerate() {
+            assert_eq!(*fence, i % 2 == 0, "{calls:?}");
+            assert_eq!(uuid, &dc.spec.uuid);
+        }
+        // Stale again, and the controller moves the assembly meanwhile: once the Lease is
+        // renewed the fenced assembly is torn down, never released.
+        faults.fail_next(
+            1_000_000,
+            liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
+            500,
+            "InternalError",
+        );
+        eventually("fenced again", Duration::from_secs(20), || async {
+            fake.fenced
+                .lock()
+                .unwrap()
+                .contains(&dc.spec.uuid)
+                .then_some(())
+        })
+        .await;
+        dapi.patch(
+            PV,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {labels::TARGET_NODE_ID: "node-y"}},
+                "spec": {"targetNodeId": "node-y"},
+            })),
+        )
+        .await
+        .unwrap();
+        faults.clear();
+        let removed = eventually("torn down", Duration::from_secs(20), || async {
+            fake.removed.lock().unwrap().first().cloned()
+        })
+        .await;
+        assert_eq!(removed.uuid, dc.spec.uuid);
+        let calls = fake.fence_calls.lock().unwrap().clone();
+        assert_eq!(
+            calls.last(),
+            Some(&(true, dc.spec.uuid.clone())),
+            "released: {calls:?}"
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// The self-fence leaves assemblies that are not replicated alone: their assembly never
+/// moves, so a stale Lease cannot make a split of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_lease_leaves_a_raid0_assembly_serving() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let env = Env::new().await;
+        let fake = Arc::new(FakeAssembler::default());
+        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        members_in_place(&env).await;
+        let dapi = dcs(&env);
+        dapi.create(
+            &PostParams::default(),
+            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid0),
+        )
+        .await
+        .unwrap();
+        eventually("ready", Duration::from_secs(10), || async {
+            let dc = dapi.get(PV).await.unwrap();
+            (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(())
+        })
+        .await;
+        let faults = env.server.faults();
+        faults.fail_next(
+            1_000_000,
+            liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
+            500,
+            "InternalError",
+        );
+        // Stale for well past the bound (the Lease lasts seconds here): the heartbeat says so.
+        let mut hb = agent.heartbeat();
+        hb.wait_for(|s| s.consecutive_failures >= 5).await.unwrap();
+        let stale_since = hb.borrow().renewed_at.unwrap();
+        eventually(
+            "stale for three Lease durations",
+            Duration::from_secs(30),
+            || async { (stale_since.elapsed() > Duration::from_secs(3)).then_some(()) },
+        )
+        .await;
+        assert!(fake.fence_calls.lock().unwrap().is_empty());
+        faults.clear();
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await

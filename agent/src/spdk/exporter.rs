@@ -48,8 +48,8 @@ pub struct SpdkExporter {
     /// (a replica replaced in its slot has another; after a restart the path's address
     /// tells).
     member_nqns: Mutex<std::collections::HashMap<String, String>>,
-    /// The assemblies made here and not removed since: name → data-control UUID.
-    assemblies: Mutex<std::collections::BTreeMap<String, String>>,
+    /// The assemblies made here and not removed since: name → (data-control UUID, mirror).
+    assemblies: Mutex<std::collections::BTreeMap<String, (String, bool)>>,
     /// Hosts must authenticate (DH-HMAC-CHAP with the request's keys).
     auth: bool,
     /// SPDK runs in interrupt mode, where its NVMe/TCP initiator (the migration pipe)
@@ -1097,13 +1097,34 @@ impl Exporter for SpdkExporter {
         self.known_host_port(nqn).is_some()
     }
 
-    fn assemblies(&self) -> Vec<(String, String)> {
+    fn assemblies(&self) -> Vec<crate::exporter::ServedAssembly> {
         self.assemblies
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .map(|(n, u)| (n.clone(), u.clone()))
+            .map(|(n, (u, mirror))| crate::exporter::ServedAssembly {
+                name: n.clone(),
+                uuid: u.clone(),
+                mirror: *mirror,
+            })
             .collect()
+    }
+
+    fn fence_assembly<'a>(&'a self, uuid: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            nvmf::fence_io(&naming::subsys_nqn(uuid))
+                .await
+                .map_err(target_err)
+        })
+    }
+
+    fn unfence_assembly<'a>(&'a self, uuid: &'a str) -> ExportFuture<'a, ()> {
+        Box::pin(async move {
+            match nvmf::unfence_io(&naming::subsys_nqn(uuid)).await {
+                Ok(()) | Err(SpdkError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(target_err(e)),
+            }
+        })
     }
 
     fn ensure_assembly<'a>(&'a self, req: &'a AssemblyRequest) -> ExportFuture<'a, SpdkTarget> {
@@ -1116,7 +1137,10 @@ impl Exporter for SpdkExporter {
                 self.assemblies
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(req.name.clone(), req.uuid.clone());
+                    .insert(
+                        req.name.clone(),
+                        (req.uuid.clone(), req.level == AssemblyLevel::Mirror),
+                    );
             }
             res
         })

@@ -685,6 +685,134 @@ pub(crate) fn triggers(
         .boxed()
 }
 
+/// How long the Lease may go unrenewed before this node fences its replicated volumes:
+/// three quarters of the Lease's duration (`heartbeat.duration`), so that the node holds its
+/// mirrors' I/O before the controller, which counts the pool down once the Lease is older
+/// than `liveness.unknownAfter` (at least the Lease's duration), moves them elsewhere.
+pub fn self_fence_after(lease_duration: std::time::Duration) -> std::time::Duration {
+    lease_duration * 3 / 4
+}
+
+/// The self-fence of replicated volumes: while this node's Lease has gone unrenewed for
+/// longer than `after` (or was never renewed, `after` from the start), the exports of the
+/// mirrors it assembles hold their I/O in the target ([`Exporter::fence_assembly`]): a node
+/// cut off from the API server, whose assembly the controller may move to another replica's
+/// node, acknowledges nothing more to its host on its local replica alone. Renewed again,
+/// the fence is released (the held I/O runs) if the data control still names this node, and
+/// an assembly that moved (or whose data control is gone) is torn down instead, which fails
+/// the held I/O. Checked every 250 ms until `shutdown`.
+///
+/// [`Exporter::fence_assembly`]: crate::exporter::Exporter::fence_assembly
+pub async fn self_fence(
+    ctx: Arc<Ctx>,
+    heartbeat: tokio::sync::watch::Receiver<crate::heartbeat::HeartbeatState>,
+    after: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let started = std::time::Instant::now();
+    // The UUIDs of the mirrors fenced.
+    let mut fenced: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let age = heartbeat
+            .borrow()
+            .renewed_at
+            .map_or_else(|| started.elapsed(), |t| t.elapsed());
+        let stale = age > after;
+        let mirrors: Vec<(String, String)> = ctx
+            .exporter
+            .assemblies()
+            .into_iter()
+            .filter(|a| a.mirror)
+            .map(|a| (a.uuid, a.name))
+            .collect();
+        if stale {
+            let new: Vec<&(String, String)> = mirrors
+                .iter()
+                .filter(|(u, _)| !fenced.contains(u))
+                .collect();
+            for (uuid, name) in new {
+                match ctx.exporter.fence_assembly(uuid).await {
+                    Ok(()) => {
+                        warn!(data_control = %name, lease_age_ms = age.as_millis() as u64, "Lease not renewed: the replicated volume assembled here holds its I/O until it is");
+                        fenced.insert(uuid.clone());
+                    }
+                    Err(e) => {
+                        warn!(data_control = %name, error = %e, "cannot fence a replicated volume assembled here; retrying");
+                    }
+                }
+            }
+        } else {
+            let held: Vec<&(String, String)> =
+                mirrors.iter().filter(|(u, _)| fenced.contains(u)).collect();
+            for (uuid, name) in held {
+                if release(&ctx, uuid, name).await {
+                    fenced.remove(uuid);
+                }
+            }
+        }
+        // Assemblies removed meanwhile need no release.
+        fenced.retain(|u| mirrors.iter().any(|(m, _)| m == u));
+    }
+}
+
+/// Ends the self-fence of mirror `name` (`uuid`) once the Lease is renewed: released if its
+/// data control still names this node; torn down if it moved (the controller may have moved
+/// it meanwhile: released first, it would serve the host its local replica alone until the
+/// sweep saw the move) or is gone. False when that cannot be told yet (the API server not
+/// answering): it stays fenced.
+async fn release(ctx: &Arc<Ctx>, uuid: &str, name: &str) -> bool {
+    let api: Api<AntstorDataControl> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+    let dc = match tokio::time::timeout(ctx.request_timeout, api.get_opt(name)).await {
+        Ok(Ok(dc)) => dc,
+        Ok(Err(e)) => {
+            debug!(data_control = %name, error = %e, "cannot read a fenced mirror's data control; still fenced");
+            return false;
+        }
+        Err(_) => return false,
+    };
+    let res = match dc {
+        Some(dc) if dc.spec.target_node_id == ctx.node && dc.spec.uuid == uuid => {
+            match ctx.exporter.unfence_assembly(uuid).await {
+                Ok(()) => {
+                    info!(data_control = %name, "Lease renewed: the replicated volume's I/O runs again");
+                    Ok(())
+                }
+                Err(source) => Err(AgentError::Assembly {
+                    op: "release the fence of",
+                    data_control: name.to_string(),
+                    source,
+                }),
+            }
+        }
+        Some(dc) => remove_moved(ctx, &dc).await.map(|_| ()),
+        None => ctx
+            .exporter
+            .remove_assembly(&UnassembleRequest {
+                name: name.to_string(),
+                uuid: uuid.to_string(),
+                target: None,
+                members: 0,
+            })
+            .await
+            .map_err(|source| AgentError::Assembly {
+                op: "tear down the orphaned",
+                data_control: name.to_string(),
+                source,
+            }),
+    };
+    match res {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(data_control = %name, error = %e.chain(), "cannot end the fence of a replicated volume; retrying");
+            false
+        }
+    }
+}
+
 /// How often the assemblies this node serves are checked against their data controls.
 pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -692,7 +820,8 @@ pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// (`store`) and, read from the API server, names another node (moved) or is gone.
 /// Best effort: an API error leaves it for the next sweep.
 async fn sweep_moved(ctx: &Ctx, store: &Store<AntstorDataControl>) {
-    for (name, uuid) in ctx.exporter.assemblies() {
+    for a in ctx.exporter.assemblies() {
+        let (name, uuid) = (a.name, a.uuid);
         let here = store
             .state()
             .iter()
