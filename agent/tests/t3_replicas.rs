@@ -1019,3 +1019,260 @@ fn a_replicated_volume_rides_out_a_cut_link_and_a_killed_agent_and_rebuilds() {
     compare_replicas(&copies);
     let _ = std::fs::remove_dir_all(&copies_dir);
 }
+
+/// One `nvmf-check` run of `secs` seconds of 4 KiB random writes at queue depth `qd` from
+/// node `ns`'s namespace as `host`'s host NQN against `t`: (IOPS, p99 in µs).
+async fn random_writes(
+    c: &Cluster,
+    ns: usize,
+    host: usize,
+    t: &SpdkTarget,
+    keys: &datapath::KeysFile,
+    secs: u64,
+    qd: u32,
+) -> Result<(f64, f64), String> {
+    let hostnqn = c.node_dir(host).join("hostnqn");
+    let (secs, qd) = (secs.to_string(), qd.to_string());
+    let cmd = datapath::check_command(
+        &c.bin_dir,
+        &c.net.exec_prefix(ns).map_err(err("netns"))?,
+        t,
+        HostNqn::File(&hostnqn),
+        Some(keys),
+        &[
+            "--check-bytes",
+            "0",
+            "--random-seconds",
+            &secs,
+            "--read-percent",
+            "0",
+            "--queue-depth",
+            &qd,
+        ],
+    );
+    let out = datapath::run_check(cmd, Duration::from_secs(600))
+        .await
+        .map_err(err("nvmf-check"))?;
+    if out.code != 0 {
+        return Err(format!(
+            "nvmf-check failed ({}): {}\n{}",
+            out.code,
+            out.result,
+            out.lines.join("\n")
+        ));
+    }
+    let iops = out.result["random_iops"].as_f64();
+    let p99 = out.result["random_p99_us"].as_f64();
+    iops.zip(p99)
+        .ok_or_else(|| format!("no IOPS or p99 in {}", out.result))
+}
+
+/// Benchmark, run by hand (`cargo test -p liteio-agent --features spdk --test t3_replicas
+/// -- --ignored --nocapture bench_replicas`; figures depend on the machine and on the
+/// profile the test is built with). Side by side in each run, from the namespace of the node
+/// that holds neither volume: 4 KiB random writes at queue depth 32 to a two-replica volume
+/// and to a plain volume on the replicated volume's assembling node (IOPS and p99; the
+/// worst of `LITEIO_BENCH_RUNS` (3) runs of `LITEIO_BENCH_SECONDS` (5) s). Then the
+/// rebuild: the remote replica's agent killed, a QD 8 writer running from the loss until
+/// the replacement is rebuilt; the rebuild rate (the replica's bytes over the time from
+/// `rebuilding` to `healthy`) and the writer's p99 then, against its p99 on the healthy
+/// volume. Every node polls (the assembling node is known only once placed).
+#[test]
+#[ignore = "benchmark: run with --ignored"]
+fn bench_replicas() {
+    if skip("replicas benchmark") {
+        return;
+    }
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (runs, secs) = (env("LITEIO_BENCH_RUNS", 3), env("LITEIO_BENCH_SECONDS", 5));
+    let size: u64 = 512 * MIB;
+    let mut opts = cluster();
+    opts.pool_bytes = 2 << 30;
+    let dir = scratch("t3-replicas-bench");
+    with_cluster(&dir, opts, Duration::from_secs(3600), move |c| {
+        Box::pin(async move {
+            let client = c.kube().await.map_err(err("kube"))?;
+            create_volume_sized(
+                c,
+                NAME,
+                Some(c.node_name(HOST)),
+                params(),
+                i64::try_from(size).unwrap(),
+            )
+            .await
+            .map_err(err("join"))??;
+            eventually(
+                c,
+                "the volume healthy",
+                240,
+                Role::Controller(0),
+                || async {
+                    data_control(c).await.is_ok_and(|dc| {
+                        health(&dc) == Some(ReplicaHealth::Healthy)
+                            && replica_states(&dc).len() == 2
+                    })
+                },
+            )
+            .await?;
+            let reps = members(c).await?;
+            let dc = healthy_over(c, &reps, 60).await?;
+            let rep_t = dc
+                .status
+                .as_ref()
+                .and_then(|s| s.spdk_target.clone())
+                .ok_or("no export")?;
+            let asm = node_index(c, &dc.spec.target_node_id)?;
+            let holders: Vec<usize> = reps
+                .iter()
+                .map(|(_, n)| node_index(c, n))
+                .collect::<Result<_, _>>()?;
+            let other = *holders.iter().find(|&&k| k != asm).ok_or("no other")?;
+            let free = (1..=3)
+                .find(|k| !holders.contains(k))
+                .ok_or("no free node")?;
+            let rep_keys = datapath::keys_file(&client, &reps[0].0, &c.node_dir(HOST))
+                .await
+                .map_err(err("keys"))?
+                .ok_or("no Secret")?;
+            // The plain volume on the assembling node (consumed by that node: pinned there).
+            let plain_id = create_volume_sized(
+                c,
+                "pvc-plain",
+                Some(c.node_name(asm)),
+                HashMap::from([("positionAdvice".to_string(), "MustLocal".to_string())]),
+                i64::try_from(size).unwrap(),
+            )
+            .await
+            .map_err(err("join"))??;
+            eventually(c, "pvc-plain ready", 180, Role::Agent(asm), || async {
+                volume(c, &plain_id)
+                    .await
+                    .or(volume(c, "pvc-plain").await)
+                    .is_some_and(|v| is_ready(&v) && v.spec.spdk_target.is_some())
+            })
+            .await?;
+            let pv = volume(c, &plain_id)
+                .await
+                .or(volume(c, "pvc-plain").await)
+                .ok_or("no plain volume")?;
+            let plain_t = pv.spec.spdk_target.clone().ok_or("no export")?;
+            let plain_name = pv.metadata.name.clone().unwrap_or_default();
+            let plain_keys = datapath::keys_file(&client, &plain_name, &c.node_dir(asm))
+                .await
+                .map_err(err("keys"))?
+                .ok_or("no Secret")?;
+            println!(
+                "replicated: assembled on {}, replicas on {:?}; plain on {}; host in {}'s namespace; {runs} runs × {secs} s, 4 KiB random writes, QD 32",
+                c.node_name(asm),
+                reps,
+                c.node_name(asm),
+                c.node_name(free)
+            );
+            let (mut worst_p, mut worst_r) = ((f64::MAX, 0.0_f64), (f64::MAX, 0.0_f64));
+            for run in 1..=runs {
+                let p = random_writes(c, free, asm, &plain_t, &plain_keys, secs, 32).await?;
+                let r = random_writes(c, free, HOST, &rep_t, &rep_keys, secs, 32).await?;
+                println!(
+                    "run {run}: plain {:.0} IOPS p99 {:.0} µs; 2 replicas {:.0} IOPS p99 {:.0} µs",
+                    p.0, p.1, r.0, r.1
+                );
+                worst_p = (worst_p.0.min(p.0), worst_p.1.max(p.1));
+                worst_r = (worst_r.0.min(r.0), worst_r.1.max(r.1));
+            }
+            println!(
+                "| 4 KiB random write, QD 32 | plain | 2 replicas | replicated / plain |\n|---|---|---|---|\n| IOPS (worst of {runs}) | {:.0} | {:.0} | {:.2} |\n| p99 µs (worst of {runs}) | {:.0} | {:.0} | {:.2} |",
+                worst_p.0,
+                worst_r.0,
+                worst_r.0 / worst_p.0,
+                worst_p.1,
+                worst_r.1,
+                worst_r.1 / worst_p.1
+            );
+            // The writer's p99 on the healthy volume at QD 8, then across a rebuild.
+            let base = random_writes(c, free, HOST, &rep_t, &rep_keys, secs, 8).await?;
+            let seen = Timeline::record(c).await?;
+            let t0 = Instant::now();
+            c.kill(Role::Agent(other)).await.map_err(err("kill"))?;
+            let hostnqn = c.node_dir(HOST).join("hostnqn");
+            let cmd = datapath::check_command(
+                &c.bin_dir,
+                &c.net.exec_prefix(free).map_err(err("netns"))?,
+                &rep_t,
+                HostNqn::File(&hostnqn),
+                Some(&rep_keys),
+                &[
+                    "--check-bytes",
+                    "0",
+                    "--random-seconds",
+                    "40",
+                    "--read-percent",
+                    "0",
+                    "--queue-depth",
+                    "8",
+                ],
+            );
+            let spare = free;
+            let wait = async {
+                eventually(
+                    c,
+                    "a replacement rebuilt",
+                    300,
+                    Role::Controller(0),
+                    || async {
+                        members(c)
+                            .await
+                            .is_ok_and(|m| m.iter().any(|(_, n)| *n == c.node_name(spare)))
+                            && seen.saw(|h, r| {
+                                h == Some(ReplicaHealth::Healthy) && r.contains(&c.node_name(spare))
+                            })
+                    },
+                )
+                .await
+                .map(|()| t0.elapsed())
+            };
+            let (out, waited) =
+                tokio::join!(datapath::run_check(cmd, Duration::from_secs(600)), wait);
+            let out = out.map_err(err("writer"))?;
+            let healthy_at = waited?;
+            let timeline = seen.show();
+            let rebuilding_from = seen
+                .seen
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(_, _, r)| r.contains("rebuilding"))
+                .map(|(t, _, _)| *t)
+                .ok_or_else(|| format!("no rebuild seen: {timeline}"))?;
+            let healthy_t = seen
+                .seen
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|(_, h, _)| *h == Some(ReplicaHealth::Healthy))
+                .map(|(t, _, _)| *t)
+                .ok_or("never healthy")?;
+            seen.stop();
+            let w_p99 = out.result["random_p99_us"].as_f64().unwrap_or(f64::NAN);
+            let w_iops = out.result["random_iops"].as_f64().unwrap_or(f64::NAN);
+            let rebuild_s = (healthy_t - rebuilding_from).max(0.001);
+            println!("rebuild timeline: {timeline}");
+            println!(
+                "| rebuild of a {} MiB replica, QD 8 writer running | |\n|---|---|\n| loss → healthy | {:.1} s |\n| rebuild (rebuilding → healthy, 100 ms polls) | {rebuild_s:.1} s |\n| rebuild rate | {:.0} MiB/s |\n| writer p99, healthy volume | {:.0} µs ({:.0} IOPS) |\n| writer p99, 40 s from the loss (degraded, rebuild, healthy) | {w_p99:.0} µs ({w_iops:.0} IOPS, exit {}) |",
+                size / MIB,
+                healthy_at.as_secs_f64(),
+                (size / MIB) as f64 / rebuild_s,
+                base.1,
+                base.0,
+                out.code
+            );
+            c.launch(Role::Agent(other)).await.map_err(err("restart"))?;
+            Ok(())
+        })
+    });
+}
