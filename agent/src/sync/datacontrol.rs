@@ -549,52 +549,99 @@ async fn remove_moved(ctx: &Ctx, dc: &AntstorDataControl) -> Result<Action> {
     if !ctx.exporter.serves(&naming::subsys_nqn(&dc.spec.uuid)) || dc.spec.uuid.is_empty() {
         return Ok(Action::await_change());
     }
-    let members = match read_members(ctx, dc).await? {
+    let members = member_count(ctx, dc).await?;
+    unassemble(
+        ctx,
+        "tear down the moved",
+        &dc.name_any(),
+        &dc.spec.uuid,
+        None,
+        members,
+    )
+    .await?;
+    warn!(to = %dc.spec.target_node_id, "the assembly moved to another node: removed here");
+    Ok(Action::await_change())
+}
+
+/// The members of `dc`'s groups (0 when they cannot be read): the groups outlive the data
+/// control (the controller deletes them after it), and their count bounds the initiator
+/// controllers to detach (the exporter finds them by name too).
+async fn member_count(ctx: &Ctx, dc: &AntstorDataControl) -> Result<usize> {
+    Ok(match read_members(ctx, dc).await? {
         Ok((groups, _)) => groups.iter().map(|g| g.spec.volumes.len()).sum(),
         Err(_) => 0,
-    };
+    })
+}
+
+/// [`Exporter::remove_assembly`](crate::exporter::Exporter::remove_assembly) of assembly
+/// `name` (`uuid`), its error saying `op`.
+async fn unassemble(
+    ctx: &Ctx,
+    op: &'static str,
+    name: &str,
+    uuid: &str,
+    target: Option<SpdkTarget>,
+    members: usize,
+) -> Result<()> {
     let req = UnassembleRequest {
-        name: dc.name_any(),
-        uuid: dc.spec.uuid.clone(),
-        target: None,
+        name: name.to_string(),
+        uuid: uuid.to_string(),
+        target,
         members,
     };
     ctx.exporter
         .remove_assembly(&req)
         .await
         .map_err(|source| AgentError::Assembly {
-            op: "tear down the moved",
-            data_control: dc.name_any(),
+            op,
+            data_control: name.to_string(),
             source,
-        })?;
-    warn!(to = %dc.spec.target_node_id, "the assembly moved to another node: removed here");
-    Ok(Action::await_change())
+        })
+}
+
+/// Data control `name` read from the API server within the request timeout; `None` when
+/// that failed (logged, saying what waits for it).
+async fn read_data_control(
+    ctx: &Ctx,
+    name: &str,
+    waiting: &str,
+) -> Option<Option<AntstorDataControl>> {
+    let api: Api<AntstorDataControl> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
+    match tokio::time::timeout(ctx.request_timeout, api.get_opt(name)).await {
+        Ok(Ok(dc)) => Some(dc),
+        Ok(Err(e)) => {
+            debug!(data_control = %name, error = %e, "cannot read the data control; {waiting}");
+            None
+        }
+        Err(_) => {
+            debug!(data_control = %name, "no answer reading the data control; {waiting}");
+            None
+        }
+    }
+}
+
+/// Removes assembly `name` (`uuid`), whose data control is gone.
+async fn remove_orphan(ctx: &Ctx, name: &str, uuid: &str) -> Result<()> {
+    unassemble(ctx, "tear down the orphaned", name, uuid, None, 0).await?;
+    warn!(data_control = %name, "the data control of an assembly served here is gone: removed");
+    Ok(())
 }
 
 async fn tear_down(ctx: &Ctx, dc: &AntstorDataControl) -> Result<Action> {
     if !has_finalizer(&dc.metadata, finalizers::ASSEMBLY) {
         return Ok(Action::await_change());
     }
-    // The groups outlive the data control (the controller deletes them after it): their
-    // member count bounds the controllers to detach (the exporter finds them by name too).
-    let members = match read_members(ctx, dc).await? {
-        Ok((groups, _)) => groups.iter().map(|g| g.spec.volumes.len()).sum(),
-        Err(_) => 0,
-    };
-    let req = UnassembleRequest {
-        name: dc.name_any(),
-        uuid: dc.spec.uuid.clone(),
-        target: dc.status.as_ref().and_then(|s| s.spdk_target.clone()),
+    let members = member_count(ctx, dc).await?;
+    let target = dc.status.as_ref().and_then(|s| s.spdk_target.clone());
+    unassemble(
+        ctx,
+        "tear down",
+        &dc.name_any(),
+        &dc.spec.uuid,
+        target,
         members,
-    };
-    ctx.exporter
-        .remove_assembly(&req)
-        .await
-        .map_err(|source| AgentError::Assembly {
-            op: "tear down",
-            data_control: dc.name_any(),
-            source,
-        })?;
+    )
+    .await?;
     remove_finalizers(ctx, &api(ctx, dc), dc, &[finalizers::ASSEMBLY]).await?;
     info!("assembly removed");
     Ok(Action::await_change())
@@ -765,14 +812,8 @@ pub async fn self_fence(
 /// sweep saw the move) or is gone. False when that cannot be told yet (the API server not
 /// answering): it stays fenced.
 async fn release(ctx: &Arc<Ctx>, uuid: &str, name: &str) -> bool {
-    let api: Api<AntstorDataControl> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
-    let dc = match tokio::time::timeout(ctx.request_timeout, api.get_opt(name)).await {
-        Ok(Ok(dc)) => dc,
-        Ok(Err(e)) => {
-            debug!(data_control = %name, error = %e, "cannot read a fenced mirror's data control; still fenced");
-            return false;
-        }
-        Err(_) => return false,
+    let Some(dc) = read_data_control(ctx, name, "still fenced").await else {
+        return false;
     };
     let res = match dc {
         Some(dc) if dc.spec.target_node_id == ctx.node && dc.spec.uuid == uuid => {
@@ -789,20 +830,7 @@ async fn release(ctx: &Arc<Ctx>, uuid: &str, name: &str) -> bool {
             }
         }
         Some(dc) => remove_moved(ctx, &dc).await.map(|_| ()),
-        None => ctx
-            .exporter
-            .remove_assembly(&UnassembleRequest {
-                name: name.to_string(),
-                uuid: uuid.to_string(),
-                target: None,
-                members: 0,
-            })
-            .await
-            .map_err(|source| AgentError::Assembly {
-                op: "tear down the orphaned",
-                data_control: name.to_string(),
-                source,
-            }),
+        None => remove_orphan(ctx, name, uuid).await,
     };
     match res {
         Ok(()) => true,
@@ -820,50 +848,25 @@ pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// (`store`) and, read from the API server, names another node (moved) or is gone.
 /// Best effort: an API error leaves it for the next sweep.
 async fn sweep_moved(ctx: &Ctx, store: &Store<AntstorDataControl>) {
-    for a in ctx.exporter.assemblies() {
-        let (name, uuid) = (a.name, a.uuid);
-        let here = store
-            .state()
-            .iter()
-            .any(|dc| dc.name_any() == name && dc.spec.target_node_id == ctx.node);
-        if here {
-            continue;
-        }
-        let api: Api<AntstorDataControl> =
-            Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
-        let got = match tokio::time::timeout(ctx.request_timeout, api.get_opt(&name)).await {
-            Ok(Ok(dc)) => dc,
-            Ok(Err(e)) => {
-                debug!(data_control = %name, error = %e, "cannot read a served assembly's data control; next sweep");
-                continue;
-            }
-            Err(_) => continue,
-        };
-        let res = match got {
-            Some(dc) if dc.spec.target_node_id != ctx.node => {
-                remove_moved(ctx, &dc).await.map(|_| ())
-            }
-            Some(_) => continue,
-            None => {
-                let req = UnassembleRequest {
-                    name: name.clone(),
-                    uuid,
-                    target: None,
-                    members: 0,
-                };
-                let r = ctx.exporter.remove_assembly(&req).await;
-                if r.is_ok() {
-                    warn!(data_control = %name, "the data control of an assembly served here is gone: removed");
-                }
-                r.map_err(|source| AgentError::Assembly {
-                    op: "tear down the orphaned",
-                    data_control: name.clone(),
-                    source,
-                })
-            }
+    let served = ctx.exporter.assemblies();
+    if served.is_empty() {
+        return;
+    }
+    let here: std::collections::BTreeSet<String> = store
+        .state()
+        .iter()
+        .filter(|dc| dc.spec.target_node_id == ctx.node)
+        .map(|dc| dc.name_any())
+        .collect();
+    for a in served.into_iter().filter(|a| !here.contains(&a.name)) {
+        let res = match read_data_control(ctx, &a.name, "next sweep").await {
+            None => continue,
+            Some(Some(dc)) if dc.spec.target_node_id == ctx.node => continue,
+            Some(Some(dc)) => remove_moved(ctx, &dc).await.map(|_| ()),
+            Some(None) => remove_orphan(ctx, &a.name, &a.uuid).await,
         };
         if let Err(e) = res {
-            warn!(data_control = %name, error = %e.chain(), "cannot remove an assembly served here for another node; next sweep");
+            warn!(data_control = %a.name, error = %e.chain(), "cannot remove an assembly served here for another node; next sweep");
         }
     }
 }
