@@ -1033,18 +1033,16 @@ impl Exporter for SpdkExporter {
             apply_qos(&bdev_name, req.qos).await?;
             let preset = req.preset.as_ref().filter(|t| !t.subsys_nqn.is_empty());
             let nqn = request_nqn(req);
-            let own = match (&req.lvol, req.group_member) {
-                (Some(l), true) => bdev::get(&l.full_name())
+            let recorded = preset.map(|t| t.ns_uuid.clone()).filter(|u| !u.is_empty());
+            // Looked up only for a new export (a re-assertion keeps the recorded one).
+            let own = match (&recorded, &req.lvol, req.group_member) {
+                (None, Some(l), true) => bdev::get(&l.full_name())
                     .await
                     .map_err(target_err)?
                     .map(|b| b.uuid),
                 _ => None,
             };
-            let ns_uuid = preset
-                .map(|t| t.ns_uuid.clone())
-                .filter(|u| !u.is_empty())
-                .or(own)
-                .unwrap_or_else(|| req.uuid.clone());
+            let ns_uuid = recorded.or(own).unwrap_or_else(|| req.uuid.clone());
             let (keys, secure_channel) = self.load_keys(req).await?;
             // The namespace's identity comes from the volume, never the node: the preset's
             // serial (a migration destination serves the source volume's identity, so the
