@@ -66,6 +66,15 @@ pub enum StartError {
     /// The node's host NQN could not be read or written.
     #[error("host NQN")]
     HostNqn(#[source] pool::HostNqnError),
+    /// The export record's directory (`nvmf.exportRecordDir`) could not be created.
+    #[error("nvmf.exportRecordDir {}: cannot create it or make it private", dir.display())]
+    ExportRecord {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl StartError {
@@ -76,6 +85,7 @@ impl StartError {
             Self::Pool { .. } | Self::Join { .. } => "pool",
             Self::Metrics(_) => "metrics",
             Self::HostNqn(_) => "host_nqn",
+            Self::ExportRecord { .. } => "export_record",
         }
     }
 }
@@ -203,6 +213,22 @@ impl Agent {
                 source,
             })?;
         info!(node = %opts.node, pool = %pool.name, kind = %engine.kind(), total = pool.total_bytes, free = pool.free_bytes, "pool ready");
+        let record = match &opts.config.nvmf.export_record_dir {
+            Some(dir) => Some(Arc::new(crate::record::ExportRecord::open(dir).map_err(
+                |source| StartError::ExportRecord {
+                    dir: dir.clone(),
+                    source,
+                },
+            )?)),
+            None => None,
+        };
+        let exporter: Arc<dyn Exporter> = match &record {
+            Some(r) => Arc::new(crate::record::RecordingExporter::new(
+                exporter,
+                Arc::clone(r),
+            )),
+            None => exporter,
+        };
         let metrics = Arc::new(
             Metrics::with_liteio_names(&opts.node, opts.config.metrics.liteio_compat_names)
                 .map_err(StartError::Metrics)?,
@@ -218,6 +244,7 @@ impl Agent {
             node: opts.node.clone(),
             engine,
             exporter,
+            record: record.clone(),
             metrics: Arc::clone(&metrics),
             pool_changed: Arc::new(Notify::new()),
             request_timeout: opts.request_timeout,
@@ -264,13 +291,14 @@ impl Agent {
         ));
         let sup_ctx = Arc::clone(&ctx);
         let sup_shutdown = shutdown.clone();
-        tasks.spawn(supervise(
-            sup_ctx,
-            reporter,
-            heartbeat,
-            recovery,
-            sup_shutdown,
-        ));
+        tasks.spawn(async move {
+            // The node's own record first: its exports are served again before the
+            // reconcilers (which need the API server) start.
+            if let Some(r) = record {
+                crate::record::restore(sup_ctx.exporter.as_ref(), r).await;
+            }
+            supervise(sup_ctx, reporter, heartbeat, recovery, sup_shutdown).await;
+        });
         Ok(Self {
             ctx,
             shutdown,

@@ -24,6 +24,7 @@
 //!   portRange: {start: 4510, end: 4610}
 //!   auth: dhchap                             # dhchap (default): per-volume keys in a Secret; none
 //!   dhchapDhgroups: [null, ffdhe2048]        # DH groups DH-HMAC-CHAP may use (the default)
+//!   exportRecordDir: /var/lib/liteio/exports # serve exports again at restart before the API
 //! metrics:
 //!   listenAddress: "0.0.0.0:9100"            # absent = no metrics server
 //!   liteioCompatNames: false                 # true: also LiteIO's blk_*/spdk_lvol_* names
@@ -528,6 +529,17 @@ pub struct NvmfConfig {
     /// the large groups (see docs/auth.md for the measured cost of each).
     #[serde(rename = "dhchapDhgroups", default = "default_dhgroups")]
     pub dhchap_dhgroups: Vec<String>,
+    /// Where the agent keeps its own record of the exports it serves (one file per volume,
+    /// readable by root alone: it holds the volume's keys). A restarted agent serves them
+    /// again from it as soon as its pool is ready, before it reaches the API server, then
+    /// reconciles them with the volumes (see docs/failures.md). Absent: exports come back
+    /// only through the volume reconcilers, once the API server answers.
+    #[serde(
+        rename = "exportRecordDir",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub export_record_dir: Option<PathBuf>,
 }
 
 impl Default for NvmfConfig {
@@ -537,6 +549,7 @@ impl Default for NvmfConfig {
             port_range: PortRange::default(),
             auth: NvmfAuth::default(),
             dhchap_dhgroups: default_dhgroups(),
+            export_record_dir: None,
         }
     }
 }
@@ -1038,6 +1051,15 @@ impl Config {
                     format!("is not one of {}", DHCHAP_DHGROUPS.join(", ")),
                 ));
             }
+        }
+        if let Some(dir) = &self.nvmf.export_record_dir
+            && !dir.is_absolute()
+        {
+            return Err(invalid(
+                "nvmf.exportRecordDir",
+                dir.display(),
+                "must be an absolute path",
+            ));
         }
         let hb = self.heartbeat;
         if hb.interval.is_zero() {

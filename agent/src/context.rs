@@ -26,6 +26,8 @@ pub struct Ctx {
     pub engine: Arc<dyn PoolEngine>,
     /// The NVMe-oF exporter.
     pub exporter: Arc<dyn Exporter>,
+    /// The node's own record of its exports (`nvmf.exportRecordDir`), when kept.
+    pub record: Option<Arc<crate::record::ExportRecord>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Notified after every engine change so the pool status is pushed promptly.

@@ -16,6 +16,7 @@ pub mod exporter;
 pub mod heartbeat;
 pub mod metrics;
 pub mod pool;
+pub mod record;
 pub mod recovery;
 pub mod restore;
 #[cfg(feature = "spdk")]

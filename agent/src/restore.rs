@@ -106,6 +106,7 @@ pub async fn wait_restored(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
             }
         }
     };
+    prune_record(&ctx, &pending).await;
     let total = pending.len();
     let mut relisted = Instant::now();
     while !pending.is_empty() {
@@ -140,4 +141,53 @@ pub async fn wait_restored(ctx: Arc<Ctx>, mut shutdown: watch::Receiver<bool>) {
         took_ms = started.elapsed().as_secs_f64() * 1e3,
         "every export of this node listens again"
     );
+}
+
+/// Removes the exports the node's record served again (`crate::record`) whose volume is gone
+/// (deleted while the agent was down, its finalizer released by the controller) or is another
+/// volume of the same name now. An export of a volume that exists stays: its reconciler
+/// re-asserts or removes it. Errors are logged; the next start tries again.
+async fn prune_record(ctx: &Ctx, listed: &[(String, SpdkTarget)]) {
+    let Some(record) = &ctx.record else {
+        return;
+    };
+    let (recorded, _) = record.list();
+    let api: Api<AntstorVolume> =
+        Api::namespaced(ctx.client.clone(), liteio_api::keys::DEFAULT_NAMESPACE);
+    for r in recorded {
+        if listed.iter().any(|(n, _)| n == &r.volume) {
+            continue;
+        }
+        let found = ctx
+            .timed(
+                "get",
+                format!("AntstorVolume {}", r.volume),
+                api.get_opt(&r.volume),
+            )
+            .await;
+        let gone = match found {
+            Ok(None) => true,
+            Ok(Some(v)) => v.spec.uuid != r.uuid,
+            Err(e) => {
+                warn!(volume = %r.volume, error = %e.chain(), "cannot tell whether a recorded export's volume still exists; keeping it");
+                false
+            }
+        };
+        if !gone {
+            continue;
+        }
+        let req = crate::exporter::UnexportRequest {
+            volume: r.volume.clone(),
+            uuid: r.uuid.clone(),
+            target: Some(r.target.clone()),
+        };
+        match ctx.exporter.remove_export(&req).await {
+            Ok(()) => {
+                info!(volume = %r.volume, nqn = %r.target.subsys_nqn, "removed the export of a volume that is gone (served from the node's record)");
+            }
+            Err(e) => {
+                warn!(volume = %r.volume, error = %e, "cannot remove the export of a volume that is gone");
+            }
+        }
+    }
 }

@@ -89,6 +89,10 @@ fn every_extension_parses() {
     );
     assert_eq!(cfg.nvmf.port_range.ports(), 5000..=5099);
     assert_eq!(
+        cfg.nvmf.export_record_dir.as_deref(),
+        Some(std::path::Path::new("/var/lib/liteio/exports"))
+    );
+    assert_eq!(
         cfg.metrics.listen_address,
         Some("0.0.0.0:9100".parse::<SocketAddr>().unwrap())
     );
@@ -317,6 +321,18 @@ fn spdk_options_are_checked() {
         "{MINIMAL_FILE}metrics: {{listenAddress: nowhere}}\n"
     ));
     assert_eq!(e.field(), Some("metrics.listenAddress"));
+    // The export record holds keys: a relative path would land wherever the agent started.
+    let e = err(&format!(
+        "{MINIMAL_FILE}nvmf: {{exportRecordDir: exports}}\n"
+    ));
+    assert_eq!(e.field(), Some("nvmf.exportRecordDir"), "{e}");
+    assert!(
+        Config::from_yaml(MINIMAL_FILE)
+            .unwrap()
+            .nvmf
+            .export_record_dir
+            .is_none()
+    );
 }
 
 #[test]

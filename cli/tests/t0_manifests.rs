@@ -561,6 +561,9 @@ fn controller_keys_known(text: &str, what: &str) {
     }
 }
 
+/// Where the deployed agents keep their export record: under the `/var/lib/liteio` host path.
+const EXPORT_RECORD_DIR: &str = "/var/lib/liteio/exports";
+
 #[test]
 fn configs_are_valid_for_the_agent_and_the_controller() {
     let o = load();
@@ -579,6 +582,13 @@ fn configs_are_valid_for_the_agent_and_the_controller() {
                 )
             });
             assert_eq!(metrics.port(), AGENT_METRICS_PORT, "{}", doc.what());
+            // A restart serves the node's exports from its record, kept on the host.
+            assert_eq!(
+                cfg.nvmf.export_record_dir.as_deref(),
+                Some(std::path::Path::new(EXPORT_RECORD_DIR)),
+                "{}",
+                doc.what()
+            );
             modes.insert(cfg.storage.pooling.mode.to_string());
             agent_configs += 1;
         }
@@ -724,7 +734,7 @@ fn workloads_have_the_shape_liteio_needs() {
             .as_ref()
             .is_some_and(|e| e.medium.as_deref() == Some("HugePages"))
     }));
-    for p in ["/dev", "/etc/nvme", "/local-storage"] {
+    for p in ["/dev", "/etc/nvme", "/local-storage", "/var/lib/liteio"] {
         let v = host_path(&agent, p).unwrap_or_else(|| panic!("agent host path {p}"));
         mount(c, v);
     }

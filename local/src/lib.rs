@@ -445,6 +445,9 @@ impl Local {
         // SPDK's JSON-RPC socket, for spdk_rpc.py / rpc.py -s and the tests.
         cfg.spdk.rpc_socket = Some(self.spdk_rpc_socket());
         cfg.nvmf.listen_address = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        // A restarted agent serves its exports from its own record before the API server
+        // answers, as a deployed one does.
+        cfg.nvmf.export_record_dir = Some(self.dir.join("exports"));
         cfg
     }
 
