@@ -184,9 +184,11 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
     });
 }
 
-/// The agent on the storage node is SIGKILLed while the consumer writes: the consumer's
-/// writes stall, resume once the agent is back (the export returns with the same NQN, port
-/// and namespace), and every block written before and after reads back.
+/// The agent on the storage node is stopped (SIGTERM), then SIGKILLed, then stopped and
+/// started cut off from the API server, while the consumer writes: the consumer's writes
+/// stall, resume once the agent is back (the export returns with the same NQN, port and
+/// namespace; the third time from the node's own record alone), and every block written
+/// before and after reads back.
 #[test]
 fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
     if skip("agent kill under I/O") {
@@ -201,10 +203,17 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                 .await
                 .map_err(err("keys"))?
                 .ok_or("the agent made no Secret for pvc-kill")?;
-            // A planned restart (SIGTERM, as a DaemonSet rollout stops the pod) and a crash
-            // (SIGKILL), each under writes.
-            for kill in [false, true] {
+            // A planned restart (SIGTERM, as a DaemonSet rollout stops the pod), a crash
+            // (SIGKILL) and a planned restart while the API server is out of the agent's
+            // reach, each under writes.
+            let own_kubeconfig = c.node_dir(a).join("kubeconfig");
+            for (kill, cut_off) in [(false, false), (true, false), (false, true)] {
                 let how = if kill { "SIGKILL" } else { "SIGTERM" };
+                let whence = if cut_off {
+                    " without the API server"
+                } else {
+                    ""
+                };
                 // The restarted agent must export with the same keys (read back from the Secret),
                 // or the consumer's reconnect is refused.
                 let mut child = check_cmd(
@@ -245,9 +254,44 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                 } else {
                     c.stop(Role::Agent(a)).await.map_err(err("stop"))?;
                 }
-                c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
+                let launched = if cut_off {
+                    // The agent's own kubeconfig names an API server that is not there (in
+                    // its namespace nothing listens on port 1); the node's link stays up.
+                    let mut kc = kube::config::Kubeconfig::read_from(c.kubeconfig())
+                        .map_err(err("kubeconfig"))?;
+                    for named in &mut kc.clusters {
+                        if let Some(cl) = named.cluster.as_mut() {
+                            cl.server = Some("https://127.0.0.1:1".into());
+                        }
+                    }
+                    let text = serde_yaml::to_string(&kc).map_err(err("kubeconfig"))?;
+                    std::fs::write(&own_kubeconfig, text).map_err(err("kubeconfig"))?;
+                    c.launch_unwaited(Role::Agent(a)).map_err(err("restart"))?
+                } else {
+                    c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
+                    k8s_openapi::jiff::Timestamp::now()
+                };
                 while let Some(l) = lines.next_line().await.map_err(err("read"))? {
                     seen.push(l);
+                }
+                if cut_off {
+                    // The writes went on while the agent had not once reached the API
+                    // server: its Lease was last renewed by the agent before the restart.
+                    let client = c.kube().await.map_err(err("kube"))?;
+                    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+                        kube::Api::namespaced(client, liteio_api::keys::DEFAULT_NAMESPACE);
+                    let renewed = leases
+                        .get(&c.node_name(a))
+                        .await
+                        .map_err(err("lease"))?
+                        .spec
+                        .and_then(|s| s.renew_time)
+                        .map(|t| t.0);
+                    if renewed.is_none_or(|t| t >= launched) {
+                        return Err(format!(
+                            "the cut-off agent renewed its Lease ({renewed:?}, started {launched})"
+                        ));
+                    }
                 }
                 let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
                     .await
@@ -260,7 +304,7 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                     .ok_or("no JSON result")?;
                 if !status.success() {
                     return Err(format!(
-                        "the consumer's writes failed across {how} ({status}): {r}"
+                        "the consumer's writes failed across {how}{whence} ({status}): {r}"
                     ));
                 }
                 let stall = r["longest_stall_ms"].as_u64().unwrap_or(0);
@@ -290,10 +334,16 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                     return Err(format!("the export changed: {before:?} → {now:?}"));
                 }
                 println!(
-                    "agent on {} stopped with {how} and restarted: writes stalled {stall} ms (a write takes {median_us} us), {after} blocks written after, all {} verified",
+                    "agent on {} stopped with {how} and restarted{whence}: writes stalled {stall} ms (a write takes {median_us} us), {after} blocks written after, all {} verified",
                     c.node_name(a),
                     r["written_blocks"]
                 );
+                if cut_off {
+                    // Back in reach: registers and reconciles the export it served.
+                    std::fs::remove_file(&own_kubeconfig).map_err(err("kubeconfig"))?;
+                    c.stop(Role::Agent(a)).await.map_err(err("stop"))?;
+                    c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
+                }
             }
             Ok(())
         })

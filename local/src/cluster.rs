@@ -381,6 +381,14 @@ impl Cluster {
         self.dir.join("kubeconfig")
     }
 
+    /// The kubeconfig node `k`'s agent starts with: `nodes/<name>/kubeconfig` when present
+    /// (a test points it at an API server that is not there, to restart the agent cut off
+    /// from the API server while its node's link and data path stay up), else the shared one.
+    pub fn agent_kubeconfig(&self, k: usize) -> PathBuf {
+        let own = self.node_dir(k).join("kubeconfig");
+        if own.exists() { own } else { self.kubeconfig() }
+    }
+
     /// The CSI controller service's endpoint.
     pub fn csi_controller_endpoint(&self) -> String {
         format!("unix://{}", self.dir.join("csi.sock").display())
@@ -594,7 +602,7 @@ impl Cluster {
             }
             Role::Agent(k) => {
                 cmd.arg("--kubeconfig")
-                    .arg(&kc)
+                    .arg(self.agent_kubeconfig(k))
                     .arg("--config")
                     .arg(self.node_dir(k).join("agent-config.yaml"))
                     .arg("--node-id")
@@ -630,6 +638,13 @@ impl Cluster {
 
     /// Starts one process, records it, and waits until it is ready.
     pub async fn launch(&mut self, r: Role) -> Result<(), LocalError> {
+        let launched = self.launch_unwaited(r)?;
+        self.wait_ready(r, launched, &self.log(r)).await
+    }
+
+    /// Starts one process and records it, without waiting for it to be ready (an agent cut
+    /// off from the API server never registers); returns when it was started.
+    pub fn launch_unwaited(&mut self, r: Role) -> Result<k8s_openapi::jiff::Timestamp, LocalError> {
         let log_path = self.log(r);
         let open = || {
             std::fs::OpenOptions::new()
@@ -659,7 +674,7 @@ impl Cluster {
             self.ledger.add_process(pid, &format!("{r:?}"))?;
         }
         self.children.push((r, child));
-        self.wait_ready(r, launched, &log_path).await
+        Ok(launched)
     }
 
     async fn wait_ready(
