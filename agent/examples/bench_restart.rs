@@ -6,11 +6,15 @@
 //! controller, agents and CSI controller): the volumes live on node 1 and are consumed by
 //! node 2. A writer on node 2 (`nvmf-check --verify-writes`-style writes with reconnects,
 //! SPDK's initiator; one volume) writes while node 1's agent is stopped and started again.
+//! Each restart is measured twice: with the node's export record (`nvmf.exportRecordDir`,
+//! the exports served again from it before the API server is asked) and without it (the
+//! volume reconcilers alone restore them), the same cluster, volumes and host.
 //! Printed per run and as the worst of the runs:
 //! - the longest write the host saw across the restart, and whether any write failed;
 //! - the steps, from the agent's own log on one clock: signal → reconcilers stopped → SPDK
 //!   stopped → process gone; new process → SPDK started ("pool ready": SPDK up and the
-//!   lvstore loaded) → first volume listening → every volume listening ("served again") →
+//!   lvstore loaded) → exports served from the record (with it) → first volume listening →
+//!   every volume listening ("served again") →
 //!   `/readyz` 200 (the agent's own word for it, what a DaemonSet rollout waits for).
 //!
 //! `cargo run -p liteio-agent --features spdk --example bench_restart [-- --volumes 1,50]
@@ -171,6 +175,8 @@ host writes to one of its volumes, and prints the longest write and the restart'
         gone: f64,
         started: f64,
         pool_ready: Option<f64>,
+        /// The agent served the recorded exports again.
+        from_record: Option<f64>,
         first_listening: Option<f64>,
         all_listening: Option<f64>,
         /// `/readyz` answered 200 (the agent's own "every export listens again").
@@ -184,7 +190,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
     impl Restart {
         fn row(&self, n: usize, kind: &str) -> String {
             format!(
-                "{n:>4} {kind:<8} {:>10.0} {:>5} {:>8} {:>8} {:>6.2} {:>8.2} {:>8} {:>8} {:>8} {:>8}",
+                "{n:>4} {kind:<12} {:>10.0} {:>5} {:>8} {:>8} {:>6.2} {:>8.2} {:>8} {:>8} {:>8} {:>8} {:>8}",
                 self.longest_write_ms,
                 if self.ok { "0" } else { "FAIL" },
                 opt(self.stopped_reconcilers),
@@ -192,6 +198,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
                 self.gone,
                 self.started,
                 opt(self.pool_ready),
+                opt(self.from_record),
                 opt(self.first_listening),
                 opt(self.all_listening),
                 opt(self.ready),
@@ -199,7 +206,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
         }
     }
 
-    const HEADER: &str = "vols kind     longest-ms  errs recon-st spdk-st  gone  started pool-rdy first-ln  all-ln   readyz";
+    const HEADER: &str = "vols kind         longest-ms  errs recon-st spdk-st  gone  started pool-rdy   record first-ln  all-ln   readyz";
 
     fn check_cmd(
         c: &Cluster,
@@ -239,6 +246,17 @@ host writes to one of its volumes, and prints the longest write and the restart'
         v.spec
             .spdk_target
             .ok_or_else(|| format!("{name}: no spdkTarget"))
+    }
+
+    /// Node 1's agent config with or without the export record: the next start reads it.
+    fn set_record(c: &Cluster, record: bool) -> Result<(), String> {
+        let path = c.node_dir(1).join("agent-config.yaml");
+        let text = std::fs::read_to_string(&path).map_err(err("agent config"))?;
+        let mut cfg =
+            liteio_agent::config::Config::from_yaml(&text).map_err(err("agent config"))?;
+        cfg.nvmf.export_record_dir = record.then(|| c.node_dir(1).join("exports"));
+        let text = serde_yaml::to_string(&cfg).map_err(err("agent config"))?;
+        std::fs::write(&path, text).map_err(err("agent config"))
     }
 
     /// Restarts node 1's agent (`kill`: SIGKILL, else SIGTERM) while the host writes to
@@ -354,6 +372,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
             gone,
             started: first("starting SPDK", launched).unwrap_or(launched - t0),
             pool_ready: first("pool ready", launched),
+            from_record: first("exports served again from the node's record", launched),
             first_listening: listening.first().copied(),
             all_listening: listening.get(n.saturating_sub(1)).copied(),
             ready,
@@ -391,8 +410,19 @@ host writes to one of its volumes, and prints the longest write and the restart'
                         make_volume(c, made).await?;
                         made += 1;
                     }
-                    for kill in [false, true] {
-                        let kind = if kill { "SIGKILL" } else { "SIGTERM" };
+                    // Each kind without the record, then with it: the agent left running
+                    // has one, so the volumes made for the next count are recorded.
+                    for (kill, record) in
+                        [(false, false), (false, true), (true, false), (true, true)]
+                    {
+                        let kind = match (kill, record) {
+                            (false, true) => "SIGTERM+rec",
+                            (false, false) => "SIGTERM",
+                            (true, true) => "SIGKILL+rec",
+                            (true, false) => "SIGKILL",
+                        };
+                        // Read by the restarted agent.
+                        set_record(c, record)?;
                         let mut runs = Vec::new();
                         for _ in 0..a.runs {
                             let r = restart(c, &first, &keys, n, kill, a.write_seconds).await?;
