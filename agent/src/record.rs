@@ -263,11 +263,19 @@ impl ExportRecord {
             .contains(nqn)
     }
 
+    fn lock_written(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Records the export `req` made as `target` (or forgets it when it must not be
-    /// restored from the record).
+    /// restored from the record). Blocks on file I/O: call it off the async threads.
     pub fn write(&self, req: &ExportRequest, target: &SpdkTarget) -> std::io::Result<()> {
+        // Held throughout, so that a migration's mark and a write never interleave.
+        let mut written = self.lock_written();
         if !self.restorable(req, target) {
-            return self.forget(&req.volume);
+            return self.forget_locked(&mut written, &req.volume);
         }
         let Some(name) = file_name(&req.volume) else {
             return Err(std::io::Error::new(
@@ -276,10 +284,6 @@ impl ExportRecord {
             ));
         };
         let entry = Entry::of(req, target);
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if written.get(&req.volume) == Some(&entry) {
             return Ok(());
         }
@@ -289,12 +293,17 @@ impl ExportRecord {
         Ok(())
     }
 
-    /// Forgets the export of `volume`; none recorded is success.
+    /// Forgets the export of `volume`; none recorded is success. Blocks on file I/O.
     pub fn forget(&self, volume: &str) -> std::io::Result<()> {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut written = self.lock_written();
+        self.forget_locked(&mut written, volume)
+    }
+
+    fn forget_locked(
+        &self,
+        written: &mut HashMap<String, Entry>,
+        volume: &str,
+    ) -> std::io::Result<()> {
         written.remove(volume);
         let Some(name) = file_name(volume) else {
             return Ok(());
@@ -306,8 +315,9 @@ impl ExportRecord {
     }
 
     /// A migration works on the export `nqn`: forget it and never record it again in this
-    /// process (its ANA state and fence are set outside `ensure_export`).
+    /// process (its ANA state and fence are set outside `ensure_export`). Blocks on file I/O.
     fn migration_touched(&self, nqn: &str) {
+        let mut written = self.lock_written();
         let newly = self
             .migrating
             .lock()
@@ -318,7 +328,7 @@ impl ExportRecord {
         }
         let (good, _) = self.read_entries();
         for e in good.iter().filter(|e| e.target.subsys_nqn == nqn) {
-            if let Err(err) = self.forget(&e.volume) {
+            if let Err(err) = self.forget_locked(&mut written, &e.volume) {
                 warn!(volume = %e.volume, dir = %self.dir.display(), error = %err, "cannot forget the record of an export a migration works on");
             }
         }
@@ -363,18 +373,22 @@ pub struct Restored {
 /// reported, not fatal: the reconcilers export those volumes once the API server answers.
 pub async fn restore(exporter: &dyn Exporter, record: Arc<ExportRecord>) -> Restored {
     let started = Instant::now();
-    let dir = record.dir.clone();
-    let (entries, bad) = tokio::task::spawn_blocking(move || record.read_entries())
+    let r = Arc::clone(&record);
+    let (entries, bad) = tokio::task::spawn_blocking(move || r.read_entries())
         .await
         .unwrap_or_else(|e| {
             (
                 Vec::new(),
                 vec![BadEntry {
-                    path: dir,
+                    path: record.dir.clone(),
                     reason: format!("the reading task failed: {e}"),
                 }],
             )
         });
+    // What is on disk is what each export is served as again: no need to write it back.
+    record
+        .lock_written()
+        .extend(entries.iter().map(|e| (e.volume.clone(), e.clone())));
     for b in &bad {
         warn!(file = %b.path.display(), reason = %b.reason, "export record unusable; the volume's reconciler exports it");
     }
@@ -459,7 +473,11 @@ impl Exporter for RecordingExporter {
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             let target = self.inner.ensure_export(req).await?;
-            if let Err(e) = self.record.write(req, &target) {
+            let (record, r, t) = (Arc::clone(&self.record), req.clone(), target.clone());
+            let written = tokio::task::spawn_blocking(move || record.write(&r, &t))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = written {
                 warn!(volume = %req.volume, dir = %self.record.dir.display(), error = %e, "cannot record the export; a restart serves it again only once the API server answers");
             }
             Ok(target)
@@ -474,7 +492,11 @@ impl Exporter for RecordingExporter {
         Box::pin(async move {
             // Forgotten first: a crash between the two leaves an export the reconciler
             // removes, never a record of an export that is gone.
-            if let Err(e) = self.record.forget(&req.volume) {
+            let (record, volume) = (Arc::clone(&self.record), req.volume.clone());
+            let forgotten = tokio::task::spawn_blocking(move || record.forget(&volume))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = forgotten {
                 warn!(volume = %req.volume, dir = %self.record.dir.display(), error = %e, "cannot forget the record of a removed export");
             }
             self.inner.remove_export(req).await
@@ -539,6 +561,12 @@ impl Exporter for RecordingExporter {
 }
 
 impl RecordingExporter {
+    /// [`ExportRecord::migration_touched`], off the async threads.
+    async fn touched(&self, nqn: &str) {
+        let (record, nqn) = (Arc::clone(&self.record), nqn.to_string());
+        let _ = tokio::task::spawn_blocking(move || record.migration_touched(&nqn)).await;
+    }
+
     fn mig(&self) -> Result<&dyn Migrator, ExportError> {
         self.inner
             .migrator()
@@ -551,7 +579,7 @@ impl RecordingExporter {
 impl Migrator for RecordingExporter {
     fn connect_pipe<'a>(&'a self, req: &'a PipeRequest) -> ExportFuture<'a, String> {
         Box::pin(async move {
-            self.record.migration_touched(&req.subnqn);
+            self.touched(&req.subnqn).await;
             self.mig()?.connect_pipe(req).await
         })
     }
@@ -578,14 +606,14 @@ impl Migrator for RecordingExporter {
 
     fn fence<'a>(&'a self, nqn: &'a str) -> ExportFuture<'a, ()> {
         Box::pin(async move {
-            self.record.migration_touched(nqn);
+            self.touched(nqn).await;
             self.mig()?.fence(nqn).await
         })
     }
 
     fn unfence<'a>(&'a self, nqn: &'a str) -> ExportFuture<'a, ()> {
         Box::pin(async move {
-            self.record.migration_touched(nqn);
+            self.touched(nqn).await;
             self.mig()?.unfence(nqn).await
         })
     }
@@ -598,7 +626,7 @@ impl Migrator for RecordingExporter {
         state: PathState,
     ) -> ExportFuture<'a, ()> {
         Box::pin(async move {
-            self.record.migration_touched(nqn);
+            self.touched(nqn).await;
             self.mig()?.set_path_state(nqn, address, port, state).await
         })
     }
