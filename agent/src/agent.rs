@@ -295,7 +295,17 @@ impl Agent {
             // The node's own record first: its exports are served again before the
             // reconcilers (which need the API server) start.
             if let Some(r) = record {
-                crate::record::restore(sup_ctx.exporter.as_ref(), r).await;
+                let exporter = Arc::clone(&sup_ctx.exporter);
+                let restoring = tokio::spawn(async move {
+                    crate::record::restore(exporter.as_ref(), r).await;
+                });
+                let wait = crate::record::RESTORE_WAIT;
+                if tokio::time::timeout(wait, restoring).await.is_err() {
+                    warn!(
+                        ?wait,
+                        "still serving exports from the node's record; the reconcilers start beside it"
+                    );
+                }
             }
             supervise(sup_ctx, reporter, heartbeat, recovery, sup_shutdown).await;
         });

@@ -50,8 +50,10 @@ use crate::exporter::{
 const VERSION: u32 = 1;
 /// How many exports [`restore`] creates at once.
 const RESTORE_CONCURRENCY: usize = 32;
-/// Longest wait for one export at restore (the reconciler takes over after it).
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the reconcilers wait for [`restore`] before they start anyway (it goes on
+/// beside them: an export call is never abandoned halfway, which would leave the port it
+/// reserved taken).
+pub const RESTORE_WAIT: Duration = Duration::from_secs(30);
 
 /// One export, as written to `<dir>/<volume>.json`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -371,6 +373,7 @@ pub struct Restored {
 
 /// Serves every recorded export again, [`RESTORE_CONCURRENCY`] at a time. Failures are
 /// reported, not fatal: the reconcilers export those volumes once the API server answers.
+/// Not cancellation-safe by design: run it to its end (see [`RESTORE_WAIT`]).
 pub async fn restore(exporter: &dyn Exporter, record: Arc<ExportRecord>) -> Restored {
     let started = Instant::now();
     let r = Arc::clone(&record);
@@ -399,17 +402,15 @@ pub async fn restore(exporter: &dyn Exporter, record: Arc<ExportRecord>) -> Rest
                 Ok(r) => r,
                 Err(why) => return (name, Err(why)),
             };
-            let r = match tokio::time::timeout(RESTORE_TIMEOUT, exporter.ensure_export(&req)).await
-            {
-                Ok(Ok(t)) if same_export(&t, &e.target) => Ok(()),
+            let r = match exporter.ensure_export(&req).await {
+                Ok(t) if same_export(&t, &e.target) => Ok(()),
                 // Served, but not as recorded (its port was taken, say): hosts find it
                 // once the reconciler records the new target on the volume.
-                Ok(Ok(t)) => Err(format!(
+                Ok(t) => Err(format!(
                     "served as {}:{} instead of the recorded {}:{}",
                     t.address, t.svc_id, e.target.address, e.target.svc_id
                 )),
-                Ok(Err(err)) => Err(err.to_string()),
-                Err(_) => Err(format!("no answer in {RESTORE_TIMEOUT:?}")),
+                Err(err) => Err(err.to_string()),
             };
             (name, r)
         })
