@@ -127,6 +127,18 @@ fn unreachable_client() -> kube::Client {
     kube::Client::try_from(cfg).unwrap()
 }
 
+/// An agent over `env` with a fresh [`Fake`] exporter, keeping its export record in `dir`.
+async fn start_recording(env: &Env, dir: &Path) -> (liteio_agent::agent::Agent, Arc<Fake>) {
+    let fake = Arc::new(Fake::default());
+    let d = dir.to_path_buf();
+    let agent = env
+        .start_agent_with(fake.clone(), move |o| {
+            o.config.nvmf.export_record_dir = Some(d);
+        })
+        .await;
+    (agent, fake)
+}
+
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
 }
@@ -143,13 +155,7 @@ async fn a_restart_without_the_api_server_serves_the_recorded_exports() {
         let env = Env::new().await;
         consumer_pool(&env.client).await;
         let dir = record_dir(&env);
-        let fake = Arc::new(Fake::default());
-        let d = dir.clone();
-        let agent = env
-            .start_agent_with(fake.clone(), move |o| {
-                o.config.nvmf.export_record_dir = Some(d);
-            })
-            .await;
+        let (agent, _) = start_recording(&env, &dir).await;
         let v = create_exported(
             &env.client,
             &remote_volume("pvc-rec", "5a1c0e2e-7d3b-4f0a-9c1e-000000000001", 8 * MIB),
@@ -205,13 +211,7 @@ async fn a_restart_without_the_api_server_serves_the_recorded_exports() {
 
         // Back with the API server: the reconciler re-asserts the same export; the record
         // stays. Deleted through the agent: export removed, record gone.
-        let fake = Arc::new(Fake::default());
-        let d = dir.clone();
-        let agent = env
-            .start_agent_with(fake.clone(), move |o| {
-                o.config.nvmf.export_record_dir = Some(d);
-            })
-            .await;
+        let (agent, fake) = start_recording(&env, &dir).await;
         eventually(
             "re-asserted by the reconciler",
             Duration::from_secs(5),
@@ -232,13 +232,7 @@ async fn a_recorded_export_of_a_volume_deleted_meanwhile_is_removed() {
         let env = Env::new().await;
         consumer_pool(&env.client).await;
         let dir = record_dir(&env);
-        let fake = Arc::new(Fake::default());
-        let d = dir.clone();
-        let agent = env
-            .start_agent_with(fake.clone(), move |o| {
-                o.config.nvmf.export_record_dir = Some(d);
-            })
-            .await;
+        let (agent, _) = start_recording(&env, &dir).await;
         for (name, uuid) in [
             ("pvc-keep", "5a1c0e2e-7d3b-4f0a-9c1e-000000000002"),
             ("pvc-gone", "5a1c0e2e-7d3b-4f0a-9c1e-000000000003"),
@@ -266,13 +260,7 @@ async fn a_recorded_export_of_a_volume_deleted_meanwhile_is_removed() {
         // A file that is not a record is reported and left alone.
         std::fs::write(dir.join("junk.json"), b"{not json").unwrap();
 
-        let fake = Arc::new(Fake::default());
-        let d = dir.clone();
-        let agent = env
-            .start_agent_with(fake.clone(), move |o| {
-                o.config.nvmf.export_record_dir = Some(d);
-            })
-            .await;
+        let (agent, fake) = start_recording(&env, &dir).await;
         let removed = eventually(
             "the gone volume's export removed",
             Duration::from_secs(5),
