@@ -328,10 +328,16 @@ impl ExportRecord {
         if !newly {
             return;
         }
-        let (good, _) = self.read_entries();
-        for e in good.iter().filter(|e| e.target.subsys_nqn == nqn) {
-            if let Err(err) = self.forget_locked(&mut written, &e.volume) {
-                warn!(volume = %e.volume, dir = %self.dir.display(), error = %err, "cannot forget the record of an export a migration works on");
+        // Every record on disk is in `written`: the restore put what it read there before
+        // any reconciler (and so any migration) ran, and every write since went through it.
+        let volumes: Vec<String> = written
+            .iter()
+            .filter(|(_, e)| e.target.subsys_nqn == nqn)
+            .map(|(v, _)| v.clone())
+            .collect();
+        for volume in volumes {
+            if let Err(err) = self.forget_locked(&mut written, &volume) {
+                warn!(volume = %volume, dir = %self.dir.display(), error = %err, "cannot forget the record of an export a migration works on");
             }
         }
     }

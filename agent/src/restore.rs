@@ -151,7 +151,10 @@ async fn prune_record(ctx: &Ctx, listed: &[(String, SpdkTarget)]) {
     let Some(record) = &ctx.record else {
         return;
     };
-    let (recorded, _) = record.list();
+    let r = Arc::clone(record);
+    let Ok((recorded, _)) = tokio::task::spawn_blocking(move || r.list()).await else {
+        return;
+    };
     let api: Api<AntstorVolume> =
         Api::namespaced(ctx.client.clone(), liteio_api::keys::DEFAULT_NAMESPACE);
     for r in recorded {
