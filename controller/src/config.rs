@@ -33,6 +33,8 @@
 //! # A replica of a replicated volume that its assembling agent reports failed or missing
 //! # for this long is replaced (at once when its node's pool is offline or unknown).
 //! replicaReplaceGrace: 20s
+//! # Reconciles run at once per kind, never two of one object (defaults shown).
+//! workers: {volume: 16, snapshot: 8, pool: 4, migration: 4, keyAccess: 4, group: 4, dataControl: 4}
 //! ```
 //!
 //! Every section and field is optional; an absent `pluginConfigs` is never fatal (LiteIO's
@@ -81,6 +83,81 @@ pub struct Config {
     /// node's pool is `offline` or `unknown` is replaced at once.
     #[serde(deserialize_with = "de_duration")]
     pub replica_replace_grace: Duration,
+    /// Reconcile workers per kind (`workers:`).
+    pub workers: Workers,
+}
+
+/// How many objects of each kind are reconciled at once (`workers:`). Each kind has its own
+/// queue and workers, so a burst of one kind never delays another; within a kind the queue
+/// hands a key to one worker at a time (a key changed while it runs is reconciled again
+/// afterwards), in the order the changes came.
+///
+/// The defaults keep the controller's requests in flight (one per worker at most: 44) well
+/// under a sixth of the seats the API server's Priority and Fairness gives service accounts
+/// by default (`workload-low`: 100 of 245 shares of 600 seats, about 245), since kube-rs
+/// has no client-side rate limit of its own.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workers {
+    /// AntstorVolumes (default 16): scheduling and binding, release on deletion.
+    pub volume: u32,
+    /// AntstorSnapshots (default 8).
+    pub snapshot: u32,
+    /// StoragePools (default 4): liveness and status.
+    pub pool: u32,
+    /// VolumeMigrations (default 4).
+    pub migration: u32,
+    /// Storage nodes' key access (default 4).
+    pub key_access: u32,
+    /// AntstorVolumeGroups (default 4).
+    pub group: u32,
+    /// AntstorDataControls (default 4).
+    pub data_control: u32,
+}
+
+/// Most workers of one kind.
+pub const MAX_WORKERS: u32 = 256;
+
+impl Default for Workers {
+    fn default() -> Self {
+        Self {
+            volume: 16,
+            snapshot: 8,
+            pool: 4,
+            migration: 4,
+            key_access: 4,
+            group: 4,
+            data_control: 4,
+        }
+    }
+}
+
+impl Workers {
+    /// Every kind with its field name and count.
+    pub fn fields(&self) -> [(&'static str, u32); 7] {
+        [
+            ("volume", self.volume),
+            ("snapshot", self.snapshot),
+            ("pool", self.pool),
+            ("migration", self.migration),
+            ("keyAccess", self.key_access),
+            ("group", self.group),
+            ("dataControl", self.data_control),
+        ]
+    }
+
+    /// The same count for every kind (tests, benchmarks).
+    pub fn all(n: u32) -> Self {
+        Self {
+            volume: n,
+            snapshot: n,
+            pool: n,
+            migration: n,
+            key_access: n,
+            group: n,
+            data_control: n,
+        }
+    }
 }
 
 /// Default of [`Config::replica_replace_grace`]: long enough for an agent restart or a short
@@ -102,6 +179,7 @@ impl Default for Config {
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
             node_key_access: true,
             replica_replace_grace: DEFAULT_REPLICA_REPLACE_GRACE,
+            workers: Workers::default(),
         }
     }
 }
@@ -520,6 +598,14 @@ impl Config {
         if self.reconcile_timeout.is_zero() {
             return Err(Error::config("reconcileTimeout", "must be positive"));
         }
+        for (field, n) in self.workers.fields() {
+            if n == 0 || n > MAX_WORKERS {
+                return Err(Error::config(
+                    format!("workers.{field}"),
+                    format!("{n} is not between 1 and {MAX_WORKERS}"),
+                ));
+            }
+        }
         let l = &self.liveness;
         for (field, d) in [
             ("liveness.unknownAfter", l.unknown_after),
@@ -749,6 +835,14 @@ pluginConfigs:
         );
         let c = Config::parse("replicaReplaceGrace: 45s\n").unwrap();
         assert_eq!(c.replica_replace_grace, Duration::from_secs(45));
+        assert_eq!(c.workers, Workers::default(), "the default");
+        let c = Config::parse("workers: {volume: 32, keyAccess: 1}\n").unwrap();
+        assert_eq!((c.workers.volume, c.workers.key_access), (32, 1));
+        assert_eq!(
+            c.workers.pool,
+            Workers::default().pool,
+            "unset keeps the default"
+        );
     }
 
     #[test]
@@ -797,6 +891,10 @@ pluginConfigs:
             ("liveness:\n  tick: 5 parsecs\n", "liveness.tick"),
             ("reconcileTimeout: 0s\n", "reconcileTimeout"),
             ("reconcileTimeout: soon\n", "reconcileTimeout"),
+            ("workers: {volume: 0}\n", "workers.volume"),
+            ("workers: {dataControl: 257}\n", "workers.dataControl"),
+            ("workers: {volumes: 4}\n", "workers"),
+            ("workers: {keyAccess: -1}\n", "workers.keyAccess"),
             ("replicaReplaceGrace: a while\n", "replicaReplaceGrace"),
             (
                 "leaderElection:\n  leaseDuration: 5s\n  renewDeadline: 10s\n",

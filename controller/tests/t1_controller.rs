@@ -351,13 +351,14 @@ async fn pool_of_a_vanished_node_is_deleted_when_empty() {
 }
 
 /// One volume's writes hang at the API server: its reconcile is abandoned after
-/// `reconcileTimeout` and retried, and the other volumes are scheduled meanwhile (one worker
-/// per kind: without the bound, the hung request would stop them all).
+/// `reconcileTimeout` and retried, and the other volumes are scheduled meanwhile (with one
+/// volume worker, as here, the hung request would stop them all without the bound).
 #[tokio::test]
 async fn a_hung_request_does_not_stop_the_other_volumes() {
     timeout(LIMIT, async {
         let mut config = test_config();
         config.reconcile_timeout = Duration::from_secs(2);
+        config.workers.volume = 1;
         let h = start(config).await;
         h.add_pool(pool("n1", 100 * GIB)).await;
         for verb in [Verb::Patch, Verb::Update] {

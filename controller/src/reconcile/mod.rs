@@ -1,5 +1,6 @@
-//! The reconcile runtime: watches feed the [`State`] and per-kind work queues; one worker per
-//! kind drains its queue; the liveness clock re-queues pools (and volumes being deleted on
+//! The reconcile runtime: watches feed the [`State`] and per-kind work queues; each kind's
+//! workers (`workers:` in the config) drain its queue, never two on one key at once; the
+//! liveness clock re-queues pools (and volumes being deleted on
 //! pools that are not ready) every `liveness.tick`. Nothing else runs on a timer: a volume
 //! that did not fit is retried when a pool changes or space is freed, a clone waiting for
 //! its source snapshot when that snapshot appears, a snapshot waiting for its origin when
@@ -9,6 +10,11 @@
 //! Workers start only after the first full list of pools, volumes, snapshots, migrations
 //! and Leases, so the scheduler never decides on a partial view (a restarted controller
 //! places nothing twice). Failed reconciles are retried with per-key exponential back-off.
+//!
+//! Parallel workers and placement: a volume (or group) is placed by deciding and charging
+//! its pool in the [`State`] under one lock, before its binding is written; so a worker
+//! placing the next volume sees the space taken even while the first one's patch is in
+//! flight, and no two volumes are placed on the same free space.
 
 pub mod group;
 pub mod keys;
@@ -1155,7 +1161,7 @@ async fn watch_loop<K, B>(
 
 use kube::runtime::watcher::watcher;
 
-/// The kinds the workers reconcile (one worker and one queue each).
+/// The kinds the workers reconcile (one queue and `workers.<kind>` workers each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WorkKind {
     Volume,
@@ -1168,6 +1174,19 @@ enum WorkKind {
 }
 
 impl WorkKind {
+    /// This kind's worker count.
+    fn workers(self, w: &crate::config::Workers) -> u32 {
+        match self {
+            Self::Volume => w.volume,
+            Self::Pool => w.pool,
+            Self::Snapshot => w.snapshot,
+            Self::Migration => w.migration,
+            Self::KeyAccess => w.key_access,
+            Self::Group => w.group,
+            Self::DataControl => w.data_control,
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Self::Volume => Kind::Volume.as_str(),
@@ -1217,9 +1236,10 @@ async fn worker(ctx: Arc<Context>, kind: WorkKind, mut shutdown: watch::Receiver
                 WorkKind::DataControl => group::reconcile_data_control(&ctx, &key).await,
             }
         };
-        // Each kind has one worker, so a request that hangs would stop every object of the
-        // kind: past `reconcileTimeout` the reconcile is abandoned (reconciles are
-        // idempotent: the next one starts from what the API server has) and retried.
+        // A request that hangs would hold this worker (and, once every worker of the kind is
+        // held, every object of the kind): past `reconcileTimeout` the reconcile is
+        // abandoned (reconciles are idempotent: the next one starts from what the API
+        // server has) and retried.
         let limit = ctx.config.reconcile_timeout;
         let res = tokio::time::timeout(limit, one).await.unwrap_or_else(|_| {
             Err(Error::ReconcileTimeout {
@@ -1470,7 +1490,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
         WorkKind::Group,
         WorkKind::DataControl,
     ] {
-        tasks.spawn(worker(Arc::clone(&ctx), kind, shutdown.clone()));
+        for _ in 0..kind.workers(&ctx.config.workers) {
+            tasks.spawn(worker(Arc::clone(&ctx), kind, shutdown.clone()));
+        }
     }
     if ctx.config.node_key_access {
         tasks.spawn(stale_key_access(Arc::clone(&ctx), shutdown.clone()));
@@ -1526,6 +1548,84 @@ mod tests {
             vec![plugin],
             Metrics::new().unwrap(),
         )
+    }
+
+    /// Many workers on one queue while keys are added again and again: a key is never held
+    /// by two workers at once, a key added while it runs is processed again afterwards, and
+    /// different keys do run at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_key_is_never_held_by_two_workers() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            const KEYS: usize = 20;
+            const WORKERS: usize = 8;
+            let queue = Arc::new(WorkQueue::default());
+            let key = |i: usize| ObjectKey::new("ns", format!("k{i}"));
+            // Per key: held now, times added, adds seen by a run that started after them.
+            let held = Arc::new(Mutex::new(HashSet::<ObjectKey>::new()));
+            let added = Arc::new(Mutex::new(HashMap::<ObjectKey, usize>::new()));
+            let covered = Arc::new(Mutex::new(HashMap::<ObjectKey, usize>::new()));
+            let overlaps = Arc::new(AtomicUsize::new(0));
+            let peak = Arc::new(AtomicUsize::new(0));
+            let mut workers = tokio::task::JoinSet::new();
+            for _ in 0..WORKERS {
+                let (queue, held, added, covered, overlaps, peak) = (
+                    Arc::clone(&queue),
+                    Arc::clone(&held),
+                    Arc::clone(&added),
+                    Arc::clone(&covered),
+                    Arc::clone(&overlaps),
+                    Arc::clone(&peak),
+                );
+                workers.spawn(async move {
+                    loop {
+                        let k = queue.pop().await;
+                        {
+                            let mut h = held.lock().unwrap();
+                            if !h.insert(k.clone()) {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            peak.fetch_max(h.len(), Ordering::SeqCst);
+                            let n = added.lock().unwrap().get(&k).copied().unwrap_or(0);
+                            covered.lock().unwrap().insert(k.clone(), n);
+                        }
+                        for _ in 0..3 {
+                            tokio::task::yield_now().await;
+                        }
+                        held.lock().unwrap().remove(&k);
+                        queue.done(&k);
+                    }
+                });
+            }
+            for round in 0..200 {
+                for i in 0..KEYS {
+                    let k = key((i + round) % KEYS);
+                    *added.lock().unwrap().entry(k.clone()).or_default() += 1;
+                    queue.add(k);
+                }
+                tokio::task::yield_now().await;
+            }
+            // Drained: every key's last add was seen by a run that started after it.
+            loop {
+                let idle = queue.is_empty() && held.lock().unwrap().is_empty();
+                let caught_up = {
+                    let a = added.lock().unwrap();
+                    let c = covered.lock().unwrap();
+                    a.iter().all(|(k, n)| c.get(k) == Some(n))
+                };
+                if idle && caught_up {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            workers.abort_all();
+            assert_eq!(overlaps.load(Ordering::SeqCst), 0, "a key held twice");
+            assert!(
+                peak.load(Ordering::SeqCst) >= 2,
+                "the workers never held two keys at once"
+            );
+        })
+        .await
+        .expect("timed out: an added key was never processed again");
     }
 
     #[tokio::test(flavor = "current_thread")]
