@@ -210,18 +210,18 @@ async fn parallel_workers_never_overbook_a_pool_nor_share_a_volume() {
                 v.spec.size_byte
             );
         }
-        let seen = overlaps.inner.lock().unwrap();
+        let (same_object, peak) = {
+            let seen = overlaps.inner.lock().unwrap();
+            (seen.same_object.clone(), seen.peak)
+        };
         assert!(
-            seen.same_object.is_empty(),
-            "volumes reconciled by two workers at once: {:?}",
-            seen.same_object
+            same_object.is_empty(),
+            "volumes reconciled by two workers at once: {same_object:?}"
         );
         assert!(
-            seen.peak >= 2,
-            "the workers never reconciled two volumes at once (peak {})",
-            seen.peak
+            peak >= 2,
+            "the workers never reconciled two volumes at once (peak {peak})"
         );
-        drop(seen);
         h.stop().await;
     })
     .await
