@@ -964,36 +964,40 @@ async fn shares_keys(ctx: &Ctx, vol: &AntstorVolume) -> Result<bool> {
 async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     ctx.provisioning.forget(&object_key(vol));
     let api = api(ctx, vol);
-    let mut vol = vol.clone();
     let ours = finalizers::AGENT_VOLUME
         .iter()
         .any(|f| has_finalizer(&vol.metadata, f));
     // The volume's keys go first (idempotent; also when a crash came between making the
     // Secret and the export).
-    if ours && ctx.exporter.authenticates() && !shares_keys(ctx, &vol).await? {
-        super::auth::delete_keys(ctx, &vol).await?;
+    if ours && ctx.exporter.authenticates() && !shares_keys(ctx, vol).await? {
+        super::auth::delete_keys(ctx, vol).await?;
     }
-    if ours && is_exported(&vol) {
-        unexport(ctx, &vol).await?;
+    // The export's and the engine's finalizers go in one write once both are gone: each
+    // step is idempotent, so a pass cut short between them redoes both.
+    let mut done: Vec<&str> = Vec::new();
+    if ours && is_exported(vol) {
+        unexport(ctx, vol).await?;
         crash::reached(CrashPoint::AfterUnexport, &vol.name_any());
-        match remove_finalizers(ctx, &api, &vol, &[finalizers::SPDK_TARGET]).await? {
-            Some(v) => vol = v,
-            None => return Ok(Action::await_change()),
-        }
+        done.push(finalizers::SPDK_TARGET);
     }
-    if LOGIC_FINALIZERS
+    let logic = LOGIC_FINALIZERS
         .iter()
-        .any(|f| has_finalizer(&vol.metadata, f))
-    {
-        let ename = engine_name(&vol);
+        .any(|f| has_finalizer(&vol.metadata, f));
+    if logic {
+        let ename = engine_name(vol);
         let n = ename.clone();
         ctx.engine_call("delete", &ename, move |e| e.delete_volume(&n))
             .await?;
         crash::reached(CrashPoint::AfterDelete, &vol.name_any());
         ctx.pool_changed();
         ctx.metrics.remove_volume(&vol.name_any(), &vol.spec.uuid);
-        remove_finalizers(ctx, &api, &vol, &LOGIC_FINALIZERS).await?;
-        info!(volume = %describe(&vol), "volume deleted from the pool");
+        done.extend(LOGIC_FINALIZERS);
+    }
+    if !done.is_empty() {
+        remove_finalizers(ctx, &api, vol, &done).await?;
+    }
+    if logic {
+        info!(volume = %describe(vol), "volume deleted from the pool");
     }
     Ok(Action::await_change())
 }

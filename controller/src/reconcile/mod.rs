@@ -627,7 +627,12 @@ impl Context {
         } else {
             api.patch(name, &pp, &patch).await
         };
-        r.map_err(|e| {
+        r.map(|mut o| {
+            // Stored in the state as the watch's copies are: without managedFields.
+            o.meta_mut().managed_fields = None;
+            o
+        })
+        .map_err(|e| {
             Error::kube(
                 format!(
                     "patch {}{} {ns}/{name}",
@@ -1146,7 +1151,12 @@ async fn watch_loop<K, B>(
     K::DynamicType: Default,
 {
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let mut stream = watcher(api, cfg).default_backoff().boxed();
+    // managedFields (who wrote which field: often the largest part of an object) are never
+    // read here; the state keeps every object, so they go before it does.
+    let mut stream = watcher(api, cfg)
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .default_backoff()
+        .boxed();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,

@@ -42,7 +42,8 @@ const SOURCE_SNAPSHOT_NOT_FOUND: &str = "SourceSnapshotNotFound";
 /// `obnvmf/target-node-id` and the finalizer `antstor.alipay.com/in-state` in one merge
 /// patch guarded by its resourceVersion (with, on first binding, `spec.hostNode` and
 /// `obnvmf/local-only` for a volume without a requested topology that is usable only on
-/// its node: see [`crate::scheduler`]), then `status.status=creating` if it had no status.
+/// its node: see [`crate::scheduler`]); a message of this reconciler's is then cleared from
+/// `status.msg`. A volume without a status is `creating`; its agent writes `ready`.
 /// Plug-ins run last.
 ///
 /// Guarantees: idempotent (a second run writes nothing); a volume is never bound to two
@@ -270,13 +271,13 @@ async fn ensure_status(
         .status
         .as_ref()
         .is_some_and(|s| MSG_PREFIXES.iter().any(|p| s.message.starts_with(p)));
-    if vol.status.is_some() && !stale_msg {
+    // A volume without a status is `creating` (`AntstorVolume::phase`), and its first status
+    // write is the agent's `ready`: the controller writes the status only to clear a
+    // message of its own, so a volume's status is written once on the way to ready.
+    if !stale_msg {
         return Ok(vol);
     }
-    let mut status = json!({ "msg": null, "permanent": null });
-    if vol.status.is_none() {
-        status["status"] = json!("creating");
-    }
+    let status = json!({ "msg": null, "permanent": null });
     let out: AntstorVolume = ctx
         .patch(
             &key.namespace,
