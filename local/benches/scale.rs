@@ -85,6 +85,10 @@ struct Args {
     /// spread over the nodes.
     #[arg(long, env = "LITEIO_SCALE_NO_TOPOLOGY")]
     no_topology: bool,
+    /// The node-disk-controller's volume workers (`workers.volume`; default: its own, 16).
+    /// `--volume-workers 1` measures the single worker per kind of earlier versions.
+    #[arg(long, env = "LITEIO_SCALE_VOLUME_WORKERS")]
+    volume_workers: Option<u32>,
     /// Keep the run directories (logs) of successful runs.
     #[arg(long)]
     keep: bool,
@@ -652,6 +656,7 @@ async fn one_run(args: &Args, bin_dir: &Path, run: usize) -> Result<Figures> {
     let _ = netns::cleanup(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     let mut opts = ClusterOptions::new(args.nodes, Engine::File);
+    opts.volume_workers = args.volume_workers;
     opts.pool_bytes = if args.pool_gib > 0 {
         args.pool_gib * GIB
     } else {

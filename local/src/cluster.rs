@@ -120,6 +120,8 @@ pub struct ClusterOptions {
     /// The scheduler's `maxRemoteVolumeCount` (remote volumes per storage node); `None`
     /// keeps the controller's default (3). The agents' listen port range is widened to fit.
     pub max_remote_volumes: Option<u32>,
+    /// The controller's volume workers (`workers.volume`); `None` keeps its default.
+    pub volume_workers: Option<u32>,
 }
 
 impl ClusterOptions {
@@ -135,6 +137,7 @@ impl ClusterOptions {
             heartbeat: None,
             spdk_polling: Vec::new(),
             max_remote_volumes: None,
+            volume_workers: None,
         }
     }
 }
@@ -508,6 +511,9 @@ impl Cluster {
         let mut body = serde_json::json!({ "scheduler": scheduler });
         if let Some(n) = self.opts.max_remote_volumes {
             body["scheduler"]["maxRemoteVolumeCount"] = serde_json::json!(n);
+        }
+        if let Some(n) = self.opts.volume_workers {
+            body["workers"] = serde_json::json!({ "volume": n });
         }
         if let Some(l) = self.opts.liveness {
             body["liveness"] = serde_json::json!({

@@ -613,7 +613,13 @@ fn list(
     let (all, rv) = {
         let s = shared.lock();
         let keep = |o: &Value| label.matches(o) && field.matches(o);
-        (s.list_matching(res, ns, &keep), s.rv())
+        // A cluster-scoped resource is stored under the empty namespace.
+        let scope = if res.namespaced { ns } else { Some("") };
+        let found = match (scope, field.single_name()) {
+            (Some(n), Some(name)) => s.list_named(res, n, name, &keep),
+            _ => s.list_matching(res, ns, &keep),
+        };
+        (found, s.rv())
     };
     let key = |o: &Value| {
         (

@@ -230,6 +230,15 @@ impl FieldSelector {
             .iter()
             .all(|(f, eq, v)| (field_value(obj, f) == *v) == *eq)
     }
+
+    /// The name an equality on `metadata.name` asks for, if any: such a list holds one
+    /// object at most, which kube-apiserver's cache fetches by key instead of scanning.
+    pub fn single_name(&self) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(f, eq, _)| *eq && f == "metadata.name")
+            .map(|(_, _, v)| v.as_str())
+    }
 }
 
 #[cfg(test)]
@@ -240,6 +249,15 @@ mod tests {
 
     fn obj(labels: Value) -> Value {
         json!({"metadata": {"name": "a", "namespace": "ns", "labels": labels}, "spec": {"nodeName": "n1"}})
+    }
+
+    #[test]
+    fn a_name_equality_is_a_single_object() {
+        let f = FieldSelector::parse("metadata.name=a,metadata.namespace=ns", &[]).unwrap();
+        assert_eq!(f.single_name(), Some("a"));
+        let f = FieldSelector::parse("metadata.name!=a", &[]).unwrap();
+        assert_eq!(f.single_name(), None);
+        assert_eq!(FieldSelector::default().single_name(), None);
     }
 
     #[test]

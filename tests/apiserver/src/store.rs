@@ -515,6 +515,23 @@ impl State {
             .unwrap_or_default()
     }
 
+    /// The object `ns`/`name` of a resource if `keep` accepts it (a list whose field
+    /// selector names one object: a lookup, not a scan).
+    pub fn list_named(
+        &self,
+        res: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        keep: &dyn Fn(&Value) -> bool,
+    ) -> Vec<Value> {
+        self.objects
+            .get(&key(res))
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .filter(|o| keep(o))
+            .map(|o| vec![Self::present(res, o)])
+            .unwrap_or_default()
+    }
+
     fn namespace_exists(&self, ns: &str) -> bool {
         self.objects
             .get(&(String::new(), "namespaces".to_string()))
