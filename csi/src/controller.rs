@@ -58,6 +58,8 @@ pub struct ControllerService {
     pub(crate) client: Client,
     pub(crate) cfg: Arc<DriverConfig>,
     pub(crate) inflight: Inflight,
+    /// Volume names by uuid, for the calls that name a volume by its id.
+    pub(crate) by_uuid: crate::uuid_index::UuidIndex,
 }
 
 fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> prost_types::Timestamp {
@@ -267,6 +269,7 @@ impl ControllerService {
             client,
             cfg,
             inflight: Inflight::default(),
+            by_uuid: crate::uuid_index::UuidIndex::default(),
         }
     }
 
@@ -283,7 +286,8 @@ impl ControllerService {
     }
 
     async fn find_volume(&self, id: &str) -> Result<AntstorVolume> {
-        k8s::volume_by_uuid(&self.volumes(), id)
+        self.by_uuid
+            .volume(&self.volumes(), id)
             .await?
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
@@ -712,7 +716,7 @@ impl ControllerService {
             return self.delete_group(id).await;
         }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
-        let Some(v) = k8s::volume_by_uuid(&self.volumes(), id).await? else {
+        let Some(v) = self.by_uuid.volume(&self.volumes(), id).await? else {
             return Ok(());
         };
         let name = v.name_any();
@@ -847,7 +851,7 @@ impl ControllerService {
         }
         let _guard = self.inflight.claim(&format!("volume {id}"))?;
         for attempt in 0..5 {
-            let Some(mut v) = k8s::volume_by_uuid(&self.volumes(), id).await? else {
+            let Some(mut v) = self.by_uuid.volume(&self.volumes(), id).await? else {
                 return Ok(ControllerUnpublishVolumeResponse::default());
             };
             let name = v.name_any();
@@ -1078,7 +1082,7 @@ impl ControllerService {
         let api = self.snapshots();
         if let Some(s) = k8s::get_opt(&api, "AntstorSnapshot", name).await? {
             let origin = s.spec.origin_vol_name.clone();
-            let vol = k8s::volume_by_uuid(&self.volumes(), src).await?;
+            let vol = self.by_uuid.volume(&self.volumes(), src).await?;
             if vol.as_ref().map(ResourceExt::name_any) != Some(origin.clone()) {
                 return Err(CsiError::AlreadyExists(format!(
                     "snapshot {name} exists for volume {origin}, not for volume {src}"

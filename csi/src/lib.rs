@@ -30,6 +30,7 @@ pub mod nvme;
 pub mod params;
 pub mod publish;
 pub mod server;
+pub mod uuid_index;
 
 pub use config::DriverConfig;
 pub use error::{CsiError, ErrorKind};

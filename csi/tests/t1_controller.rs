@@ -17,6 +17,7 @@ use liteio_api::{AntstorSnapshot, StoragePool};
 use liteio_csi::csi::volume_capability::access_mode::Mode;
 use liteio_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use liteio_csi::csi::*;
+use liteio_test_apiserver::Verb;
 use serde_json::json;
 use tonic::Code;
 
@@ -169,6 +170,60 @@ async fn create_volume_stores_the_rounded_size_and_is_idempotent() {
         env.csi.controller.delete_volume(del.clone()).await.unwrap();
         env.csi.controller.delete_volume(del).await.unwrap();
         assert!(env.volumes().get_opt("pvc-a").await.unwrap().is_none());
+        env.stop().await;
+    })
+    .await;
+}
+
+/// DeleteVolume finds the volume through the driver's uuid index (one GET), not a list by
+/// label per call: an API server filters a label selector over every object, so a burst of
+/// deletions was O(n²). The index's own relist and the first calls before it synced may
+/// list; the rest of the burst must not.
+#[tokio::test]
+async fn a_burst_of_deletions_reads_each_volume_without_a_list() {
+    bounded(async {
+        let mut env = start(true, false, |_| {}).await;
+        env.start_scheduler(1 << 40);
+        const N: usize = 40;
+        let mut ids = Vec::new();
+        for i in 0..N {
+            let v = env
+                .csi
+                .controller
+                .create_volume(create_req(&format!("pvc-d{i}"), MIB_I))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+            ids.push(v.volume_id);
+        }
+        let faults = env.server.faults();
+        let before = faults.requests(Verb::List, "antstorvolumes");
+        for id in &ids {
+            env.csi
+                .controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    secrets: HashMap::new(),
+                })
+                .await
+                .unwrap();
+        }
+        let lists = faults.requests(Verb::List, "antstorvolumes") - before;
+        assert!(
+            lists <= 10,
+            "{N} deletions listed AntstorVolumes {lists} times (one list per call is O(n²))"
+        );
+        for i in 0..N {
+            let gone = env
+                .volumes()
+                .get_opt(&format!("pvc-d{i}"))
+                .await
+                .unwrap()
+                .is_none_or(|v| v.metadata.deletion_timestamp.is_some());
+            assert!(gone, "pvc-d{i} was not deleted");
+        }
         env.stop().await;
     })
     .await;
