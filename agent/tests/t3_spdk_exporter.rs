@@ -148,6 +148,33 @@ fn exports_follow_liteio_naming_ports_and_allow_lists() {
             let dport: u16 = d.svc_id.parse().unwrap();
             assert_eq!(nvmf::ana_state(&d.subsys_nqn, "127.0.0.1", dport, 1).await.unwrap(), AnaState::Inaccessible);
             assert_eq!(nvmf::ana_state(&d.subsys_nqn, "127.0.0.1", pipe, 1).await.unwrap(), AnaState::Optimized);
+            // The pipe goes (the migration finished) and comes back on another port: its old
+            // port is the last of the range to be handed out again.
+            assert_eq!(exp.ensure_pipe(&dest, false).await.unwrap(), None);
+            let listeners = nvmf::find_subsystem(&d.subsys_nqn).await.unwrap().unwrap().listeners;
+            assert_eq!(listeners, vec![("127.0.0.1".to_string(), dport)], "only the host listener is left");
+            let pipe2 = exp.ensure_pipe(&dest, true).await.unwrap().unwrap();
+            assert!(range.contains(&pipe2) && pipe2 != pipe && pipe2 != dport && pipe2 != port);
+            assert_eq!(exp.ensure_export(&dest).await.unwrap().svc_id, d.svc_id);
+            // An exporter that finds the target serving already (in the agent, the target
+            // starts with it; here, a second exporter over the same target) takes the ports
+            // over from SPDK's listeners: the host's stays the host's, and none of them is
+            // handed to a new volume.
+            let exp2 = SpdkExporter::new("127.0.0.1", range.clone(), TcpTransportOptions::default());
+            assert_eq!(exp2.ensure_export(&dest).await.unwrap().svc_id, d.svc_id, "the pipe's listener taken for the host's");
+            assert_eq!(exp2.ensure_pipe(&dest, true).await.unwrap(), Some(pipe2));
+            lvol::create_lvol("xlvs", "pvc-4", 4 * MIB, false, lvol::Clear::WriteZeroes).await.unwrap();
+            let other = ExportRequest {
+                volume: "pvc-4".into(),
+                uuid: "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b".into(),
+                lvol: Some(SpdkLvol { name: "pvc-4".into(), lvs_name: "xlvs".into(), thin: false }),
+                preset: None,
+                ..req.clone()
+            };
+            let o = exp2.ensure_export(&other).await.unwrap();
+            let oport: u16 = o.svc_id.parse().unwrap();
+            assert!(![port, dport, pipe2].contains(&oport), "port {oport} of a served subsystem handed out again");
+            exp2.remove_export(&UnexportRequest { volume: "pvc-4".into(), uuid: other.uuid.clone(), target: Some(o) }).await.unwrap();
             exp.remove_export(&UnexportRequest { volume: "pvc-3".into(), uuid: dest.uuid.clone(), target: Some(again.clone()) }).await.unwrap();
             assert!(!exp.is_listening(&again).await.unwrap(), "removed: not listening");
 

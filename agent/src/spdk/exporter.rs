@@ -19,6 +19,7 @@ use liteio_api::{SpdkTarget, naming};
 use super::error::SpdkError;
 use super::initiator;
 use super::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec, TcpTransportOptions};
+use super::ports::{PortMap, Role};
 use super::raid::{self, RaidLevel, RaidState};
 use super::{Spdk, bdev, gate, keyring};
 use crate::exporter::{
@@ -31,19 +32,16 @@ use crate::exporter::{
 #[derive(Debug)]
 pub struct SpdkExporter {
     address: String,
-    ports: std::ops::RangeInclusive<u16>,
     transport: TcpTransportOptions,
-    /// Serialises port choice (not the creation of subsystems, which run concurrently).
-    lock: tokio::sync::Mutex<()>,
-    /// Last port handed out, so allocation walks the range round-robin.
-    cursor: Mutex<u16>,
-    /// Ports chosen for subsystems still being created: SPDK lists a listener only once its
-    /// subsystem exists, so these are held here meanwhile.
-    reserved: Mutex<std::collections::HashSet<u16>>,
-    /// The host listener's port of each subsystem this exporter created (SPDK runs in this
-    /// process: every subsystem there was made here). A migration destination has a second
-    /// listener, the pipe's, and nothing in SPDK tells the two apart.
-    host_ports: Mutex<std::collections::HashMap<String, u16>>,
+    /// The TCP transport was added to the target (once, before the first listener; retried
+    /// by the next export when adding it failed).
+    transport_added: tokio::sync::OnceCell<()>,
+    /// Who owns each port of the range: the host listener's port of each subsystem this
+    /// exporter created (SPDK runs in this process: every subsystem there was made here),
+    /// the pipe listener's of a migration destination (nothing in SPDK tells the two apart),
+    /// and the ports being given to subsystems still in the making. Never held across an
+    /// `.await`: choosing, committing and freeing a port are O(1) and wait on nothing.
+    ports: Mutex<PortMap>,
     /// The subsystem NQN each assembly member controller was attached to by this exporter
     /// (a replica replaced in its slot has another; after a restart the path's address
     /// tells).
@@ -102,21 +100,18 @@ fn request_nqn(req: &ExportRequest) -> String {
         .unwrap_or_else(|| naming::subsys_nqn(&req.uuid))
 }
 
-/// The host listener's port among a subsystem's listeners on `address`: the one this
-/// exporter created the subsystem with (`known`), else the oldest (SPDK lists the newest
-/// listener first, and a pipe listener is always added after the host's). Never the pipe's:
-/// a volume whose first export was not recorded yet (a lost patch) would otherwise be
-/// recorded with the pipe's port, and hosts would write to the destination of a migration
-/// through its always-optimized pipe listener.
-fn host_port(listeners: &[(String, u16)], address: &str, known: Option<u16>) -> Option<u16> {
-    let ours: Vec<u16> = listeners
+/// The host listener's port among a subsystem's listeners on `address`, for a subsystem the
+/// port map does not know: the oldest (SPDK lists the newest listener first, and a pipe
+/// listener is always added after the host's). Never the pipe's: a volume whose first export
+/// was not recorded yet (a lost patch) would otherwise be recorded with the pipe's port, and
+/// hosts would write to the destination of a migration through its always-optimized pipe
+/// listener.
+fn host_port(listeners: &[(String, u16)], address: &str) -> Option<u16> {
+    listeners
         .iter()
-        .filter(|(a, _)| a == address)
+        .rev()
+        .find(|(a, _)| a == address)
         .map(|(_, p)| *p)
-        .collect();
-    known
-        .filter(|p| ours.contains(p))
-        .or_else(|| ours.last().copied())
 }
 
 fn copy_status(p: &gate::CopyProgress) -> CopyStatus {
@@ -169,15 +164,11 @@ impl SpdkExporter {
         ports: std::ops::RangeInclusive<u16>,
         transport: TcpTransportOptions,
     ) -> Self {
-        let start = *ports.start();
         Self {
             address: address.into(),
-            ports,
             transport,
-            lock: tokio::sync::Mutex::new(()),
-            cursor: Mutex::new(start),
-            reserved: Mutex::new(std::collections::HashSet::new()),
-            host_ports: Mutex::new(std::collections::HashMap::new()),
+            transport_added: tokio::sync::OnceCell::new(),
+            ports: Mutex::new(PortMap::new(&ports)),
             member_nqns: Mutex::new(std::collections::HashMap::new()),
             assemblies: Mutex::new(std::collections::BTreeMap::new()),
             auth: false,
@@ -201,13 +192,77 @@ impl SpdkExporter {
         self
     }
 
-    /// The host listener's port of subsystem `nqn`, when this exporter created it.
-    fn known_host_port(&self, nqn: &str) -> Option<u16> {
-        self.host_ports
+    /// The port map (its guard is never held across an `.await`).
+    fn ports(&self) -> std::sync::MutexGuard<'_, PortMap> {
+        self.ports
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(nqn)
-            .copied()
+    }
+
+    /// The host listener's port of subsystem `nqn`, when this exporter created it.
+    fn known_host_port(&self, nqn: &str) -> Option<u16> {
+        self.ports().host(nqn)
+    }
+
+    /// The port map's view of subsystem `nqn` brought in line with SPDK's (`listeners`),
+    /// when the map does not know `nqn`'s host port or SPDK does not list it (a creation
+    /// cancelled after the reactor made the subsystem; a subsystem made outside this
+    /// exporter). Its oldest listener on this node's
+    /// address becomes its host port (SPDK lists the newest first, and a pipe listener is
+    /// always added after the host's), the others its pipes. Returns the host port; `None`
+    /// when the subsystem has no listener on the address.
+    fn settle_ports(&self, nqn: &str, listeners: &[(String, u16)]) -> Option<u16> {
+        let listed = |p: &u16| listeners.iter().any(|(a, q)| a == &self.address && q == p);
+        if let Some(p) = self.known_host_port(nqn).filter(listed) {
+            return Some(p);
+        }
+        let host = host_port(listeners, &self.address)?;
+        let pipes: Vec<u16> = listeners
+            .iter()
+            .filter(|(a, p)| a == &self.address && *p != host)
+            .map(|(_, p)| *p)
+            .collect();
+        let conflicts = self.ports().adopt(nqn, host, &pipes);
+        for c in conflicts {
+            tracing::error!(nqn = %nqn, port = c.port, owner = %c.owner, "SPDK lists a listener of this subsystem on a port the exporter gave to another subsystem");
+        }
+        tracing::info!(nqn = %nqn, port = host, pipes = ?pipes, "ports of a subsystem the port map did not know taken over from its listeners");
+        Some(host)
+    }
+
+    /// The TCP transport, added to the target by the first caller (the others wait for it),
+    /// and the port map seeded once from the subsystems the target has already. In the agent
+    /// the target starts empty with it; a target that outlived an earlier exporter (tests
+    /// that restart an agent in one process) keeps its listeners, and their ports must not
+    /// be handed out again. Before any port is taken: every taker comes here first.
+    async fn ensure_transport(&self) -> Result<(), ExportError> {
+        self.transport_added
+            .get_or_try_init(|| async {
+                nvmf::ensure_tcp_transport(&self.transport).await?;
+                let existing = nvmf::subsystems().await?;
+                let mut ports = self.ports();
+                for s in existing {
+                    let Some(host) = host_port(&s.listeners, &self.address) else {
+                        continue;
+                    };
+                    if ports.host(&s.nqn).is_some() {
+                        continue;
+                    }
+                    let pipes: Vec<u16> = s
+                        .listeners
+                        .iter()
+                        .filter(|(a, p)| a == &self.address && *p != host)
+                        .map(|(_, p)| *p)
+                        .collect();
+                    for c in ports.adopt(&s.nqn, host, &pipes) {
+                        tracing::warn!(nqn = %s.nqn, port = c.port, owner = %c.owner, "two subsystems of the target listen on one port");
+                    }
+                }
+                Ok::<(), SpdkError>(())
+            })
+            .await
+            .map(|_| ())
+            .map_err(target_err)
     }
 
     /// Put the request's keys into SPDK's keyring under the volume's key names (a changed key
@@ -263,78 +318,17 @@ impl SpdkExporter {
         ))
     }
 
-    /// Ports of the range that no subsystem listens on, in the order to try them: `preferred`
-    /// first when it is free, then round-robin from after the last port handed out.
-    async fn free_ports(&self, preferred: Option<u16>) -> Result<Vec<u16>, ExportError> {
-        let used = nvmf::listener_ports().await.map_err(target_err)?;
-        let start = *self
-            .cursor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut order: Vec<u16> = preferred
-            .filter(|p| self.ports.contains(p) && !used.contains(p))
-            .into_iter()
-            .collect();
-        let (lo, hi) = (*self.ports.start(), *self.ports.end());
-        let after = start.clamp(lo, hi);
-        order.extend(
-            (after..=hi)
-                .chain(lo..after)
-                .filter(|p| !used.contains(p) && Some(*p) != preferred),
-        );
-        if order.is_empty() {
-            return Err(ExportError::Target {
-                message: format!("every port of {lo}-{hi} is taken; widen the listen port range"),
-                source: None,
-            });
-        }
-        Ok(order)
-    }
-
-    /// Choose a free port (not listened on, not reserved, not in `tried`) and reserve it;
-    /// `None` when the range has none left.
-    async fn reserve_port(
-        &self,
-        preferred: Option<u16>,
-        tried: &std::collections::HashSet<u16>,
-    ) -> Result<Option<u16>, ExportError> {
-        let _g = self.lock.lock().await;
-        // Under the lock too: adding the transport is not idempotent while another add runs.
-        nvmf::ensure_tcp_transport(&self.transport)
-            .await
-            .map_err(target_err)?;
-        let free = self.free_ports(preferred).await?;
-        let mut reserved = self
-            .reserved
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(port) = free
-            .into_iter()
-            .find(|p| !reserved.contains(p) && !tried.contains(p))
-        else {
-            return Ok(None);
-        };
-        reserved.insert(port);
-        *self
-            .cursor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = port.saturating_add(1);
-        Ok(Some(port))
-    }
-
-    /// The subsystem on `port` exists now (SPDK lists its listener) or was not created.
-    fn release_port(&self, port: u16) {
-        self.reserved
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&port);
-    }
-
     /// Serves subsystem `nqn` as `spec(port)` says: an existing one (every reconcile of a
-    /// ready volume comes here) is checked and gets its host list brought up to date, without
-    /// the creation lock, and is promoted to `path_state` when that is optimized; a new one
-    /// gets a free port of the range (`preferred` first). Returns the subsystem and its host
-    /// listener's port.
+    /// ready volume comes here) is checked and gets its host list brought up to date, and is
+    /// promoted to `path_state` when that is optimized; a new one gets a port of the range
+    /// from the port map (`preferred` first, or the port `nqn` holds already). Returns the
+    /// subsystem and its host listener's port.
+    ///
+    /// Nothing here waits on the reactor while holding a lock: the port is taken from the
+    /// map (pending for `nqn`), the subsystem made, and the port committed. A call dropped
+    /// in between leaves the port pending for `nqn`, never to another volume, since the
+    /// reactor may still make the subsystem: `nqn`'s next export takes it over (from SPDK's
+    /// listeners when the subsystem exists, else as its pending port), its removal frees it.
     async fn serve<F>(
         &self,
         nqn: &str,
@@ -346,9 +340,7 @@ impl SpdkExporter {
         F: Fn(u16) -> SubsystemSpec + Sync,
     {
         let existing = nvmf::find_subsystem(nqn).await.map_err(target_err)?;
-        if let Some(port) =
-            existing.and_then(|s| host_port(&s.listeners, &self.address, self.known_host_port(nqn)))
-        {
+        if let Some(port) = existing.and_then(|s| self.settle_ports(nqn, &s.listeners)) {
             let info = nvmf::create_subsystem(spec(port))
                 .await
                 .map_err(target_err)?;
@@ -367,44 +359,47 @@ impl SpdkExporter {
             }
             return Ok((info, port));
         }
-        // A new subsystem: the port is chosen under the lock and reserved until the subsystem
-        // exists, so two volumes never pick the same port; the creations themselves run
-        // concurrently (one slow subsystem start must not hold every other export of the
-        // node).
+        // A new subsystem. The creations run concurrently (one slow subsystem start must not
+        // hold every other export of the node); the map keeps two volumes off one port.
+        self.ensure_transport().await?;
         let mut tried = std::collections::HashSet::new();
         let mut last = None;
         loop {
-            let Some(port) = self.reserve_port(preferred, &tried).await? else {
-                let (lo, hi) = (*self.ports.start(), *self.ports.end());
-                return Err(last.map_or_else(
-                    || ExportError::Target {
-                        message: format!(
-                            "every port of {lo}-{hi} is taken or being given to another volume; widen the listen port range"
-                        ),
-                        source: None,
-                    },
-                    target_err,
-                ));
+            let taken = self.ports().take(nqn, Role::Host, preferred, &tried);
+            let port = match taken {
+                Ok(p) => p,
+                Err(e) => {
+                    return Err(last.map_or_else(
+                        || ExportError::Target {
+                            message: e.to_string(),
+                            source: None,
+                        },
+                        target_err,
+                    ));
+                }
             };
-            let created = nvmf::create_subsystem(spec(port)).await;
-            self.release_port(port);
-            match created {
+            match nvmf::create_subsystem(spec(port)).await {
                 Ok(info) => {
-                    self.host_ports
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(nqn.to_string(), port);
+                    if let Err(c) = self.ports().commit(nqn, port, Role::Host) {
+                        // Only when a removal of `nqn` raced this export.
+                        tracing::error!(nqn = %nqn, port, owner = %c.owner, "NVMe-oF subsystem made on a port that was given to another subsystem meanwhile");
+                    }
                     // Hosts can connect from now on: after a restart, the moment a volume is
                     // served again (the restart benchmark reads it).
                     tracing::info!(nqn = %nqn, port, "NVMe-oF subsystem listening");
                     return Ok((info, port));
                 }
-                // Another program holds the port: try the next one.
+                // Another program holds the port: try the next one (this one goes to the
+                // back of the queue).
                 Err(e @ SpdkError::Errno { op: "listen", .. }) => {
+                    self.ports().abandon(nqn, port);
                     tried.insert(port);
                     last = Some(e);
                 }
-                Err(e) => return Err(target_err(e)),
+                Err(e) => {
+                    self.ports().abandon(nqn, port);
+                    return Err(target_err(e));
+                }
             }
         }
     }
@@ -878,6 +873,7 @@ impl SpdkExporter {
             && sub.bdevs != [exported.clone()]
         {
             tracing::warn!(assembly = %req.name, nqn = %nqn, bdevs = ?sub.bdevs, "the assembly's subsystem exports another bdev; making it again");
+            // Its port stays with it in the map: `serve` makes it again on the same port.
             nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
         }
         let existed = nvmf::find_subsystem(&nqn)
@@ -926,13 +922,13 @@ impl SpdkExporter {
     /// a failure is logged, and the data control's deletion removes it later).
     async fn undo(&self, name: &str, made: Made) {
         if let Some(nqn) = &made.subsystem {
-            if let Err(e) = nvmf::delete_subsystem(nqn).await {
-                tracing::warn!(assembly = name, nqn = %nqn, error = %e, "cannot remove the subsystem of a failed assembly");
+            match nvmf::delete_subsystem(nqn).await {
+                Ok(()) => self.ports().free_all(nqn),
+                // Its port stays with it: SPDK may still listen there.
+                Err(e) => {
+                    tracing::warn!(assembly = name, nqn = %nqn, error = %e, "cannot remove the subsystem of a failed assembly");
+                }
             }
-            self.host_ports
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(nqn);
         }
         if let Some(r) = &made.raid
             && let Err(e) = raid::delete_raid(r).await
@@ -1162,10 +1158,7 @@ impl Exporter for SpdkExporter {
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
             nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
-            self.host_ports
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&nqn);
+            self.ports().free_all(&nqn);
             let raid_name = naming::assembly_bdev(&req.name);
             if raid::raid_info(&raid_name)
                 .await
@@ -1231,28 +1224,38 @@ impl Exporter for SpdkExporter {
                     Ok(None)
                 };
             };
-            let host = host_port(&sub.listeners, &self.address, self.known_host_port(&nqn));
-            let pipes: Vec<u16> = sub
-                .listeners
-                .iter()
-                .filter(|(a, p)| a == &self.address && Some(*p) != host)
-                .map(|(_, p)| *p)
-                .collect();
+            // The map knows the pipe's port (a cancelled export's ports are taken over from
+            // SPDK's listeners first): SPDK does not tell a pipe listener from the host's.
+            self.settle_ports(&nqn, &sub.listeners);
+            let pipe = self.ports().pipe(&nqn);
             if !want {
-                for p in pipes {
+                if let Some(p) = pipe {
+                    // Stops the target listening on the port, which no other subsystem uses.
                     nvmf::remove_listener(&nqn, &self.address, p)
                         .await
                         .map_err(target_err)?;
+                    self.ports().free(&nqn, p);
                 }
                 return Ok(None);
             }
-            if let Some(p) = pipes.first() {
-                return Ok(Some(*p));
+            if let Some(p) = pipe
+                && sub
+                    .listeners
+                    .iter()
+                    .any(|(a, q)| a == &self.address && *q == p)
+            {
+                return Ok(Some(p));
             }
+            self.ensure_transport().await?;
             let secure_channel = req.keys.as_ref().is_some_and(|k| k.tls_psk.is_some());
             let mut tried = std::collections::HashSet::new();
             loop {
-                let Some(port) = self.reserve_port(None, &tried).await? else {
+                // The pipe's port when the map has one SPDK lost, else a free one.
+                let taken = match pipe.filter(|p| !tried.contains(p)) {
+                    Some(p) => Ok(p),
+                    None => self.ports().take(&nqn, Role::Pipe, None, &tried),
+                };
+                let Ok(port) = taken else {
                     return Err(ExportError::Target {
                         message: format!(
                             "no free port for the migration pipe of volume {}; widen the listen port range",
@@ -1269,13 +1272,21 @@ impl Exporter for SpdkExporter {
                     Some(AnaState::Optimized),
                 )
                 .await;
-                self.release_port(port);
                 match added {
-                    Ok(()) => return Ok(Some(port)),
+                    Ok(()) => {
+                        if let Err(c) = self.ports().commit(&nqn, port, Role::Pipe) {
+                            tracing::error!(nqn = %nqn, port, owner = %c.owner, "pipe listener added on a port that was given to another subsystem meanwhile");
+                        }
+                        return Ok(Some(port));
+                    }
                     Err(SpdkError::Errno { .. }) if tried.len() < 8 => {
+                        self.ports().abandon(&nqn, port);
                         tried.insert(port);
                     }
-                    Err(e) => return Err(target_err(e)),
+                    Err(e) => {
+                        self.ports().abandon(&nqn, port);
+                        return Err(target_err(e));
+                    }
                 }
             }
         })
@@ -1304,10 +1315,7 @@ impl Exporter for SpdkExporter {
             gates.extend(req.target.as_ref().map(|t| t.bdev_name.clone()));
             gates.retain(|b| b.ends_with(gate::GATE_SUFFIX));
             nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
-            self.host_ports
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(&nqn);
+            self.ports().free_all(&nqn);
             for g in gates {
                 if bdev::get(&g)
                     .await

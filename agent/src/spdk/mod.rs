@@ -1,6 +1,7 @@
 //! The embedded SPDK engine: the safe layer of the [`liteio_spdk`] crate, re-exported under
-//! its old paths, and the agent's adapters to it (the NVMe-oF [`exporter`], the [`setup`]
-//! from the agent's config and the metrics source in [`stats`]). No `unsafe` here.
+//! its old paths, and the agent's adapters to it (the NVMe-oF [`exporter`] and the map of its
+//! listen ports, the [`setup`] from the agent's config and the metrics source in [`stats`]).
+//! No `unsafe` here.
 
 pub use liteio_spdk::{ErrorKind, Result, Spdk, SpdkError, SpdkOptions};
 pub use liteio_spdk::{
@@ -8,5 +9,6 @@ pub use liteio_spdk::{
 };
 
 pub mod exporter;
+mod ports;
 pub mod setup;
 pub mod stats;
