@@ -92,6 +92,8 @@ struct gate {
 	liteio_gate_cb detached_fn;
 	void *detached_arg;
 	bool destructing;
+	/* This shim began its unregistration (counted in g_leaving until gate_final). */
+	bool leaving;
 
 	TAILQ_ENTRY(gate) link;
 };
@@ -114,6 +116,10 @@ struct gate_io {
 };
 
 static TAILQ_HEAD(, gate) g_gates = TAILQ_HEAD_INITIALIZER(g_gates);
+/* Gates in g_gates whose unregistration this shim began: SPDK finds a bdev by name only
+ * until its unregistration starts, so gate_find walks the list for these, and only while
+ * there are any (a walk per look-up made every export O(gates)). */
+static uint32_t g_leaving;
 
 static int gate_module_init(void);
 static int gate_ctx_size(void);
@@ -141,8 +147,15 @@ gate_ctx_size(void)
 static struct gate *
 gate_find(const char *name)
 {
+	struct spdk_bdev *b = spdk_bdev_get_by_name(name);
 	struct gate *g;
 
+	if (b != NULL && b->module == &g_gate_module) {
+		return b->ctxt;
+	}
+	if (g_leaving == 0) {
+		return NULL;
+	}
 	TAILQ_FOREACH(g, &g_gates, link) {
 		if (strcmp(g->bdev.name, name) == 0) {
 			return g;
@@ -452,9 +465,23 @@ gate_free(void *io_device)
 	free(g);
 }
 
+/* Unregisters the gate's bdev; from here on only the list finds it (see g_leaving). */
+static void
+gate_unregister(struct gate *g, spdk_bdev_unregister_cb cb_fn, void *cb_arg)
+{
+	if (!g->leaving) {
+		g->leaving = true;
+		g_leaving++;
+	}
+	spdk_bdev_unregister(&g->bdev, cb_fn, cb_arg);
+}
+
 static void
 gate_final(struct gate *g, bool async)
 {
+	if (g->leaving) {
+		g_leaving--;
+	}
 	TAILQ_REMOVE(&g_gates, g, link);
 	spdk_bdev_module_release_bdev(g->base);
 	close_on_owner(g, g->base_desc);
@@ -510,7 +537,7 @@ base_event(enum spdk_bdev_event_type type, struct spdk_bdev *bdev, void *ctx)
 		break;
 	case SPDK_BDEV_EVENT_REMOVE:
 		if (!g->destructing) {
-			spdk_bdev_unregister(&g->bdev, NULL, NULL);
+			gate_unregister(g, NULL, NULL);
 		}
 		break;
 	default:
@@ -594,7 +621,7 @@ liteio_gate_delete(const char *name, liteio_gate_cb cb_fn, void *cb_arg)
 	if (g == NULL || g->destructing) {
 		return -ENODEV;
 	}
-	spdk_bdev_unregister(&g->bdev, cb_fn, cb_arg);
+	gate_unregister(g, cb_fn, cb_arg);
 	return 0;
 }
 
