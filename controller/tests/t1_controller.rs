@@ -34,16 +34,15 @@ async fn volume_is_scheduled_and_bound() {
         h.add_pool(pool("n1", 100 * GIB)).await;
         h.add_volume(volume("v1", 10 * GIB).host("n1")).await;
         h.wait_bound("v1", "n1").await;
-        let v = h.volume("v1").await;
         // Creating until its agent writes ready. Binding writes no status of its own; one
         // is there only when the volume was reconciled before the pool was seen (nothing
         // fit then), and its message is cleared once bound.
-        assert_eq!(v.phase(), liteio_api::VolumeStatus::Creating);
-        assert!(
-            v.status.as_ref().is_none_or(|s| s.message.is_empty()),
-            "{:?}",
-            v.status
-        );
+        eventually("creating, without a message", || async {
+            let v = h.volume("v1").await;
+            v.phase() == liteio_api::VolumeStatus::Creating
+                && v.status.as_ref().is_none_or(|s| s.message.is_empty())
+        })
+        .await;
         assert_eq!(h.ctx.state().free_bytes("n1"), Some(i128::from(90 * GIB)));
         // The pool got its finalizer and label.
         eventually("pool finalizer", || async {
