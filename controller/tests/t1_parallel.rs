@@ -112,15 +112,27 @@ async fn parallel_workers_never_overbook_a_pool_nor_share_a_volume() {
         });
         futures::future::join_all(creates).await;
 
-        // Settled: every volume is either bound or told that nothing fits.
+        // Settled: every volume is bound or was told that nothing fits, and what the state
+        // charges each pool is what the API server shows bound to it (a volume placed in the
+        // state has its binding written right after).
         let settled = || async {
             let vols = h.volumes().list(&ListParams::default()).await.unwrap();
+            let mut used: BTreeMap<String, u64> = BTreeMap::new();
+            for v in &vols.items {
+                if !v.spec.target_node_id.is_empty() {
+                    *used.entry(v.spec.target_node_id.clone()).or_default() += v.spec.size_byte;
+                }
+            }
             vols.items.len() == sizes.len()
                 && vols.items.iter().all(|v| {
                     !v.spec.target_node_id.is_empty()
                         || v.status
                             .as_ref()
                             .is_some_and(|s| s.message.starts_with("NoStoragePoolAvailable"))
+                })
+                && pools.iter().all(|p| {
+                    let bound = used.get(*p).copied().unwrap_or(0);
+                    h.ctx.state().free_bytes(p) == Some(i128::from(10 * GIB) - i128::from(bound))
                 })
         };
         if timeout(Duration::from_secs(15), async {
