@@ -78,13 +78,12 @@ async fn exported_volume(
         ..SpdkTarget::default()
     });
     api.create(&PostParams::default(), &v).await.unwrap();
-    // Once the controller has taken it in (its finalizer, its first status), the storage
-    // node's part: ready.
+    // Once the controller has taken it in (its finalizer, written with the binding; it
+    // writes no status), the storage node's part: ready.
     let taken_in = |v: &AntstorVolume| {
         v.finalizers()
             .iter()
             .any(|f| f == keys::finalizers::IN_STATE)
-            && v.status.is_some()
     };
     liteio_local::wait_until(
         "the controller to take the volume in",
