@@ -239,24 +239,8 @@ impl SpdkExporter {
         self.transport_added
             .get_or_try_init(|| async {
                 nvmf::ensure_tcp_transport(&self.transport).await?;
-                let existing = nvmf::subsystems().await?;
-                let mut ports = self.ports();
-                for s in existing {
-                    let Some(host) = host_port(&s.listeners, &self.address) else {
-                        continue;
-                    };
-                    if ports.host(&s.nqn).is_some() {
-                        continue;
-                    }
-                    let pipes: Vec<u16> = s
-                        .listeners
-                        .iter()
-                        .filter(|(a, p)| a == &self.address && *p != host)
-                        .map(|(_, p)| *p)
-                        .collect();
-                    for c in ports.adopt(&s.nqn, host, &pipes) {
-                        tracing::warn!(nqn = %s.nqn, port = c.port, owner = %c.owner, "two subsystems of the target listen on one port");
-                    }
+                for s in nvmf::subsystems().await? {
+                    self.settle_ports(&s.nqn, &s.listeners);
                 }
                 Ok::<(), SpdkError>(())
             })
