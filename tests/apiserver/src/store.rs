@@ -524,12 +524,10 @@ impl State {
         name: &str,
         keep: &dyn Fn(&Value) -> bool,
     ) -> Vec<Value> {
-        self.objects
-            .get(&key(res))
-            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+        self.get(res, ns, name)
+            .into_iter()
             .filter(|o| keep(o))
-            .map(|o| vec![Self::present(res, o)])
-            .unwrap_or_default()
+            .collect()
     }
 
     fn namespace_exists(&self, ns: &str) -> bool {
