@@ -256,6 +256,7 @@ impl Agent {
             provisioning: Default::default(),
             own_writes: Default::default(),
             copy_failures: Default::default(),
+            engine_slots: tokio::sync::Semaphore::new(crate::context::ENGINE_CALLS),
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();

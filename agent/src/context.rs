@@ -53,6 +53,28 @@ pub struct Ctx {
     pub copy_failures: crate::sync::migration::Failures,
     /// Warning events about objects whose reconcile failed for good.
     pub warnings: crate::sync::Warnings,
+    /// Engine calls running at once (see [`ENGINE_CALLS`]).
+    pub engine_slots: tokio::sync::Semaphore,
+}
+
+/// Engine calls that run at once; the others wait, in order, for a slot. Each runs on a
+/// thread of the blocking pool: without a bound a burst of thousands of volumes started a
+/// thread per call (up to tokio's 512), each then waiting for the pool's own lock, SPDK's
+/// reactor or LVM's, and the engine got its requests in no order at all.
+pub const ENGINE_CALLS: usize = 32;
+
+/// Runs `f` on the blocking pool once `slots` has a slot for it, held until `f` returns.
+async fn blocking_in_slot<T, F>(
+    slots: &tokio::sync::Semaphore,
+    f: F,
+) -> std::result::Result<T, tokio::task::JoinError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    // Never closed, so never an error.
+    let _slot = slots.acquire().await.ok();
+    tokio::task::spawn_blocking(f).await
 }
 
 impl std::fmt::Debug for Ctx {
@@ -93,7 +115,7 @@ impl Ctx {
         F: FnOnce(&dyn PoolEngine) -> std::result::Result<T, EngineError> + Send + 'static,
     {
         let engine = Arc::clone(&self.engine);
-        let res = tokio::task::spawn_blocking(move || f(engine.as_ref()))
+        let res = blocking_in_slot(&self.engine_slots, move || f(engine.as_ref()))
             .await
             .map_err(|source| AgentError::Join {
                 op,
@@ -114,5 +136,59 @@ impl Ctx {
     pub fn pool_changed(&self) {
         self.pool_changed.notify_one();
         self.pool_epoch.send_modify(|e| *e = e.wrapping_add(1));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::{ENGINE_CALLS, blocking_in_slot};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn engine_calls_run_at_most_their_slots_at_once() {
+        let slots = Arc::new(tokio::sync::Semaphore::new(ENGINE_CALLS));
+        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let calls: Vec<_> = (0..4 * ENGINE_CALLS)
+            .map(|i| {
+                let (slots, running, peak) =
+                    (Arc::clone(&slots), Arc::clone(&running), Arc::clone(&peak));
+                tokio::spawn(async move {
+                    blocking_in_slot(&slots, move || {
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        peak.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        running.fetch_sub(1, Ordering::SeqCst);
+                        i
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let done = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut sum = 0;
+            for c in calls {
+                sum += c.await.unwrap().unwrap();
+            }
+            sum
+        })
+        .await
+        .expect("the calls did not finish in time");
+        assert_eq!(
+            done,
+            (0..4 * ENGINE_CALLS).sum::<usize>(),
+            "every call ran once"
+        );
+        let peak = peak.load(Ordering::SeqCst);
+        assert!(peak <= ENGINE_CALLS, "{peak} calls ran at once");
+        assert!(peak > 1, "the calls ran side by side");
+        assert_eq!(
+            slots.available_permits(),
+            ENGINE_CALLS,
+            "every slot came back"
+        );
     }
 }

@@ -171,6 +171,33 @@ fn check_lvol_name(field: &'static str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Lvol metadata changes (create, delete, resize, snapshot, clone, inflate) in flight at once.
+///
+/// Each one takes request sets from the blobstore's metadata channel, which has a fixed
+/// number of them (`max_channel_ops`, 512 for an lvstore); when they run out the blobstore
+/// fails the change with ENOMEM, the same errno as a full metadata area. A burst of
+/// thousands of creations (every reconcile sends its own) did exactly that. Changes past
+/// this bound wait here, in order, for a slot; the reactor runs them one after another
+/// anyway, so 64 keep it busy.
+pub const MAX_METADATA_CHANGES: usize = 64;
+
+static METADATA_CHANGES: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(MAX_METADATA_CHANGES);
+
+/// A slot for one lvol metadata change (see [`MAX_METADATA_CHANGES`]), held until its answer.
+async fn metadata_slot() -> Result<tokio::sync::SemaphorePermit<'static>> {
+    // Never closed: an error cannot happen, and would only mean the runtime is going away.
+    METADATA_CHANGES
+        .acquire()
+        .await
+        .map_err(|_| SpdkError::NotRunning)
+}
+
+/// Slots of [`MAX_METADATA_CHANGES`] free now (tests).
+pub fn free_metadata_slots() -> usize {
+    METADATA_CHANGES.available_permits()
+}
+
 /// Every lvstore.
 pub async fn lvstores() -> Result<Vec<LvsInfo>> {
     on_reactor_with(|_r| {
@@ -395,6 +422,7 @@ pub async fn create_lvol(
         });
     }
     let (lvs_name, name) = (lvs.to_string(), name.to_string());
+    let _slot = metadata_slot().await?;
     exec_on(move |r, reply| {
         let lvs = match lvs_by_name(r, &lvs_name) {
             Ok(l) => l,
@@ -463,6 +491,7 @@ pub async fn create_lvol(
 /// Delete an lvol (or a snapshot without clones); missing = success.
 pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
+    let _slot = metadata_slot().await?;
     exec_on(move |r, reply| {
         let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
@@ -493,6 +522,7 @@ pub async fn delete_lvol(lvs: &str, name: &str) -> Result<()> {
 /// Grow an lvol to at least `size` bytes. Shrinking is refused.
 pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
+    let _slot = metadata_slot().await?;
     exec_on(move |r, reply| {
         let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,
@@ -533,6 +563,7 @@ pub async fn resize_lvol(lvs: &str, name: &str, size: u64) -> Result<LvolInfo> {
 pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo> {
     check_lvol_name("snapshot", snapshot)?;
     let (lvs, name, snap) = (lvs.to_string(), name.to_string(), snapshot.to_string());
+    let _slot = metadata_slot().await?;
     exec_on(move |r, reply| {
         if let Ok(info) = lvol_info_by_names(r, &lvs, &snap) {
             return reply.send(if info.snapshot {
@@ -567,6 +598,7 @@ pub async fn snapshot(lvs: &str, name: &str, snapshot: &str) -> Result<LvolInfo>
 pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
     check_lvol_name("clone", clone)?;
     let (lvs, snap, clone) = (lvs.to_string(), snapshot.to_string(), clone.to_string());
+    let _slot = metadata_slot().await?;
     exec_on(move |r, reply| {
         if let Ok(info) = lvol_info_by_names(r, &lvs, &clone) {
             return reply.send(if info.parent == snap {
@@ -602,6 +634,7 @@ pub async fn clone(lvs: &str, snapshot: &str, clone: &str) -> Result<LvolInfo> {
 /// Allocate every cluster of a thin lvol or clone and cut it from its parent snapshot.
 pub async fn inflate(lvs: &str, name: &str) -> Result<LvolInfo> {
     let (lvs, name) = (lvs.to_string(), name.to_string());
+    let _slot = metadata_slot().await?;
     exec_on(move |r, reply| {
         let lvol = match lvol_by_names(r, &lvs, &name) {
             Ok(l) => l,

@@ -351,11 +351,24 @@ impl PoolEngine for SpdkLvsEngine {
         .map_err(|e| match e.kind() {
             SpdkKind::NoSpace => {
                 let free = self.info().map(|i| i.free_bytes).unwrap_or(0);
-                EngineError::NoSpace {
-                    pool: self.lvs.clone(),
-                    name: name.into(),
-                    free,
-                    needed: size,
+                if free < size {
+                    return EngineError::NoSpace {
+                        pool: self.lvs.clone(),
+                        name: name.into(),
+                        free,
+                        needed: size,
+                    };
+                }
+                // The clusters are there: what ran out is the blobstore's metadata (its
+                // pages, or its requests in flight). Retried like a full pool, but never
+                // told as one.
+                EngineError::Busy {
+                    what: "pool",
+                    name: self.lvs.clone(),
+                    reason: format!(
+                        "SPDK could not create volume {name} with {} free: the lvstore's metadata pages or its metadata requests ran out ({e})",
+                        liteio_api::size::format_bytes(free)
+                    ),
                 }
             }
             _ => map(e),
