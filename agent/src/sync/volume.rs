@@ -256,6 +256,8 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     let mut rvs: Vec<String> = vol.metadata.resource_version.iter().cloned().collect();
     let mut wrote = |v: &AntstorVolume| rvs.extend(v.metadata.resource_version.iter().cloned());
     let ename = engine_name(&vol);
+    // The record of an engine volume created in this pass, when it goes with the export.
+    let mut pending_record: Option<(Value, VolumeInfo)> = None;
     if !LOGIC_FINALIZERS
         .iter()
         .any(|f| has_finalizer(&vol.metadata, f))
@@ -277,13 +279,22 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             return Ok(Action::requeue(ctx.retry));
         };
         crash::reached(CrashPoint::AfterCreate, &vol.name_any());
-        vol = pass
-            .time(Step::Api, record_provisioned(ctx, &api, &vol, &info, want))
-            .await?;
-        wrote(&vol);
-        crash::reached(CrashPoint::AfterRecord, &vol.name_any());
-        ctx.pool_changed();
-        info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
+        let record = record_body(ctx, &vol, &info, want);
+        if needs_export(&vol, kind) && !needs_expansion(&vol) {
+            // Written with the export's patch: one write fewer per volume. Until then this
+            // pass sees the volume as recorded; a pass cut short before that write creates
+            // (idempotent) and exports again.
+            apply_record(ctx, &mut vol, &info, want);
+            pending_record = Some((record, info));
+        } else {
+            vol = pass
+                .time(Step::Api, patch_guarded(ctx, &api, &vol, record))
+                .await?;
+            wrote(&vol);
+            crash::reached(CrashPoint::AfterRecord, &vol.name_any());
+            ctx.pool_changed();
+            info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
+        }
     } else {
         let n = ename.clone();
         match pass
@@ -364,8 +375,14 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         set_message(ctx, &vol, &msg, true).await;
     }
     if exported {
-        vol = ensure_export(ctx, &api, &vol, &ename, real_size, &mut pass).await?;
+        let record = pending_record.as_ref().map(|(r, _)| r);
+        vol = ensure_export(ctx, &api, &vol, &ename, real_size, record, &mut pass).await?;
         wrote(&vol);
+        if let Some((_, info)) = pending_record.take() {
+            crash::reached(CrashPoint::AfterRecord, &vol.name_any());
+            ctx.pool_changed();
+            info!(size = info.size_bytes, path = %info.path.display(), "volume provisioned");
+        }
     } else if is_exported(&vol) {
         vol = withdraw_export(ctx, &api, &vol).await?;
         wrote(&vol);
@@ -467,13 +484,9 @@ async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option
     Ok(Some(info))
 }
 
-async fn record_provisioned(
-    ctx: &Ctx,
-    api: &Api<AntstorVolume>,
-    vol: &AntstorVolume,
-    info: &VolumeInfo,
-    want: VolumeType,
-) -> Result<AntstorVolume> {
+/// The merge patch recording the engine volume `info` on `vol`: type, engine volume,
+/// allocated size.
+fn record_body(ctx: &Ctx, vol: &AntstorVolume, info: &VolumeInfo, want: VolumeType) -> Value {
     let mut spec = json!({"type": want});
     match want {
         VolumeType::SpdkLVol => {
@@ -485,13 +498,45 @@ async fn record_provisioned(
                 json!({"name": info.name, "devPath": info.path.display().to_string()});
         }
     }
-    let body = json!({
+    json!({
         "metadata": {
             "annotations": {annotations::ALLOCATED_BYTES: allocated_annotation(vol, info.size_bytes)},
         },
         "spec": spec,
-    });
-    patch_guarded(ctx, api, vol, body).await
+    })
+}
+
+/// [`record_body`] applied to this pass's copy of `vol`.
+fn apply_record(ctx: &Ctx, vol: &mut AntstorVolume, info: &VolumeInfo, want: VolumeType) {
+    vol.spec.type_ = Some(want);
+    match want {
+        VolumeType::SpdkLVol => {
+            vol.spec.spdk_lvol = Some(liteio_api::SpdkLvol {
+                name: info.name.clone(),
+                lvs_name: ctx.pool_name.clone(),
+                thin: info.thin,
+            });
+        }
+        _ => {
+            vol.spec.kernel_lvol = Some(liteio_api::KernelLvol {
+                name: info.name.clone(),
+                dev_path: info.path.display().to_string(),
+            });
+        }
+    }
+    let allocated = allocated_annotation(vol, info.size_bytes);
+    let notes = vol
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    match allocated.as_str() {
+        Some(a) => {
+            notes.insert(annotations::ALLOCATED_BYTES.to_string(), a.to_string());
+        }
+        None => {
+            notes.remove(annotations::ALLOCATED_BYTES);
+        }
+    }
 }
 
 async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<AllowedHosts> {
@@ -708,6 +753,7 @@ async fn ensure_export(
     vol: &AntstorVolume,
     ename: &str,
     size: u64,
+    record: Option<&Value>,
     pass: &mut Pass<'_>,
 ) -> Result<AntstorVolume> {
     let n = ename.to_string();
@@ -826,16 +872,27 @@ async fn ensure_export(
     if vol.spec.spdk_target.as_ref() == Some(&target)
         && has_finalizer(&vol.metadata, finalizers::SPDK_TARGET)
         && notes.is_empty()
+        && record.is_none()
     {
         return Ok(vol.clone());
     }
     crash::reached(CrashPoint::AfterExport, &vol.name_any());
+    let mut spec = serde_json::Map::new();
+    if let Some(r) = record {
+        if let Some(a) = r["metadata"]["annotations"].as_object() {
+            notes.extend(a.clone());
+        }
+        if let Some(s) = r["spec"].as_object() {
+            spec.extend(s.clone());
+        }
+    }
+    spec.insert("spdkTarget".into(), json!(target));
     let body = json!({
         "metadata": {
             "finalizers": with_finalizer(&vol.metadata, finalizers::SPDK_TARGET),
             "annotations": notes,
         },
-        "spec": {"spdkTarget": target},
+        "spec": spec,
     });
     let v = pass
         .time(Step::Api, patch_guarded(ctx, api, vol, body))
