@@ -108,6 +108,43 @@ fn argv_of_every_command() {
         cmd::lvs("test-vg")[3..],
         s(&["--reportformat", "json", "--units", "B", "test-vg"])[..]
     );
+    let lvs_head = [
+        "lvs",
+        "--options",
+        cmd::LV_FIELDS,
+        "--reportformat",
+        "json",
+        "--units",
+        "B",
+        "--select",
+    ];
+    assert_eq!(
+        cmd::lvs_named("test-vg", &["pvc-1"]),
+        s(&[&lvs_head[..], &["lv_name=\"pvc-1\"", "test-vg"]].concat())
+    );
+    assert_eq!(
+        cmd::lvs_named("test-vg", &["pvc-1_snap", "pvc-1"]),
+        s(&[
+            &lvs_head[..],
+            &["lv_name=\"pvc-1_snap\" || lv_name=\"pvc-1\"", "test-vg"]
+        ]
+        .concat())
+    );
+    assert_eq!(
+        cmd::lvs_linear("test-vg"),
+        s(&[
+            "lvs",
+            "--options",
+            "lv_name,segtype,vg_name",
+            "--reportformat",
+            "json",
+            "--units",
+            "B",
+            "--select",
+            "segtype=linear && seg_start=0",
+            "test-vg"
+        ])
+    );
     assert_eq!(
         cmd::lvcreate("test-vg", "pvc-1", 8 * MIB, None, None),
         s(&["lvcreate", "-y", "-L", "8388608B", "-n", "pvc-1", "test-vg"])

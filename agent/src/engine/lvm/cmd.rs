@@ -51,6 +51,59 @@ pub fn lvs(vg: &str) -> Vec<String> {
     ])
 }
 
+/// `lvs --options <LV_FIELDS> --reportformat json --units B --select 'lv_name="a" || …' <vg>`:
+/// only the named LVs (one row per segment). No such LV is an empty report and exit 0, so a
+/// missing LV is told from a failed command. `names` is not empty.
+///
+/// Each name is quoted, so LVM's selection parser reads it as one string value: unquoted, a
+/// value ends at LVM's selection operators (`&&`, `||`, `,`, `#`, `!`, brackets). A quote
+/// inside a name would end the value early, so the names must have passed
+/// [`check_name`](crate::engine::check_name), whose charset (`[A-Za-z0-9+_.-]`) has none of
+/// these; the engine checks them again right before building this command. No shell sees
+/// the argv.
+pub fn lvs_named(vg: &str, names: &[&str]) -> Vec<String> {
+    let select = names
+        .iter()
+        .map(|n| format!("lv_name=\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    v(&[
+        "lvs",
+        "--options",
+        LV_FIELDS,
+        "--reportformat",
+        "json",
+        "--units",
+        "B",
+        "--select",
+        &select,
+        vg,
+    ])
+}
+
+/// Fields [`lvs_linear`] prints: what the layout rule reads.
+pub const LINEAR_FIELDS: &str = "lv_name,segtype,vg_name";
+
+/// `lvs --options lv_name,segtype,vg_name --reportformat json --units B --select
+/// 'segtype=linear && seg_start=0' <vg>`: one row per LV whose first segment is linear, and
+/// no other rows. These are the LVs the layout rule looks for, which it used to find in the
+/// whole list of [`lvs`] (each LV by its first segment): `seg_start=0` keeps that, so an LV
+/// striped first and extended linearly does not count.
+pub fn lvs_linear(vg: &str) -> Vec<String> {
+    v(&[
+        "lvs",
+        "--options",
+        LINEAR_FIELDS,
+        "--reportformat",
+        "json",
+        "--units",
+        "B",
+        "--select",
+        "segtype=linear && seg_start=0",
+        vg,
+    ])
+}
+
 /// `pvcreate <devs…>`.
 pub fn pvcreate(devs: &[String]) -> Vec<String> {
     let mut a = v(&["pvcreate"]);

@@ -65,6 +65,17 @@ impl Lv {
     }
 }
 
+/// A row of [`lvs_linear`](super::cmd::lvs_linear): an LV and the type of its first segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LvSegtype {
+    /// LV name.
+    pub name: String,
+    /// VG name.
+    pub vg_name: String,
+    /// `linear`, `striped`, `thin`, …
+    pub segtype: String,
+}
+
 #[derive(Deserialize)]
 struct Report {
     report: Vec<Section>,
@@ -189,6 +200,19 @@ pub fn parse_lvs(json: &str) -> Result<Vec<Lv>, String> {
     Ok(out)
 }
 
+/// Parses `lvs --options lv_name,segtype,vg_name --reportformat json`.
+pub fn parse_lv_segtypes(json: &str) -> Result<Vec<LvSegtype>, String> {
+    Ok(parse_report(json)?
+        .into_iter()
+        .flat_map(|s| s.lv)
+        .map(|row| LvSegtype {
+            name: row.lv_name,
+            vg_name: row.vg_name,
+            segtype: row.segtype,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -207,6 +231,12 @@ mod tests {
     fn empty_report() {
         assert!(parse_vgs(r#"{"report":[{"vg":[]}]}"#).unwrap().is_empty());
         assert!(parse_lvs(r#"{"report":[{"lv":[]}]}"#).unwrap().is_empty());
+        assert!(
+            parse_lv_segtypes(r#"{"report":[{"lv":[]}]}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(parse_lv_segtypes("not json").is_err());
         assert!(parse_vgs("not json").is_err());
     }
 }
