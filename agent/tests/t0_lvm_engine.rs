@@ -89,6 +89,31 @@ fn lvs_json(rows: &[(&str, u64, &str, u64, &str, u32, &str)]) -> String {
     )
 }
 
+/// What `lvs --select` prints of `json` (an `lvs` report): the rows of the LVs in `names`.
+fn select(json: &str, names: &[&str]) -> String {
+    let mut doc: serde_json::Value = serde_json::from_str(json).unwrap();
+    for section in doc["report"].as_array_mut().unwrap() {
+        if let Some(rows) = section["lv"].as_array_mut() {
+            rows.retain(|r| names.contains(&r["lv_name"].as_str().unwrap()));
+        }
+    }
+    doc.to_string()
+}
+
+/// The one-LV query of `name` in `test-vg`.
+fn one(name: &str) -> Vec<String> {
+    cmd::lvs_named("test-vg", &[name])
+}
+
+/// What `cmd::lvs_linear` prints when the LVs `names` start linear.
+fn linear_json(names: &[&str]) -> String {
+    let rows: Vec<String> = names
+        .iter()
+        .map(|n| format!(r#"{{"lv_name":"{n}", "segtype":"linear", "vg_name":"test-vg"}}"#))
+        .collect();
+    format!(r#"{{"report": [{{"lv": [{}]}}]}}"#, rows.join(", "))
+}
+
 #[test]
 fn argv_of_every_command() {
     assert_eq!(
@@ -347,14 +372,14 @@ fn create_linear_rounds_up_to_the_extent() {
     let after = lvs_json(&[("pvc-new", 8 * MIB, "", 0, "linear", 1, "")]);
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (one("pvc-new"), ok(&fixture("lvs-empty.json"))),
         (
             s(&[
                 "lvcreate", "-y", "-L", "8388608B", "-n", "pvc-new", "test-vg",
             ]),
             ok(""),
         ),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (one("pvc-new"), ok(&after)),
     ]);
     let v = engine(&script)
         .create_volume("pvc-new", 5 * MIB, &VolumeOptions::default())
@@ -372,7 +397,8 @@ fn create_striped_uses_every_pv() {
     let after = lvs_json(&[("pvc-s", 16 * MIB, "", 0, "striped", 2, "")]);
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (cmd::lvs_linear("test-vg"), ok(&linear_json(&[]))),
+        (one("pvc-s"), ok(&fixture("lvs-empty.json"))),
         (
             s(&[
                 "lvcreate",
@@ -389,7 +415,7 @@ fn create_striped_uses_every_pv() {
             ]),
             ok(""),
         ),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (one("pvc-s"), ok(&after)),
     ]);
     let v = engine(&script)
         .create_volume("pvc-s", 10 * MIB, &VolumeOptions::default())
@@ -401,14 +427,11 @@ fn create_striped_uses_every_pv() {
 
 #[test]
 fn default_layout_is_linear_once_a_linear_lv_exists() {
-    let before = lvs_json(&[("old", 8 * MIB, "", 0, "linear", 1, "")]);
-    let after = lvs_json(&[
-        ("old", 8 * MIB, "", 0, "linear", 1, ""),
-        ("pvc-l", 12 * MIB, "", 0, "linear", 1, ""),
-    ]);
+    let after = lvs_json(&[("pvc-l", 12 * MIB, "", 0, "linear", 1, "")]);
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&before)),
+        (cmd::lvs_linear("test-vg"), ok(&linear_json(&["old"]))),
+        (one("pvc-l"), ok(&fixture("lvs-empty.json"))),
         (
             s(&[
                 "lvcreate",
@@ -421,7 +444,7 @@ fn default_layout_is_linear_once_a_linear_lv_exists() {
             ]),
             ok(""),
         ),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (one("pvc-l"), ok(&after)),
     ]);
     let v = engine(&script)
         .create_volume("pvc-l", 10 * MIB, &VolumeOptions::default())
@@ -430,16 +453,164 @@ fn default_layout_is_linear_once_a_linear_lv_exists() {
     assert_eq!(v.size_bytes, 12 * MIB);
 }
 
+/// The commands a script ran, as lines.
+fn ran(script: &Script) -> Vec<String> {
+    script
+        .ran
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| a.join(" "))
+        .collect()
+}
+
+#[test]
+fn create_on_a_single_pv_vg_reads_only_the_new_lv() {
+    // Asked or not, a single-PV VG is linear: the layout rule reads nothing, and the only LV
+    // read (before and after lvcreate) is the new one, never the VG's list.
+    for layout in [None, Some(LvLayout::Striped)] {
+        let lvcreate = s(&["lvcreate", "-y", "-L", "8388608B", "-n", "pvc-1", "test-vg"]);
+        let after = lvs_json(&[("pvc-1", 8 * MIB, "", 0, "linear", 1, "")]);
+        let script = Script::new(vec![
+            (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
+            (one("pvc-1"), ok(&fixture("lvs-empty.json"))),
+            (lvcreate.clone(), ok("")),
+            (one("pvc-1"), ok(&after)),
+        ]);
+        let opts = VolumeOptions {
+            layout,
+            ..VolumeOptions::default()
+        };
+        let v = engine(&script)
+            .create_volume("pvc-1", 8 * MIB, &opts)
+            .unwrap();
+        script.assert_done();
+        assert_eq!(v.layout, Some(LvLayout::Linear), "{layout:?}");
+        assert_eq!(
+            ran(&script),
+            [cmd::vgs(), one("pvc-1"), lvcreate, one("pvc-1")].map(|a| a.join(" "))
+        );
+        assert!(
+            !ran(&script).contains(&cmd::lvs("test-vg").join(" ")),
+            "{layout:?}"
+        );
+    }
+}
+
+#[test]
+fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
+    let striped = s(&[
+        "lvcreate",
+        "-y",
+        "-L",
+        "16777216B",
+        "-i",
+        "2",
+        "-I",
+        "128k",
+        "-n",
+        "pvc-2",
+        "test-vg",
+    ]);
+    let linear = s(&[
+        "lvcreate",
+        "-y",
+        "-L",
+        "12582912B",
+        "-n",
+        "pvc-2",
+        "test-vg",
+    ]);
+    let striped_lv = lvs_json(&[("pvc-2", 16 * MIB, "", 0, "striped", 2, "")]);
+    let linear_lv = lvs_json(&[("pvc-2", 12 * MIB, "", 0, "linear", 1, "")]);
+    // No layout asked: the rule reads the LVs that start linear (none here, then one), and
+    // the new LV; never the whole VG.
+    for (linear_lvs, lvcreate, after, want) in [
+        (vec![], &striped, &striped_lv, LvLayout::Striped),
+        (vec!["old"], &linear, &linear_lv, LvLayout::Linear),
+    ] {
+        let script = Script::new(vec![
+            (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
+            (cmd::lvs_linear("test-vg"), ok(&linear_json(&linear_lvs))),
+            (one("pvc-2"), ok(&fixture("lvs-empty.json"))),
+            (lvcreate.clone(), ok("")),
+            (one("pvc-2"), ok(after)),
+        ]);
+        let v = engine(&script)
+            .create_volume("pvc-2", 10 * MIB, &VolumeOptions::default())
+            .unwrap();
+        script.assert_done();
+        assert_eq!(v.layout, Some(want));
+        assert!(!ran(&script).contains(&cmd::lvs("test-vg").join(" ")));
+    }
+    // A layout asked decides alone: nothing but the new LV is read.
+    for (layout, lvcreate, after) in [
+        (LvLayout::Striped, &striped, &striped_lv),
+        (LvLayout::Linear, &linear, &linear_lv),
+    ] {
+        let script = Script::new(vec![
+            (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
+            (one("pvc-2"), ok(&fixture("lvs-empty.json"))),
+            (lvcreate.clone(), ok("")),
+            (one("pvc-2"), ok(after)),
+        ]);
+        let opts = VolumeOptions {
+            layout: Some(layout),
+            ..VolumeOptions::default()
+        };
+        let v = engine(&script)
+            .create_volume("pvc-2", 10 * MIB, &opts)
+            .unwrap();
+        script.assert_done();
+        assert_eq!(v.layout, Some(layout));
+    }
+}
+
+#[test]
+fn choose_layout_asks_for_linear_lvs_only_when_they_decide() {
+    let vgs = report::parse_vgs(&fixture("vgs-striped-vg.json")).unwrap();
+    let two = &vgs[0];
+    assert_eq!(two.pv_count, 2);
+    let one_pv = report::Vg {
+        pv_count: 1,
+        ..two.clone()
+    };
+    let never = || -> Result<bool, liteio_agent::engine::EngineError> {
+        panic!("the linear LVs were read though they decide nothing")
+    };
+    for asked in [None, Some(LvLayout::Striped), Some(LvLayout::Linear)] {
+        assert_eq!(
+            LvmEngine::choose_layout(&one_pv, asked, never).unwrap(),
+            LvLayout::Linear
+        );
+    }
+    for asked in [LvLayout::Striped, LvLayout::Linear] {
+        assert_eq!(
+            LvmEngine::choose_layout(two, Some(asked), never).unwrap(),
+            asked
+        );
+    }
+    assert_eq!(
+        LvmEngine::choose_layout(two, None, || Ok(true)).unwrap(),
+        LvLayout::Linear
+    );
+    assert_eq!(
+        LvmEngine::choose_layout(two, None, || Ok(false)).unwrap(),
+        LvLayout::Striped
+    );
+}
+
 #[test]
 fn create_existing_is_idempotent_or_a_clear_error() {
     let lvs = fixture("lvs-test-vg.json");
+    let a = select(&lvs, &["pvc-a"]);
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a"), ok(&a)),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a"), ok(&a)),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a_snap"), ok(&select(&lvs, &["pvc-a_snap"]))),
     ]);
     let e = engine(&script);
     let v = e
@@ -467,7 +638,7 @@ fn create_race_with_already_exists_rechecks_the_size() {
     fail.stdout.clear();
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (one("pvc-a"), ok(&fixture("lvs-empty.json"))),
         (
             s(&[
                 "lvcreate",
@@ -480,7 +651,10 @@ fn create_race_with_already_exists_rechecks_the_size() {
             ]),
             fail,
         ),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-test-vg.json"))),
+        (
+            one("pvc-a"),
+            ok(&select(&fixture("lvs-test-vg.json"), &["pvc-a"])),
+        ),
     ]);
     let err = engine(&script)
         .create_volume("pvc-a", 200 * MIB, &VolumeOptions::default())
@@ -493,7 +667,7 @@ fn create_race_with_already_exists_rechecks_the_size() {
 fn no_space_is_refused_before_and_by_lvcreate() {
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-test-vg.json"))),
+        (one("pvc-big"), ok(&fixture("lvs-empty.json"))),
     ]);
     let err = engine(&script)
         .create_volume("pvc-big", 1 << 30, &VolumeOptions::default())
@@ -507,7 +681,7 @@ fn no_space_is_refused_before_and_by_lvcreate() {
 
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (one("pvc-c"), ok(&fixture("lvs-empty.json"))),
         (
             s(&[
                 "lvcreate",
@@ -532,7 +706,7 @@ fn no_space_is_refused_before_and_by_lvcreate() {
 fn other_lvcreate_failures_carry_argv_and_stderr() {
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (one("pvc-x"), ok(&fixture("lvs-empty.json"))),
         (
             s(&["lvcreate", "-y", "-L", "4194304B", "-n", "pvc-x", "test-vg"]),
             CmdOutput::fail(
@@ -554,18 +728,21 @@ fn other_lvcreate_failures_carry_argv_and_stderr() {
 #[test]
 fn delete_volume_and_snapshot() {
     let lvs = fixture("lvs-test-vg.json");
+    let a = select(&lvs, &["pvc-a"]);
+    let snap = select(&lvs, &["pvc-a_snap"]);
+    let none = fixture("lvs-empty.json");
     let script = Script::new(vec![
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a"), ok(&a)),
         (
             s(&["lvremove", "-y", "test-vg/pvc-a"]),
             ok("  Logical volume \"pvc-a\" successfully removed.\n"),
         ),
-        (cmd::lvs("test-vg"), ok(&lvs)),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-gone"), ok(&none)),
+        (one("pvc-a_snap"), ok(&snap)),
         (s(&["lvremove", "-y", "test-vg/pvc-a_snap"]), ok("")),
-        (cmd::lvs("test-vg"), ok(&lvs)),
-        (cmd::lvs("test-vg"), ok(&lvs)),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("gone_snap"), ok(&none)),
+        (one("pvc-a"), ok(&a)),
+        (one("pvc-a_snap"), ok(&snap)),
     ]);
     let e = engine(&script);
     e.delete_volume("pvc-a").unwrap();
@@ -587,20 +764,21 @@ fn delete_volume_and_snapshot() {
 
 #[test]
 fn resize_grows_only() {
-    let lvs = fixture("lvs-test-vg.json");
+    let lvs = select(&fixture("lvs-test-vg.json"), &["pvc-a"]);
     let grown = lvs.replace("\"lv_size\":\"104857600B\"", "\"lv_size\":\"209715200B\"");
+    assert_ne!(grown, lvs);
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a"), ok(&lvs)),
         (
             s(&["lvextend", "-L", "209715200B", "test-vg/pvc-a"]),
             ok(""),
         ),
-        (cmd::lvs("test-vg"), ok(&grown)),
+        (one("pvc-a"), ok(&grown)),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&grown)),
+        (one("pvc-a"), ok(&grown)),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&grown)),
+        (one("pvc-a"), ok(&grown)),
     ]);
     let e = engine(&script);
     assert_eq!(
@@ -628,9 +806,10 @@ fn snapshot_create_is_idempotent_per_origin() {
         ("pvc-b", 64 * MIB, "", 0, "linear", 1, ""),
         ("pvc-b_snap", 8 * MIB, "pvc-b", 64 * MIB, "linear", 1, ""),
     ]);
+    let both = |origin: &str| cmd::lvs_named("test-vg", &["pvc-b_snap", origin]);
     let script = Script::new(vec![
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&before)),
+        (both("pvc-b"), ok(&before)),
         (
             s(&[
                 "lvcreate",
@@ -643,13 +822,16 @@ fn snapshot_create_is_idempotent_per_origin() {
             ]),
             ok(""),
         ),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (one("pvc-b_snap"), ok(&select(&after, &["pvc-b_snap"]))),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (both("pvc-b"), ok(&after)),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (both("other"), ok(&select(&after, &["pvc-b_snap"]))),
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&after)),
+        (
+            cmd::lvs_named("test-vg", &["m_snap", "missing"]),
+            ok(&fixture("lvs-empty.json")),
+        ),
     ]);
     let e = engine(&script);
     let snap = e.create_snapshot("pvc-b", "pvc-b_snap", 5 * MIB).unwrap();
@@ -672,18 +854,19 @@ fn snapshot_create_is_idempotent_per_origin() {
 
 #[test]
 fn restore_merges_and_tolerates_a_running_merge() {
-    let lvs = fixture("lvs-test-vg.json");
+    let lvs = select(&fixture("lvs-test-vg.json"), &["pvc-a_snap"]);
     let merging = lvs.replace("swi-a-s---", "Swi-a-s---");
+    assert_ne!(merging, lvs);
     let script = Script::new(vec![
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a_snap"), ok(&lvs)),
         (
             s(&["lvconvert", "--merge", "test-vg/pvc-a_snap"]),
             ok(
                 "  Delaying merge since origin is open.\n  Merging of snapshot test-vg/pvc-a_snap will occur on next activation of test-vg/pvc-a.\n",
             ),
         ),
-        (cmd::lvs("test-vg"), ok(&merging)),
-        (cmd::lvs("test-vg"), ok(&fixture("lvs-empty.json"))),
+        (one("pvc-a_snap"), ok(&merging)),
+        (one("pvc-a_snap"), ok(&fixture("lvs-empty.json"))),
     ]);
     let e = engine(&script);
     e.restore_snapshot("pvc-a_snap").unwrap();
@@ -731,10 +914,12 @@ fn clone_copies_under_a_tag_and_redoes_an_interrupted_copy() {
         "liteio.clone-incomplete",
         "test-vg/pvc-c",
     ]);
+    let both = cmd::lvs_named("test-vg", &["pvc-c", "pvc-b_snap"]);
+    let both_names = ["pvc-c", "pvc-b_snap"];
     let script = Script::new(vec![
         // First attempt: create, copy, untag.
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&before)),
+        (both.clone(), ok(&select(&before, &both_names))),
         (
             s(&[
                 "lvcreate",
@@ -749,20 +934,20 @@ fn clone_copies_under_a_tag_and_redoes_an_interrupted_copy() {
             ]),
             ok(""),
         ),
-        (cmd::lvs("test-vg"), ok(&incomplete)),
+        (one("pvc-c"), ok(&select(&incomplete, &["pvc-c"]))),
         (dd.clone(), ok("")),
         (deltag.clone(), ok("")),
-        (cmd::lvs("test-vg"), ok(&done)),
+        (one("pvc-c"), ok(&select(&done, &["pvc-c"]))),
         // Retry after a crash during dd: copy again, no lvcreate.
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&incomplete)),
-        (cmd::lvs("test-vg"), ok(&incomplete)),
+        (both.clone(), ok(&select(&incomplete, &both_names))),
+        (one("pvc-c"), ok(&select(&incomplete, &["pvc-c"]))),
         (dd, ok("")),
         (deltag, ok("")),
-        (cmd::lvs("test-vg"), ok(&done)),
+        (one("pvc-c"), ok(&select(&done, &["pvc-c"]))),
         // Done: idempotent.
         (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (cmd::lvs("test-vg"), ok(&done)),
+        (both, ok(&select(&done, &both_names))),
     ]);
     let e = engine(&script);
     let v = e.clone_from_snapshot("pvc-b_snap", "pvc-c").unwrap();
@@ -778,8 +963,8 @@ fn list_excludes_reserved_and_device_path_uses_lv_path() {
     let lvs = fixture("lvs-test-vg.json");
     let script = Script::new(vec![
         (cmd::lvs("test-vg"), ok(&lvs)),
-        (cmd::lvs("test-vg"), ok(&lvs)),
-        (cmd::lvs("test-vg"), ok(&lvs)),
+        (one("pvc-a"), ok(&select(&lvs, &["pvc-a"]))),
+        (one("nope"), ok(&fixture("lvs-empty.json"))),
     ]);
     let e = engine(&script);
     let names: Vec<String> = e
@@ -808,6 +993,11 @@ fn bad_names_never_reach_a_command() {
         let err = e
             .create_volume(name, MIB, &VolumeOptions::default())
             .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{name:?}");
+    }
+    // A name that would close its quotes in the LVM selection never reaches `lvs`.
+    for name in [r#"x" || lv_name="y"#, "x||y", "x,y", "x#y"] {
+        let err = e.find_lvs(&["pvc-a", name]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{name:?}");
     }
     assert!(script.ran.lock().unwrap().is_empty());

@@ -18,6 +18,11 @@
 //! - **Restore**: `lvconvert --merge`; with the origin open LVM defers the merge to the
 //!   next activation and the snapshot disappears when it is done.
 //! - `thin` is not supported without a thin pool: volumes are thick and reported `thin: false`.
+//! - **Reads**: an operation on named LVs reads only them (`lvs --select 'lv_name="…"'`), and
+//!   the layout rule reads only the LVs that start linear, and only when it decides; only
+//!   pool accounting ([`PoolEngine::info`], [`PoolEngine::ensure_pool`]) and
+//!   [`PoolEngine::list_volumes`] list the whole VG. LVM itself still reads the VG's metadata
+//!   on every command.
 
 pub mod cmd;
 pub mod report;
@@ -108,10 +113,14 @@ impl LvmEngine {
         })
     }
 
-    /// Every LV of the VG, reserved ones included.
+    /// Every LV of the VG, reserved ones included (pool accounting and listing only: an
+    /// operation on named LVs reads them with [`LvmEngine::find_lvs`]).
     pub fn query_lvs(&self) -> Result<Vec<Lv>, EngineError> {
-        let argv = cmd::lvs(&self.vg);
-        let out = self.run(&argv)?;
+        self.lvs_report(&cmd::lvs(&self.vg))
+    }
+
+    fn lvs_report(&self, argv: &[String]) -> Result<Vec<Lv>, EngineError> {
+        let out = self.run(argv)?;
         let lvs = report::parse_lvs(&out.stdout).map_err(|message| EngineError::BadOutput {
             argv: argv.join(" "),
             message,
@@ -119,8 +128,41 @@ impl LvmEngine {
         Ok(lvs.into_iter().filter(|l| l.vg_name == self.vg).collect())
     }
 
+    /// The LVs of the VG among `names`, read with one `lvs` that selects them: the output
+    /// does not grow with the VG. Missing names are simply absent.
+    pub fn find_lvs(&self, names: &[&str]) -> Result<Vec<Lv>, EngineError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The names go into an LVM selection (see `cmd::lvs_named`): checked here as well as
+        // by each caller, so no name that could end its quotes ever reaches it.
+        for name in names {
+            check_name(name)?;
+        }
+        let lvs = self.lvs_report(&cmd::lvs_named(&self.vg, names))?;
+        Ok(lvs
+            .into_iter()
+            .filter(|l| names.contains(&l.name.as_str()))
+            .collect())
+    }
+
     fn find_lv(&self, name: &str) -> Result<Option<Lv>, EngineError> {
-        Ok(self.query_lvs()?.into_iter().find(|l| l.name == name))
+        Ok(self.find_lvs(&[name])?.into_iter().next())
+    }
+
+    /// Whether an LV of the VG starts with a linear segment, read with one `lvs` that
+    /// selects only such LVs (see [`cmd::lvs_linear`]).
+    fn any_linear_lv(&self) -> Result<bool, EngineError> {
+        let argv = cmd::lvs_linear(&self.vg);
+        let out = self.run(&argv)?;
+        let rows =
+            report::parse_lv_segtypes(&out.stdout).map_err(|message| EngineError::BadOutput {
+                argv: argv.join(" "),
+                message,
+            })?;
+        Ok(rows
+            .iter()
+            .any(|r| r.vg_name == self.vg && r.segtype == "linear"))
     }
 
     fn lv_path(&self, lv: &Lv) -> PathBuf {
@@ -168,17 +210,23 @@ impl LvmEngine {
         }
     }
 
-    /// The layout a new volume gets.
-    pub fn choose_layout(vg: &Vg, lvs: &[Lv], asked: Option<LvLayout>) -> LvLayout {
+    /// The layout a new volume gets. `any_linear` (whether an LV of the VG starts with a
+    /// linear segment) is called only when it decides: more than one PV and no layout asked.
+    pub fn choose_layout(
+        vg: &Vg,
+        asked: Option<LvLayout>,
+        any_linear: impl FnOnce() -> Result<bool, EngineError>,
+    ) -> Result<LvLayout, EngineError> {
         if vg.pv_count <= 1 {
-            return LvLayout::Linear;
+            return Ok(LvLayout::Linear);
         }
-        asked.unwrap_or_else(|| {
-            if lvs.iter().any(|l| l.segtype == "linear") {
-                LvLayout::Linear
-            } else {
-                LvLayout::Striped
-            }
+        if let Some(layout) = asked {
+            return Ok(layout);
+        }
+        Ok(if any_linear()? {
+            LvLayout::Linear
+        } else {
+            LvLayout::Striped
         })
     }
 
@@ -320,12 +368,11 @@ impl PoolEngine for LvmEngine {
         check_name(name)?;
         let _g = self.guard();
         let vg = self.require_vg()?;
-        let lvs = self.query_lvs()?;
-        let layout = Self::choose_layout(&vg, &lvs, opts.layout);
+        let layout = Self::choose_layout(&vg, opts.layout, || self.any_linear_lv())?;
         let size = round_size(name, size, Self::unit(&vg, layout, vg.pv_count))?;
-        if let Some(lv) = lvs.iter().find(|l| l.name == name) {
-            Self::check_same_size(name, lv, size)?;
-            return Ok(self.to_info(lv));
+        if let Some(lv) = self.find_lv(name)? {
+            Self::check_same_size(name, &lv, size)?;
+            return Ok(self.to_info(&lv));
         }
         self.check_free(&vg, name, size)?;
         let stripes = (layout == LvLayout::Striped).then_some(vg.pv_count);
@@ -399,7 +446,7 @@ impl PoolEngine for LvmEngine {
         check_name(snap)?;
         let _g = self.guard();
         let vg = self.require_vg()?;
-        let lvs = self.query_lvs()?;
+        let lvs = self.find_lvs(&[snap, origin])?;
         if let Some(existing) = lvs.iter().find(|l| l.name == snap) {
             if existing.origin.as_deref() == Some(origin) {
                 return Ok(self.to_info(existing));
@@ -463,7 +510,7 @@ impl PoolEngine for LvmEngine {
         check_name(new_name)?;
         let _g = self.guard();
         let vg = self.require_vg()?;
-        let lvs = self.query_lvs()?;
+        let lvs = self.find_lvs(&[new_name, snap])?;
         let existing = lvs.iter().find(|l| l.name == new_name);
         if let Some(lv) = existing
             && !lv.tags.iter().any(|t| t == cmd::CLONE_INCOMPLETE_TAG)
