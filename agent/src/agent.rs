@@ -257,6 +257,7 @@ impl Agent {
             own_writes: Default::default(),
             copy_failures: Default::default(),
             engine_slots: tokio::sync::Semaphore::new(crate::context::ENGINE_CALLS),
+            capabilities: Default::default(),
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();

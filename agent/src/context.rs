@@ -53,6 +53,8 @@ pub struct Ctx {
     pub copy_failures: crate::sync::migration::Failures,
     /// Warning events about objects whose reconcile failed for good.
     pub warnings: crate::sync::Warnings,
+    /// The hosts' capabilities from the Node watch (empty without authentication).
+    pub capabilities: crate::sync::node_auth::KnownCapabilities,
     /// Engine calls running at once (see [`ENGINE_CALLS`]).
     pub engine_slots: tokio::sync::Semaphore,
 }

@@ -741,6 +741,14 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         );
         let req = export_of("pvc-req-old")();
         assert!(req.keyless_hosts.is_empty() && req.keys.is_some());
+        // From here on the agent's Node watch has listed the Nodes: the exports read the
+        // hosts' capability from it, not from a GET of the Node on every pass.
+        let node_gets = || {
+            env.server
+                .faults()
+                .requests_for(liteio_test_apiserver::Verb::Get, "nodes", "node-new")
+        };
+        let gets_before = node_gets();
         // preferred, a host that can: keys.
         api.create(
             &PostParams::default(),
@@ -781,6 +789,11 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         assert_eq!(
             export_of("pvc-none-new")().keyless_hosts,
             vec!["nqn.host-new".to_string()]
+        );
+        assert_eq!(
+            node_gets() - gets_before,
+            0,
+            "two volumes exported to node-new read its Node through the watch's copy"
         );
         agent.shutdown(Duration::from_secs(5)).await;
     })

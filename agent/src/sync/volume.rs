@@ -595,6 +595,11 @@ fn is_tls(vol: &AntstorVolume) -> bool {
 /// What the kernel of `node` can do for NVMe/TCP authentication, from the annotations its
 /// CSI node writes on the Node (`None`: no Node, or it says nothing).
 async fn host_capability(ctx: &Ctx, node: &str) -> Result<Option<HostAuthCapability>> {
+    // The Node watch's copy once it has listed the Nodes (it also reconciles the volumes of a
+    // Node whose capability changes), else the Node itself.
+    if let Some(known) = ctx.capabilities.get(node) {
+        return Ok(known);
+    }
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let found = ctx
         .timed("get", format!("Node {node}"), nodes.get_metadata_opt(node))
