@@ -39,16 +39,25 @@ pub fn vgs() -> Vec<String> {
 
 /// `lvs --options <LV_FIELDS> --reportformat json --units B <vg>`.
 pub fn lvs(vg: &str) -> Vec<String> {
-    v(&[
+    lvs_report(LV_FIELDS, None, vg)
+}
+
+/// `lvs --options <fields> --reportformat json --units B [--select <select>] <vg>`.
+fn lvs_report(fields: &str, select: Option<&str>, vg: &str) -> Vec<String> {
+    let mut a = v(&[
         "lvs",
         "--options",
-        LV_FIELDS,
+        fields,
         "--reportformat",
         "json",
         "--units",
         "B",
-        vg,
-    ])
+    ]);
+    if let Some(s) = select {
+        a.extend(v(&["--select", s]));
+    }
+    a.push(vg.to_string());
+    a
 }
 
 /// `lvs --options <LV_FIELDS> --reportformat json --units B --select 'lv_name="a" || …' <vg>`:
@@ -67,18 +76,7 @@ pub fn lvs_named(vg: &str, names: &[&str]) -> Vec<String> {
         .map(|n| format!("lv_name=\"{n}\""))
         .collect::<Vec<_>>()
         .join(" || ");
-    v(&[
-        "lvs",
-        "--options",
-        LV_FIELDS,
-        "--reportformat",
-        "json",
-        "--units",
-        "B",
-        "--select",
-        &select,
-        vg,
-    ])
+    lvs_report(LV_FIELDS, Some(&select), vg)
 }
 
 /// Fields [`lvs_linear`] prints: what the layout rule reads.
@@ -90,18 +88,7 @@ pub const LINEAR_FIELDS: &str = "lv_name,segtype,vg_name";
 /// whole list of [`lvs`] (each LV by its first segment): `seg_start=0` keeps that, so an LV
 /// striped first and extended linearly does not count.
 pub fn lvs_linear(vg: &str) -> Vec<String> {
-    v(&[
-        "lvs",
-        "--options",
-        LINEAR_FIELDS,
-        "--reportformat",
-        "json",
-        "--units",
-        "B",
-        "--select",
-        "segtype=linear && seg_start=0",
-        vg,
-    ])
+    lvs_report(LINEAR_FIELDS, Some("segtype=linear && seg_start=0"), vg)
 }
 
 /// `pvcreate <devs…>`.
