@@ -5,13 +5,13 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use liteio_agent::engine::PoolEngine;
 use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
 use liteio_agent::spdk::lvol::{self, Clear};
-use liteio_agent::spdk::{Spdk, SpdkOptions};
+
+mod common;
 
 const MIB: u64 = 1 << 20;
 /// Well past the 512 request sets of an lvstore's metadata channel.
@@ -20,13 +20,8 @@ const BURST: usize = 1200;
 #[test]
 fn a_burst_of_creations_past_the_metadata_channel_all_succeed() {
     let dir = tempfile::tempdir().unwrap();
-    let _spdk = Spdk::start(&SpdkOptions {
-        name: "t3-md-burst".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
     // A sparse file: 4 GiB of 1 MiB clusters gives 4,096 metadata pages, room for every lvol.
-    let engine = Arc::new(SpdkLvsEngine::new(
+    let engine = SpdkLvsEngine::new(
         "mdlvs",
         BaseBdev::Aio {
             name: "mdaio".into(),
@@ -35,65 +30,59 @@ fn a_burst_of_creations_past_the_metadata_channel_all_succeed() {
             create: true,
         },
         1 << 20,
-    ));
-    engine.ensure_pool().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(240), async {
-            assert_eq!(lvol::free_metadata_slots(), lvol::MAX_METADATA_CHANGES);
-            // Every creation sent at once, each on its own task.
-            let tasks: Vec<_> = (0..BURST)
-                .map(|i| {
-                    tokio::spawn(async move {
-                        lvol::create_lvol("mdlvs", &format!("b{i}"), MIB, true, Clear::Unmap).await
-                    })
+    );
+    common::with_spdk("t3-md-burst", false, Duration::from_secs(240), async move {
+        tokio::task::spawn_blocking(move || engine.ensure_pool())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lvol::free_metadata_slots(), lvol::MAX_METADATA_CHANGES);
+        // Every creation sent at once, each on its own task.
+        let tasks: Vec<_> = (0..BURST)
+            .map(|i| {
+                tokio::spawn(async move {
+                    lvol::create_lvol("mdlvs", &format!("b{i}"), MIB, true, Clear::Unmap).await
                 })
-                .collect();
-            let mut failed = Vec::new();
-            for (i, t) in tasks.into_iter().enumerate() {
-                if let Err(e) = t.await.unwrap() {
-                    failed.push(format!("b{i}: {e}"));
-                }
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            if let Err(e) = t.await.unwrap() {
+                failed.push(format!("b{i}: {e}"));
             }
-            assert!(
-                failed.is_empty(),
-                "{} of {BURST} creations failed, first: {:?}",
-                failed.len(),
-                failed.first()
-            );
-            let names: std::collections::HashSet<String> = lvol::lvols()
+        }
+        assert!(
+            failed.is_empty(),
+            "{} of {BURST} creations failed, first: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        let names: std::collections::HashSet<String> = lvol::lvols()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|l| l.lvs_name == "mdlvs")
+            .map(|l| l.name)
+            .collect();
+        assert_eq!(names.len(), BURST, "every lvol is there, once");
+        // The same burst of deletions.
+        let tasks: Vec<_> = (0..BURST)
+            .map(|i| {
+                tokio::spawn(async move { lvol::delete_lvol("mdlvs", &format!("b{i}")).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert!(
+            lvol::lvols()
                 .await
                 .unwrap()
-                .into_iter()
-                .filter(|l| l.lvs_name == "mdlvs")
-                .map(|l| l.name)
-                .collect();
-            assert_eq!(names.len(), BURST, "every lvol is there, once");
-            // The same burst of deletions.
-            let tasks: Vec<_> = (0..BURST)
-                .map(|i| {
-                    tokio::spawn(async move { lvol::delete_lvol("mdlvs", &format!("b{i}")).await })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap().unwrap();
-            }
-            assert!(
-                lvol::lvols()
-                    .await
-                    .unwrap()
-                    .iter()
-                    .all(|l| l.lvs_name != "mdlvs"),
-                "every lvol is gone"
-            );
-            // Every slot was given back.
-            assert_eq!(lvol::free_metadata_slots(), lvol::MAX_METADATA_CHANGES);
-        })
-        .await
-        .expect("the burst did not finish in time");
+                .iter()
+                .all(|l| l.lvs_name != "mdlvs"),
+            "every lvol is gone"
+        );
+        // Every slot was given back.
+        assert_eq!(lvol::free_metadata_slots(), lvol::MAX_METADATA_CHANGES);
     });
 }
