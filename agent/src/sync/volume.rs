@@ -279,12 +279,12 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
             return Ok(Action::requeue(ctx.retry));
         };
         crash::reached(CrashPoint::AfterCreate, &vol.name_any());
-        let record = record_body(ctx, &vol, &info, want);
-        if needs_export(&vol, kind) && !needs_expansion(&vol) {
+        let with_export = needs_export(&vol, kind) && !needs_expansion(&vol);
+        let record = record(ctx, &mut vol, &info, want);
+        if with_export {
             // Written with the export's patch: one write fewer per volume. Until then this
             // pass sees the volume as recorded; a pass cut short before that write creates
             // (idempotent) and exports again.
-            apply_record(ctx, &mut vol, &info, want);
             pending_record = Some((record, info));
         } else {
             vol = pass
@@ -484,59 +484,48 @@ async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option
     Ok(Some(info))
 }
 
-/// The merge patch recording the engine volume `info` on `vol`: type, engine volume,
-/// allocated size.
-fn record_body(ctx: &Ctx, vol: &AntstorVolume, info: &VolumeInfo, want: VolumeType) -> Value {
-    let mut spec = json!({"type": want});
-    match want {
-        VolumeType::SpdkLVol => {
-            spec["spdkLvol"] =
-                json!({"name": info.name, "lvsName": ctx.pool_name, "thin": info.thin});
-        }
-        _ => {
-            spec["kernelLvol"] =
-                json!({"name": info.name, "devPath": info.path.display().to_string()});
-        }
-    }
-    json!({
-        "metadata": {
-            "annotations": {annotations::ALLOCATED_BYTES: allocated_annotation(vol, info.size_bytes)},
-        },
-        "spec": spec,
-    })
-}
-
-/// [`record_body`] applied to this pass's copy of `vol`.
-fn apply_record(ctx: &Ctx, vol: &mut AntstorVolume, info: &VolumeInfo, want: VolumeType) {
+/// Records the engine volume `info` (type, engine volume, allocated size) on this pass's
+/// copy of `vol`, and returns the same record as a merge patch.
+fn record(ctx: &Ctx, vol: &mut AntstorVolume, info: &VolumeInfo, want: VolumeType) -> Value {
     vol.spec.type_ = Some(want);
-    match want {
+    let lvol = match want {
         VolumeType::SpdkLVol => {
-            vol.spec.spdk_lvol = Some(liteio_api::SpdkLvol {
+            let l = liteio_api::SpdkLvol {
                 name: info.name.clone(),
                 lvs_name: ctx.pool_name.clone(),
                 thin: info.thin,
-            });
+            };
+            let body = json!({"spdkLvol": l});
+            vol.spec.spdk_lvol = Some(l);
+            body
         }
         _ => {
-            vol.spec.kernel_lvol = Some(liteio_api::KernelLvol {
+            let l = liteio_api::KernelLvol {
                 name: info.name.clone(),
                 dev_path: info.path.display().to_string(),
-            });
+            };
+            let body = json!({"kernelLvol": l});
+            vol.spec.kernel_lvol = Some(l);
+            body
         }
-    }
+    };
     let allocated = allocated_annotation(vol, info.size_bytes);
     let notes = vol
         .metadata
         .annotations
         .get_or_insert_with(Default::default);
     match allocated.as_str() {
-        Some(a) => {
-            notes.insert(annotations::ALLOCATED_BYTES.to_string(), a.to_string());
-        }
-        None => {
-            notes.remove(annotations::ALLOCATED_BYTES);
-        }
+        Some(a) => notes.insert(annotations::ALLOCATED_BYTES.to_string(), a.to_string()),
+        None => notes.remove(annotations::ALLOCATED_BYTES),
+    };
+    let mut spec = json!({"type": want});
+    if let (Some(s), Some(l)) = (spec.as_object_mut(), lvol.as_object()) {
+        s.extend(l.clone());
     }
+    json!({
+        "metadata": {"annotations": {annotations::ALLOCATED_BYTES: allocated}},
+        "spec": spec,
+    })
 }
 
 async fn allowed_hosts(ctx: &Ctx, vol: &AntstorVolume) -> Result<AllowedHosts> {
