@@ -132,8 +132,9 @@ say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings 2>&1 | tail -n 60
 [ "${PIPESTATUS[0]}" = 0 ] || { say "FAILED: clippy"; failed_checks=$((failed_checks + 1)); }
 if spdk_found; then
-    say "cargo clippy -p liteio-agent --features spdk -D warnings"
-    cargo clippy -p liteio-agent --features spdk --all-targets --locked -- -D warnings 2>&1 | tail -n 60
+    say "cargo clippy (agent and cluster tests with spdk) -D warnings"
+    cargo clippy -p liteio-agent -p liteio-cluster-tests --features liteio-agent/spdk,liteio-cluster-tests/spdk \
+        --all-targets --locked -- -D warnings 2>&1 | tail -n 60
     [ "${PIPESTATUS[0]}" = 0 ] || { say "FAILED: clippy (spdk)"; failed_checks=$((failed_checks + 1)); }
 fi
 
@@ -252,8 +253,11 @@ fi
 if ! spdk_found; then
     skip_tier T3 "SPDK not found (set SPDK_DIR, place it at vendor/spdk, or install spdk_nvmf.pc for pkg-config)"
 else
-    # The agent's T3 tests and the safe SPDK crate's own (spdk/tests/t3_*.rs).
-    t3_args=(-p liteio-agent -p liteio-spdk --features liteio-agent/spdk,liteio-spdk/link)
+    # The agent's T3 tests, the safe SPDK crate's own (spdk/tests/t3_*.rs) and the
+    # whole-cluster ones (tests/cluster/tests/t3_*.rs, which run the binaries of the T1 build
+    # and the disk-agent built here with SPDK).
+    t3_args=(-p liteio-agent -p liteio-spdk -p liteio-cluster-tests
+        --features liteio-agent/spdk,liteio-spdk/link,liteio-cluster-tests/spdk)
     [ -n "$(targets_with_prefix t3_)" ] && t3_args+=(--test 't3_*')
     run_tier T3 "real SPDK" -- "${t3_args[@]}" -- --test-threads=1 --show-output
 fi
@@ -266,7 +270,7 @@ elif [ -z "$(targets_with_prefix t4_)" ]; then
 else
     # With SPDK, the agent's T4 tests against its embedded target run too.
     t4_args=(--workspace --test 't4_*')
-    spdk_found && t4_args+=(--features liteio-agent/spdk)
+    spdk_found && t4_args+=(--features liteio-agent/spdk,liteio-cluster-tests/spdk)
     run_tier T4 "Debian kernels in microVMs" -- "${t4_args[@]}" -- --test-threads=1 --show-output
 fi
 

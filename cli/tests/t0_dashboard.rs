@@ -7,7 +7,7 @@
 //! (`promtool check rules` on them as recording rules), which a broken query fails.
 //!
 //! The live test that evaluates every query against a running cluster and a real
-//! Prometheus: agent/tests/t3_prometheus.rs.
+//! Prometheus: tests/cluster/tests/t3_prometheus.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;

@@ -3,7 +3,7 @@
 //! `nvme list-subsys -o json` of nvme-cli 1 and 2 (fixtures under `tests/fixtures/multipath/`).
 //! The fabrics device is a fake that records the options string it was given.
 //!
-//! The switch-over itself runs against the real kernel in `agent/tests/t4_kernel_migration.rs`
+//! The switch-over itself runs against the real kernel in `tests/cluster/tests/t4_kernel_migration.rs`
 //! (Debian's 6.12 in a VM: second path with the volume's keys, the source's path dropped).
 //! What stays here is what that kernel cannot be made to show on cue: nvme-cli 1's output
 //! (Debian 12 ships nvme-cli 2), a path caught in the kernel's `deleting` state at the moment

@@ -1,7 +1,7 @@
 //! T1: the Node service on a file-engine volume (a sparse file behind a real loop device),
 //! with real mkfs and mounts, and the driver's `/metrics` (usage of a published volume,
 //! authentication refusals) as `promtool check metrics` sees it. Needs root; prints `SKIP ...` otherwise. The NVMe/TCP path runs
-//! against real kernels in the T4 tests (`agent/tests/t4_kernel_host.rs`: connect with keys,
+//! against real kernels in the T4 tests (`tests/cluster/tests/t4_kernel_host.rs`: connect with keys,
 //! ext4 and xfs, raw block, online grow, key rotation, refusals); the NVMe tests here give
 //! the node a fake fabrics device and sysfs for what those kernels cannot show on cue.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

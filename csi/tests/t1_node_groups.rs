@@ -1,6 +1,6 @@
 //! T1: the Node service on multi-disk volumes (ids `dc-<uuid>`) against the test API server:
 //! what it answers before any device is touched. Staging for real (NVMe/TCP members, LVM,
-//! mkfs, mount) runs in a VM in `agent/tests/t4_lvm_group.rs`; the host steps are T0 tests
+//! mkfs, mount) runs in a VM in `tests/cluster/tests/t4_lvm_group.rs`; the host steps are T0 tests
 //! in `csi/src/node/group.rs` and `csi/src/lvm.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -5,3 +5,6 @@ pub mod dashboard;
 pub mod prometheus;
 pub mod promtool;
 pub mod prop;
+#[cfg(feature = "spdk")]
+pub mod spdk;
+pub mod spdk_rpc;

@@ -20,7 +20,6 @@ use liteio_agent::exporter::{Exporter, NoExporter};
 use liteio_agent::heartbeat::HeartbeatOptions;
 use liteio_api::keys;
 use liteio_test_apiserver::TestApiServer;
-use serde_json::{Value, json};
 
 pub const NODE: &str = "node-1";
 pub const NODE_IP: &str = "10.0.0.11";
@@ -130,44 +129,9 @@ pub async fn create_exported(
     .await
 }
 
-/// Runs `scenario` within `limit` on a two-thread runtime beside an SPDK runtime named
-/// `name` (`poll`: SPDK polls, as its NVMe/TCP initiator needs; else interrupt mode), and
-/// stops SPDK afterwards.
 #[cfg(feature = "spdk")]
-pub fn with_spdk<F: Future<Output = ()>>(name: &str, poll: bool, limit: Duration, scenario: F) {
-    use liteio_agent::spdk::SpdkOptions;
-    let mut opts = SpdkOptions {
-        name: name.into(),
-        ..SpdkOptions::small()
-    };
-    if poll {
-        opts.interrupt_mode = false;
-    }
-    with_spdk_opts(&opts, limit, scenario);
-}
-
-/// [`with_spdk`] with SPDK started from `opts`.
-#[cfg(feature = "spdk")]
-pub fn with_spdk_opts<F: Future<Output = ()>>(
-    opts: &liteio_agent::spdk::SpdkOptions,
-    limit: Duration,
-    scenario: F,
-) {
-    let name = opts.name.clone();
-    let spdk = liteio_agent::spdk::Spdk::start(opts).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(limit, scenario)
-            .await
-            .unwrap_or_else(|_| panic!("{name} timed out after {limit:?}"));
-    });
-    drop(rt);
-    spdk.stop();
-}
+#[allow(unused_imports)]
+pub use liteio_tests::spdk::{with_spdk, with_spdk_opts};
 
 /// Polls `f` every 20 ms until it returns `Some`, or panics after `within`.
 pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
@@ -378,29 +342,8 @@ pub async fn scrape(agent: &Agent) -> String {
     http_get(agent.metrics_addr().unwrap(), "/metrics").await.1
 }
 
-/// One call on SPDK's JSON-RPC socket of the agent.
-pub fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
-    use std::io::Write;
-    let mut s = std::os::unix::net::UnixStream::connect(sock).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    let req = if params.is_null() {
-        json!({"jsonrpc": "2.0", "method": method, "id": 1})
-    } else {
-        json!({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
-    };
-    s.write_all(req.to_string().as_bytes())
-        .map_err(|e| e.to_string())?;
-    let reply: Value = serde_json::Deserializer::from_reader(&s)
-        .into_iter::<Value>()
-        .next()
-        .ok_or("no reply")?
-        .map_err(|e| e.to_string())?;
-    match reply.get("result") {
-        Some(r) => Ok(r.clone()),
-        None => Err(reply.to_string()),
-    }
-}
+#[allow(unused_imports)]
+pub use liteio_tests::spdk_rpc::rpc;
 
 /// An agent over the SPDK lvstore `lvs0` on a 128 MiB malloc bdev (`mem0`), exporting on free
 /// ports of 127.0.0.1, against `client`, without host authentication. Needs a running SPDK
@@ -452,47 +395,6 @@ pub async fn start_spdk_agent_with(client: &Client, state_dir: &Path, auth: bool
     .unwrap()
 }
 
-/// Plays kubelet's part for a consumer in this process: reads `vol`'s keys from its Secret
-/// and loads them into SPDK's keyring under names of its own (`host-<uuid>`,
-/// `ctrl-<uuid>`), for [`liteio_agent::spdk::initiator::attach_tcp_auth`].
 #[cfg(feature = "spdk")]
-pub async fn consumer_keys(
-    client: &Client,
-    vol: &liteio_api::AntstorVolume,
-) -> liteio_agent::spdk::nvmf::HostKeys {
-    consumer_keys_and_secrets(client, vol).await.0
-}
-
-/// [`consumer_keys`], and the keys themselves (to look for them where they must not be).
-#[cfg(feature = "spdk")]
-pub async fn consumer_keys_and_secrets(
-    client: &Client,
-    vol: &liteio_api::AntstorVolume,
-) -> (
-    liteio_agent::spdk::nvmf::HostKeys,
-    liteio_api::auth::VolumeKeys,
-) {
-    use liteio_agent::spdk::keyring;
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let name = liteio_api::naming::auth_secret(&vol.csi_name());
-    let s = secrets
-        .get(&name)
-        .await
-        .unwrap_or_else(|e| panic!("Secret {name}: {e}"));
-    let k = liteio_api::auth::VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap();
-    let (h, c) = (
-        format!("host-{}", vol.spec.uuid),
-        format!("ctrl-{}", vol.spec.uuid),
-    );
-    keyring::add_key(&h, k.host.expose()).await.unwrap();
-    keyring::add_key(&c, k.ctrl.expose()).await.unwrap();
-    (
-        liteio_agent::spdk::nvmf::HostKeys {
-            dhchap_key: Some(h),
-            dhchap_ctrlr_key: Some(c),
-            psk: None,
-        },
-        k,
-    )
-}
+#[allow(unused_imports)]
+pub use liteio_tests::spdk::{consumer_keys, consumer_keys_and_secrets};

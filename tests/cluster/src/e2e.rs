@@ -5,10 +5,9 @@
 //! loop devices). Each component is killed (SIGKILL) and restarted once during the run; the
 //! API server too when it is ours (the test API server keeps its state in a file, as
 //! kube-apiserver does in etcd).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -28,20 +27,9 @@ use liteio_local::demo::mount_capability;
 use liteio_local::poolfs::XfsImage;
 use liteio_local::{ApiSource, Component, Engine, Local};
 
+use crate::bin_dir;
+
 const MIB: i64 = 1 << 20;
-
-fn bin_dir() -> PathBuf {
-    // target/<profile>/deps/t1_e2e-… → target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
-fn run(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd)
-        .args(args)
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 fn write_synced(path: &Path, data: &[u8]) -> Result<(), String> {
     use std::io::Write;

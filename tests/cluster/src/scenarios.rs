@@ -1,5 +1,5 @@
 //! The multi-node scenarios (docs/failures.md), each on a given engine: T1 runs them on the
-//! file engine (`local/tests/t1_cluster.rs`), T3 on SPDK (`agent/tests/t3_cluster.rs`).
+//! file engine (`tests/cluster/tests/t1_cluster.rs`), T3 on SPDK (`tests/cluster/tests/t3_cluster.rs`).
 
 use std::path::Path;
 use std::time::Duration;

@@ -24,20 +24,17 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, finalizers};
 use liteio_api::migration::{ConnectStatus, MigrationPhase, ResultStatus};
 use liteio_api::{StoragePool, VolumeMigration};
+use liteio_cluster_tests::*;
 use liteio_csi::csi::NodeStageVolumeRequest;
 use liteio_local::Engine;
 use liteio_local::cluster::{AGENT_METRICS_PORT, Cluster, ClusterOptions, Liveness, Role};

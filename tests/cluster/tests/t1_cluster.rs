@@ -1,13 +1,11 @@
 //! T1 multi-node: storage nodes in network namespaces on the file engine, and what happens
 //! when a node drops off the network (docs/failures.md). The scenarios are in
-//! `cluster_common/scenarios.rs` (T3 runs them on SPDK). Each test makes its own run (its own
+//! `tests/cluster/src/scenarios.rs` (T3 runs them on SPDK). Each test makes its own run (its own
 //! bridge, subnet and namespaces), so they run in parallel. They need root and network
 //! namespaces; elsewhere each prints one `SKIP` line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod cluster_common;
-
-use cluster_common::scenarios;
+use liteio_cluster_tests::scenarios;
 use liteio_local::Engine;
 
 #[test]

@@ -1,10 +1,8 @@
 //! T2 end to end against a real kube-apiserver (`LITEIO_TEST_KUBECONFIG`): the scenario of
-//! `common`, with LiteIO's CRDs applied to that server and a node name of its own. The
+//! the kit's `e2e`, with LiteIO's CRDs applied to that server and a node name of its own. The
 //! controller, the agent and the CSI driver are killed and restarted once; the API server
 //! is not ours to restart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use liteio_local::ApiSource;
 
@@ -15,5 +13,5 @@ fn every_component_as_a_process_against_a_real_api_server() {
         return;
     };
     let tag = format!("t2-{}", std::process::id());
-    common::run_e2e(ApiSource::External(kc.into()), &format!("e2e-{tag}"), &tag);
+    liteio_cluster_tests::e2e::run_e2e(ApiSource::External(kc.into()), &format!("e2e-{tag}"), &tag);
 }

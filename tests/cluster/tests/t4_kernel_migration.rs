@@ -15,17 +15,14 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::Api;
 use kube::ResourceExt;
 use liteio_api::VolumeMigration;
 use liteio_api::keys;
 use liteio_api::migration::MigrationPhase;
+use liteio_cluster_tests::*;
 use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};

@@ -19,12 +19,9 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::time::Duration;
 
-use cluster_common::*;
+use liteio_cluster_tests::*;
 use liteio_local::Engine;
 use liteio_local::cluster::ClusterOptions;
 use liteio_local::sanity;

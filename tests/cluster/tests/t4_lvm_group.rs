@@ -27,18 +27,15 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use liteio_api::keys::{self, labels};
 use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, VolumeStatus};
+use liteio_cluster_tests::*;
 use liteio_csi::client::CsiClient;
 use liteio_csi::csi::*;
 use liteio_local::Engine;

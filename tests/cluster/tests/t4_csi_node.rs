@@ -14,17 +14,15 @@
 //! or no network namespace can be made.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod cluster_common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster_common::{scratch, skip_vm, with_cluster};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::keys::{self, labels};
 use liteio_api::{AntstorVolume, AntstorVolumeSpec, SpdkTarget, naming};
+use liteio_cluster_tests::{scratch, skip_vm, with_cluster};
 use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::ClusterOptions;
@@ -123,7 +121,7 @@ fn csi_node_on_debian_61_in_a_vm() {
         Duration::from_secs(900),
         |c| {
             Box::pin(async move {
-                let mut node = cluster_common::vm_node(c, 1, Kernel::Stock).await?;
+                let mut node = liteio_cluster_tests::vm_node(c, 1, Kernel::Stock).await?;
                 let mut csi = liteio_csi::client::connect(&node.csi_endpoint())
                     .await
                     .map_err(|e| e.to_string())?;

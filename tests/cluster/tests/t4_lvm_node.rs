@@ -16,17 +16,15 @@
 //! Prints `SKIP …` where no VM can boot or no network namespace can be made.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod cluster_common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cluster_common::*;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use liteio_api::AntstorSnapshot;
 use liteio_api::keys::{self, labels};
 use liteio_api::snapshot::SnapshotStatusName;
+use liteio_cluster_tests::*;
 use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{ClusterOptions, Role};

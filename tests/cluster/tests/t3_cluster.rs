@@ -6,16 +6,13 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use cluster_common::*;
 use liteio_api::common::SpdkTarget;
+use liteio_cluster_tests::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
 use liteio_local::datapath::{self, HostNqn};
@@ -354,26 +351,28 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
 
 #[test]
 fn three_nodes_each_with_its_own_namespace_pool_and_nqn_on_spdk() {
-    cluster_common::scenarios::three_nodes_each_with_its_own_namespace_pool_and_nqn(Engine::Spdk);
+    liteio_cluster_tests::scenarios::three_nodes_each_with_its_own_namespace_pool_and_nqn(
+        Engine::Spdk,
+    );
 }
 
 #[test]
 fn a_cut_node_goes_offline_keeps_its_volumes_and_comes_back_on_spdk() {
-    cluster_common::scenarios::a_cut_node_goes_offline_keeps_its_volumes_and_comes_back(
+    liteio_cluster_tests::scenarios::a_cut_node_goes_offline_keeps_its_volumes_and_comes_back(
         Engine::Spdk,
     );
 }
 
 #[test]
 fn a_controller_on_a_lost_node_is_replaced_by_one_on_another_node_on_spdk() {
-    cluster_common::scenarios::a_controller_on_a_lost_node_is_replaced_by_one_on_another_node(
+    liteio_cluster_tests::scenarios::a_controller_on_a_lost_node_is_replaced_by_one_on_another_node(
         Engine::Spdk,
     );
 }
 
 #[test]
 fn an_agent_cut_from_the_api_server_retries_and_catches_up_on_spdk() {
-    cluster_common::scenarios::an_agent_cut_from_the_api_server_retries_and_catches_up(
+    liteio_cluster_tests::scenarios::an_agent_cut_from_the_api_server_retries_and_catches_up(
         Engine::Spdk,
     );
 }

@@ -11,16 +11,13 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::Api;
 use liteio_api::replica::{ReplicaHealth, ReplicaState};
 use liteio_api::{AntstorDataControl, AntstorVolumeGroup, keys};
+use liteio_cluster_tests::*;
 use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Liveness, Role};

@@ -17,21 +17,17 @@
 //!   every volume listening ("served again") →
 //!   `/readyz` 200 (the agent's own word for it, what a DaemonSet rollout waits for).
 //!
-//! `cargo run -p liteio-agent --features spdk --example bench_restart [-- --volumes 1,50]
+//! `cargo run -p liteio-cluster-tests --features spdk --example bench_restart [-- --volumes 1,50]
 //! [--runs 3] [--write-seconds 30]`; root, network namespaces and the workspace's binaries
 //! (`cargo build --workspace --features liteio-agent/spdk`).
 
 #[cfg(not(feature = "spdk"))]
 fn main() {
     eprintln!(
-        "bench_restart needs the `spdk` feature: cargo run -p liteio-agent --features spdk --example bench_restart"
+        "bench_restart needs the `spdk` feature: cargo run -p liteio-cluster-tests --features spdk --example bench_restart"
     );
     std::process::exit(2);
 }
-
-#[cfg(feature = "spdk")]
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
 
 #[cfg(feature = "spdk")]
 fn main() {
@@ -51,7 +47,7 @@ mod bench {
     use liteio_local::datapath::{self, HostNqn};
     use tokio::io::{AsyncBufReadExt, BufReader};
 
-    use crate::cluster_common::*;
+    use liteio_cluster_tests::*;
 
     const USAGE: &str = "\
 bench_restart [--volumes 1,50] [--runs 3] [--write-seconds 30]

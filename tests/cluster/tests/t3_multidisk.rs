@@ -12,26 +12,20 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-mod common;
-
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use liteio_api::common::{SpdkTarget, VolumeStatus};
 use liteio_api::keys::{self, labels};
-use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, StoragePool, naming};
+use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, naming};
+use liteio_cluster_tests::*;
 use liteio_csi::csi::DeleteVolumeRequest;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
-use liteio_local::datapath::{self, HostNqn};
+use liteio_local::datapath::{self};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const MIB: u64 = 1 << 20;
 /// The consumer (host) node.
@@ -61,49 +55,11 @@ fn params(level: &str) -> HashMap<String, String> {
     ])
 }
 
-/// One JSON-RPC call on node `k`'s SPDK (its agent's socket), off the runtime's threads.
-async fn rpc(c: &Cluster, k: usize, method: &'static str, params: Value) -> Result<Value, String> {
-    let sock = c.node_dir(k).join("spdk.sock");
-    tokio::task::spawn_blocking(move || common::rpc(&sock, method, params))
-        .await
-        .map_err(err("join"))?
-        .map_err(|e| format!("{method} on node {k}: {e}"))
-}
-
-fn node_index(c: &Cluster, name: &str) -> Result<usize, String> {
-    (1..=c.opts.nodes)
-        .find(|&k| c.node_name(k) == name)
-        .ok_or_else(|| format!("{name} is not a node of this run"))
-}
-
-/// Each node's free pool bytes as its agent reports them.
-async fn free_bytes(c: &Cluster) -> Result<Vec<u64>, String> {
-    let pools: Api<StoragePool> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    let mut out = Vec::new();
-    for k in 1..=c.opts.nodes {
-        let p = pools.get(&c.node_name(k)).await.map_err(err("get pool"))?;
-        out.push(p.reported_free_bytes());
-    }
-    Ok(out)
-}
-
 /// What one node's SPDK holds that an assembly or its members could have left: raid bdevs,
 /// NVMe controllers, subsystems (`nqn`, or any but discovery) and bdevs with an alias that
 /// contains `needle` (the members' lvols).
 async fn leftovers(c: &Cluster, k: usize, needle: &str, nqn: &str) -> Result<Vec<String>, String> {
     let mut left = Vec::new();
-    let names = |v: &Value, key: &str| -> Vec<String> {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x[key].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let raids = rpc(c, k, "bdev_raid_get_bdevs", json!({"category": "all"})).await?;
     left.extend(
         names(&raids, "name")
@@ -169,70 +125,13 @@ async fn write_and_verify(
     t: &SpdkTarget,
     keys: &datapath::KeysFile,
 ) -> Result<Value, String> {
-    let hostnqn = c.node_dir(HOST).join("hostnqn");
-    let mut child = datapath::check_command(
-        &c.bin_dir,
-        &c.net.exec_prefix(HOST).map_err(err("netns"))?,
-        t,
-        HostNqn::File(&hostnqn),
-        Some(keys),
-        &["--verify-writes", "--queue-depth", "8"],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .map_err(err("spawn nvmf-check"))?;
-    let mut stdin = child.stdin.take().ok_or("no stdin")?;
-    let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-    let mut seen = Vec::new();
-    let mut ticks = 0;
+    let mut host = Host::verifying(c, HOST, HOST, t, keys, &[])?;
     // Three seconds of writes (one tick a second).
-    while ticks < 3 {
-        let line = tokio::time::timeout(Duration::from_secs(120), out.next_line())
-            .await
-            .map_err(|_| format!("no output from nvmf-check within 120 s: {seen:?}"))?
-            .map_err(err("read nvmf-check"))?
-            .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
-        if line.starts_with("tick ") {
-            ticks += 1;
-        }
-        if line.starts_with("error") {
-            return Err(format!("nvmf-check: {line}"));
-        }
-        seen.push(line);
+    for _ in 0..3 {
+        host.wait_for("tick ", 120).await?;
     }
-    stdin
-        .write_all(b"stop\n")
-        .await
-        .map_err(err("write to nvmf-check"))?;
-    while let Some(l) = tokio::time::timeout(Duration::from_secs(600), out.next_line())
-        .await
-        .map_err(|_| "nvmf-check did not verify within 600 s".to_string())?
-        .map_err(err("read nvmf-check"))?
-    {
-        seen.push(l);
-    }
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .map_err(|_| "nvmf-check did not exit".to_string())?
-        .map_err(err("wait"))?;
-    let r = seen
-        .iter()
-        .rev()
-        .find_map(|l| {
-            serde_json::from_str::<Value>(l)
-                .ok()
-                .filter(Value::is_object)
-        })
-        .ok_or_else(|| format!("no JSON result: {seen:?}"))?;
-    println!("host: exit {:?}, {r}", status.code());
-    if status.code() != Some(0)
-        || r["mismatches"] != 0
-        || r["errors"] != 0
-        || r["verified_blocks"].as_u64().unwrap_or(0) == 0
-    {
-        return Err(format!("the host's writes did not verify ({status}): {r}"));
-    }
+    let r = host.finish_verified().await?;
+    println!("host: {r}");
     Ok(r)
 }
 
@@ -457,64 +356,20 @@ async fn writes_across_a_kill(
     keys: &datapath::KeysFile,
     k: usize,
 ) -> Result<Value, String> {
-    let hostnqn = c.node_dir(HOST).join("hostnqn");
-    let mut child = datapath::check_command(
-        &c.bin_dir,
-        &c.net.exec_prefix(HOST).map_err(err("netns"))?,
-        t,
-        HostNqn::File(&hostnqn),
-        Some(keys),
-        &[
-            "--check-bytes",
-            "0",
-            "--write-seconds",
-            "20",
-            "--reconnect-seconds",
-            "90",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map_err(err("spawn nvmf-check"))?;
-    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-    let mut seen = Vec::new();
     // Under way once 64 blocks are written (with 64 KiB strips: on every member).
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
-            .map_err(err("read"))?
-            .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
-        let started = line.starts_with("written 64 blocks");
-        seen.push(line);
-        if started {
-            break;
-        }
-    }
+    let host = Host::sequential(c, HOST, HOST, t, Some(keys), 20, 90).await?;
     c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
     c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
-    while let Some(l) = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
-        .await
-        .map_err(|_| format!("nvmf-check stalled: {seen:?}"))?
-        .map_err(err("read"))?
-    {
-        seen.push(l);
-    }
-    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-        .await
-        .map_err(|_| "nvmf-check did not end".to_string())?
-        .map_err(err("wait"))?;
-    let r: Value = seen
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| format!("no JSON result: {seen:?}"))?;
-    if !status.success() || r["blocks_after_stall"].as_u64().unwrap_or(0) == 0 {
+    let r = host.end(Duration::from_secs(300)).await?;
+    if !r.status.success() || r.result["blocks_after_stall"].as_u64().unwrap_or(0) == 0 {
         return Err(format!(
-            "the host's writes did not ride out the kill of {}'s agent ({status}): {r}",
-            c.node_name(k)
+            "the host's writes did not ride out the kill of {}'s agent ({}): {}",
+            c.node_name(k),
+            r.status,
+            r.result
         ));
     }
-    Ok(r)
+    Ok(r.result)
 }
 
 /// A raid0 multi-disk volume under the host's writes: a remote member's agent is killed
@@ -622,42 +477,18 @@ async fn random_iops(
     secs: u64,
     read_percent: u8,
 ) -> Result<f64, String> {
-    let hostnqn = c.node_dir(HOST).join("hostnqn");
-    let (secs, pct) = (secs.to_string(), read_percent.to_string());
-    let cmd = datapath::check_command(
-        &c.bin_dir,
-        &c.net.exec_prefix(HOST).map_err(err("netns"))?,
-        t,
-        HostNqn::File(&hostnqn),
-        Some(keys),
-        &[
-            "--check-bytes",
-            "0",
-            "--random-seconds",
-            &secs,
-            "--read-percent",
-            &pct,
-            "--queue-depth",
-            "32",
-        ],
-    );
-    let out = datapath::run_check(cmd, Duration::from_secs(300))
-        .await
-        .map_err(err("nvmf-check"))?;
-    if out.code != 0 {
-        return Err(format!(
-            "nvmf-check failed ({}): {}\n{}",
-            out.code,
-            out.result,
-            out.lines.join("\n")
-        ));
-    }
-    out.result["random_iops"]
-        .as_f64()
-        .ok_or_else(|| format!("no IOPS in {}", out.result))
+    let io = RandomIo {
+        secs,
+        read_percent,
+        queue_depth: 32,
+    };
+    figure(
+        &random_io(c, HOST, HOST, t, keys, io).await?.result,
+        "random_iops",
+    )
 }
 
-/// Benchmark, run by hand (`cargo test -p liteio-agent --features spdk --test t3_multidisk
+/// Benchmark, run by hand (`cargo test -p liteio-cluster-tests --features spdk --test t3_multidisk
 /// -- --ignored --nocapture bench_multi_disk`; figures depend on the machine and on the
 /// profile the test is built with): 4 KiB random read and write IOPS, queue depth 32, from
 /// the host node's SPDK initiator, of a raid0 multi-disk volume over three nodes (assembled
@@ -673,13 +504,10 @@ fn bench_multi_disk() {
     if skip("multi-disk benchmark") {
         return;
     }
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let (runs, secs) = (env("LITEIO_BENCH_RUNS", 3), env("LITEIO_BENCH_SECONDS", 5));
+    let (runs, secs) = (
+        bench_setting("LITEIO_BENCH_RUNS", 3),
+        bench_setting("LITEIO_BENCH_SECONDS", 5),
+    );
     let mut opts = ClusterOptions::new(3, Engine::Spdk);
     // Three members of 864 MiB each (two would not fit), and room for the plain volume.
     opts.pool_bytes = 1280 << 20;

@@ -11,18 +11,16 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use common::rpc;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
 use liteio_api::keys::{self, annotations};
 use liteio_api::{AntstorSnapshot, AntstorVolume, StoragePool, VolumeStatus, naming};
+use liteio_cluster_tests::{bin_dir, require_binaries};
 use liteio_csi::csi::volume_content_source::{SnapshotSource, Type as SourceType};
 use liteio_csi::csi::{
     CapacityRange, ControllerExpandVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest,
@@ -32,18 +30,12 @@ use liteio_csi::csi::{
 };
 use liteio_local::demo::mount_capability;
 use liteio_local::{ApiSource, Component, Engine, Local};
+use liteio_tests::spdk_rpc::rpc;
 use serde_json::{Value, json};
 
 const MIB: i64 = 1 << 20;
 const NODE: &str = "e2e-spdk";
 const LVS: &str = "local-lvs";
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_disk-agent"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn pattern(seed: u8) -> Vec<u8> {
     (0..64 * 1024)
@@ -53,13 +45,7 @@ fn pattern(seed: u8) -> Vec<u8> {
 
 #[test]
 fn every_component_as_a_process_on_the_spdk_engine() {
-    for b in ["test-apiserver", "node-disk-controller", "csi-driver"] {
-        assert!(
-            bin_dir().join(b).exists(),
-            "{b} is not built in {}; run cargo build --workspace first",
-            bin_dir().display()
-        );
-    }
+    require_binaries();
     // The initiator's SPDK polls (26.05's NVMe/TCP initiator refuses interrupt mode): core 1.
     let spdk = Spdk::start(&SpdkOptions {
         name: "t3-e2e".into(),
@@ -135,7 +121,7 @@ impl Consumer {
         let ctrlr = format!("e2e{}", self.ctrlrs);
         let port = t.svc_id.parse().map_err(|_| "bad svcID")?;
         // The volume's keys, as kubelet hands them to the CSI node (the agent requires them).
-        let (keys, secret) = common::consumer_keys_and_secrets(&self.client, v).await;
+        let (keys, secret) = liteio_tests::spdk::consumer_keys_and_secrets(&self.client, v).await;
         for k in [secret.host.expose(), secret.ctrl.expose()] {
             if !self.seen_keys.iter().any(|s| s == k) {
                 self.seen_keys.push(k.to_string());

@@ -14,20 +14,17 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use liteio_api::common::SpdkTarget;
 use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::migration::{ConnectStatus, MigrationPhase, ResultStatus};
 use liteio_api::{AntstorVolume, VolumeMigration};
+use liteio_cluster_tests::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
 use liteio_local::datapath::{self, HostNqn};
@@ -595,7 +592,7 @@ async fn finish(c: &Cluster, s: Started, vol: &str) -> Result<Figures, String> {
 }
 
 /// Benchmark (not run by the test script; `cargo build --release --workspace`, then `cargo
-/// test --release -p liteio-agent --features spdk --test t3_migration bench -- --ignored
+/// test --release -p liteio-cluster-tests --features spdk --test t3_migration bench -- --ignored
 /// --nocapture`, `LITEIO_BENCH_RUNS` runs, 3 by default; the cluster runs the binaries of
 /// the profile the test is built with):
 /// per run, a 1 GiB thick volume migrated with no writes (the idle copy) and one migrated

@@ -28,13 +28,10 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
+use liteio_cluster_tests::*;
 use liteio_csi::client::CsiClient;
 use liteio_csi::csi::*;
 use liteio_local::Engine;

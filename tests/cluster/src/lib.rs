@@ -1,9 +1,27 @@
-//! Shared by the multi-node tests (T1 in this crate, T3 in the agent's, which includes this
-//! file by path): start a cluster in a scratch directory, run a scenario with a deadline,
-//! shut it down and check that nothing of the run is left; CSI and API helpers.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//! The cluster test kit: what every whole-cluster test and benchmark of this crate shares.
+//! A cluster here is the real thing as `liteio-local` starts it (test API server, controller,
+//! disk-agents and CSI drivers as processes, storage nodes in network namespaces or in
+//! microVMs); the binaries are the workspace's own, found beside the test executable.
+//!
+//! - this file: start a cluster in a scratch directory, run a scenario with a deadline, shut
+//!   it down and check that nothing of the run is left; object getters and waits; CSI calls;
+//!   VM nodes and what runs in them (fio, online growth);
+//! - [`scenarios`]: the multi-node scenarios run on both engines (T1 file, T3 SPDK);
+//! - [`e2e`]: the single-node end-to-end scenario of `liteio-local` (T1 and T2);
+//! - [`host`]: `nvmf-check` as a host on a node: verifying and sequential writers, random I/O;
+//! - [`objects`]: objects by name, nodes by name, group members, events, JSON-RPC on a
+//!   node's SPDK.
+//!
+//! Must not be a dependency of any other crate: it sits above all of them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod e2e;
+pub mod host;
+pub mod objects;
 pub mod scenarios;
+
+pub use host::*;
+pub use objects::*;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,18 +42,19 @@ use liteio_local::wait_until;
 
 pub const MIB: i64 = 1 << 20;
 
+/// Where the workspace's binaries are: beside this test's executable
+/// (`target/<profile>/deps/<test>-…` or `target/<profile>/examples/<example>` →
+/// `target/<profile>`).
 pub fn bin_dir() -> PathBuf {
-    // target/<profile>/deps/t1_cluster-… → target/<profile>
     let exe = std::env::current_exe().unwrap();
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// The reason to skip, printed as the one SKIP line; binaries missing is a failure instead.
-pub fn skip(test: &str) -> bool {
-    if let Some(why) = netns::unsupported() {
-        println!("SKIP {test}: {why}");
-        return true;
-    }
+/// Fails (a test that should run must not pass without them) unless the components'
+/// binaries are built in [`bin_dir`]; with this crate's `spdk` feature, the agent with SPDK.
+/// Building this crate does not build them: cargo builds only a test's own package's
+/// binaries.
+pub fn require_binaries() {
     for b in [
         "test-apiserver",
         "node-disk-controller",
@@ -44,10 +63,26 @@ pub fn skip(test: &str) -> bool {
     ] {
         assert!(
             bin_dir().join(b).exists(),
-            "{b} is not built in {}; run cargo build --workspace first",
+            "{b} is not built in {}; run cargo build --workspace --bins first",
             bin_dir().display()
         );
     }
+    #[cfg(feature = "spdk")]
+    assert!(
+        liteio_local::datapath::agent_has_spdk(&bin_dir()),
+        "the disk-agent in {} was built without SPDK; run cargo build --workspace --bins --features liteio-agent/spdk first",
+        bin_dir().display()
+    );
+}
+
+/// Whether a cluster test cannot run here (no network namespaces: not root, no `ip netns`);
+/// prints its one SKIP line. Binaries missing is a failure instead ([`require_binaries`]).
+pub fn skip(test: &str) -> bool {
+    if let Some(why) = netns::unsupported() {
+        println!("SKIP {test}: {why}");
+        return true;
+    }
+    require_binaries();
     false
 }
 

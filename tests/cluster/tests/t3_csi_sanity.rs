@@ -10,9 +10,10 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use liteio_cluster_tests::{bin_dir, require_binaries};
 use liteio_local::poolfs::XfsImage;
 use liteio_local::sanity::{self, SanityReport};
 use liteio_local::{ApiSource, Engine, Local};
@@ -20,13 +21,6 @@ use liteio_local::{ApiSource, Engine, Local};
 /// csi-sanity keeps several 512 MiB volumes and their snapshots at once, and deletion
 /// finishes after DeleteVolume returns: a pool of 16 GiB (sparse; the data written is small).
 const SANITY_POOL: u64 = 16 << 30;
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_disk-agent"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn is_root() -> bool {
     std::process::Command::new("id")
@@ -41,13 +35,7 @@ fn run_on(engine: Engine, dir: &Path, extra: &[String]) -> Option<SanityReport> 
         println!("SKIP csi-sanity: not installed (put csi-sanity on PATH or set CSI_SANITY)");
         return None;
     };
-    for b in ["test-apiserver", "node-disk-controller", "csi-driver"] {
-        assert!(
-            bin_dir().join(b).exists(),
-            "{b} is not built in {}; run cargo build --workspace first",
-            bin_dir().display()
-        );
-    }
+    require_binaries();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

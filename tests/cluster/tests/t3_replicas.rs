@@ -19,27 +19,21 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../local/tests/cluster_common/mod.rs"]
-mod cluster_common;
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cluster_common::*;
 use kube::Api;
 use liteio_api::common::{SpdkTarget, VolumeStatus};
 use liteio_api::keys;
 use liteio_api::replica::{ReplicaHealth, ReplicaState};
-use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup};
+use liteio_api::{AntstorDataControl, AntstorVolume};
+use liteio_cluster_tests::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Liveness, Role};
-use liteio_local::datapath::{self, HostNqn};
+use liteio_local::datapath::{self};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const MIB: u64 = 1 << 20;
 /// The volume's size.
@@ -68,27 +62,8 @@ fn params() -> HashMap<String, String> {
     HashMap::from([("liteio.io/replicas".to_string(), "2".to_string())])
 }
 
-/// One JSON-RPC call on node `k`'s SPDK (its agent's socket), off the runtime's threads.
-async fn rpc(c: &Cluster, k: usize, method: &'static str, params: Value) -> Result<Value, String> {
-    let sock = c.node_dir(k).join("spdk.sock");
-    tokio::task::spawn_blocking(move || common::rpc(&sock, method, params))
-        .await
-        .map_err(err("join"))?
-        .map_err(|e| format!("{method} on node {k}: {e}"))
-}
-
-fn node_index(c: &Cluster, name: &str) -> Result<usize, String> {
-    (1..=c.opts.nodes)
-        .find(|&k| c.node_name(k) == name)
-        .ok_or_else(|| format!("{name} is not a node of this run"))
-}
-
 async fn data_control(c: &Cluster) -> Result<AntstorDataControl, String> {
-    let dcs: Api<AntstorDataControl> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    dcs.get(NAME).await.map_err(err("get data control"))
+    get(c, NAME).await
 }
 
 /// The replicas' states as the assembling agent reports them: (member, node, state).
@@ -110,16 +85,7 @@ fn health(dc: &AntstorDataControl) -> Option<ReplicaHealth> {
 
 /// The group's members in the raid's order: (member, node).
 async fn members(c: &Cluster) -> Result<Vec<(String, String)>, String> {
-    let groups: Api<AntstorVolumeGroup> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    let g = groups.get(NAME).await.map_err(err("get group"))?;
-    Ok(g.spec
-        .volumes
-        .iter()
-        .map(|m| (m.vol_id.name.clone(), m.target_node_name.clone()))
-        .collect())
+    group_members(c, NAME).await
 }
 
 /// Waits until the data control is ready, healthy, with every replica online and exactly
@@ -157,156 +123,17 @@ async fn healthy_over(
     data_control(c).await
 }
 
-/// `(type, note)` of the events with `reason` about the data control.
-async fn events(c: &Cluster, reason: &str) -> Result<Vec<(String, String)>, String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    Ok(api
-        .list(&Default::default())
-        .await
-        .map_err(err("list events"))?
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME)
-        })
-        .map(|e| (e.type_.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect())
-}
-
-/// The host: `nvmf-check --verify-writes` in a node's namespace, its output collected by a
-/// task. Each second it prints `tick {"writes":…,"errors":…,"max_us":…}`.
-struct Writer {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    lines: Arc<Mutex<Vec<String>>>,
-    reader: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    async fn start(
-        c: &Cluster,
-        ns: usize,
-        t: &SpdkTarget,
-        keys: &datapath::KeysFile,
-    ) -> Result<Self, String> {
-        let hostnqn = c.node_dir(HOST).join("hostnqn");
-        let mut child = datapath::check_command(
-            &c.bin_dir,
-            &c.net.exec_prefix(ns).map_err(err("netns"))?,
-            t,
-            HostNqn::File(&hostnqn),
-            Some(keys),
-            &["--verify-writes", "--queue-depth", "8"],
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(err("spawn nvmf-check"))?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let l = lines.clone();
-        let reader = tokio::spawn(async move {
-            while let Ok(Some(line)) = out.next_line().await {
-                l.lock().unwrap().push(line);
-            }
-        });
-        let w = Self {
-            child,
-            stdin,
-            lines,
-            reader,
-        };
-        // Under way once two ticks with writes are in.
-        let t0 = Instant::now();
-        while w.ticks().iter().filter(|t| t["writes"] != 0).count() < 2 {
-            if t0.elapsed() > Duration::from_secs(120) {
-                return Err(format!(
-                    "the host did not start writing within 120 s: {:?}",
-                    w.lines.lock().unwrap()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Ok(w)
-    }
-
-    fn ticks(&self) -> Vec<Value> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l.strip_prefix("tick "))
-            .filter_map(|j| serde_json::from_str(j).ok())
-            .collect()
-    }
-
-    /// Writes completed so far; an error if any write failed or the tool reported one.
-    fn check(&self) -> Result<u64, String> {
-        let lines = self.lines.lock().unwrap();
-        if let Some(e) = lines.iter().find(|l| l.starts_with("error")) {
-            return Err(format!("the host: {e}"));
-        }
-        drop(lines);
-        let ticks = self.ticks();
-        if let Some(t) = ticks.iter().find(|t| t["errors"] != 0) {
-            return Err(format!("a write of the host failed: {t}"));
-        }
-        // It runs until told to stop: its output closed means it ended.
-        if self.reader.is_finished() {
-            return Err(format!(
-                "the host's nvmf-check ended: {:?}",
-                self.lines.lock().unwrap()
-            ));
-        }
-        Ok(ticks.iter().filter_map(|t| t["writes"].as_u64()).sum())
-    }
-
-    /// The longest I/O completion in the ticks from index `from` on, in ms.
-    fn longest_ms(&self, from: usize) -> f64 {
-        self.ticks()
-            .iter()
-            .skip(from)
-            .filter_map(|t| t["max_us"].as_f64())
-            .fold(0.0, f64::max)
-            / 1000.0
-    }
-
-    /// Stops the writes; the tool reads every block back. Its result.
-    async fn finish(mut self) -> Result<Value, String> {
-        self.check()?;
-        self.stdin
-            .write_all(b"stop\n")
-            .await
-            .map_err(err("write to nvmf-check"))?;
-        let status = tokio::time::timeout(Duration::from_secs(600), self.child.wait())
-            .await
-            .map_err(|_| "nvmf-check did not verify within 600 s".to_string())?
-            .map_err(err("wait"))?;
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.reader).await;
-        let lines = self.lines.lock().unwrap().clone();
-        let r = lines
-            .iter()
-            .rev()
-            .find_map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .ok()
-                    .filter(Value::is_object)
-            })
-            .ok_or_else(|| format!("no JSON result: {lines:?}"))?;
-        if status.code() != Some(0)
-            || r["mismatches"] != 0
-            || r["errors"] != 0
-            || r["verified_blocks"].as_u64().unwrap_or(0) == 0
-        {
-            return Err(format!("the host's writes did not verify ({status}): {r}"));
-        }
-        Ok(r)
-    }
+/// The host: `nvmf-check --verify-writes` in node `ns`'s namespace with [`HOST`]'s NQN
+/// against `t`, once two ticks with writes are in.
+async fn writer(
+    c: &Cluster,
+    ns: usize,
+    t: &SpdkTarget,
+    keys: &datapath::KeysFile,
+) -> Result<Host, String> {
+    let mut w = Host::verifying(c, ns, HOST, t, keys, &[])?;
+    w.wait_writing(2, 120).await?;
+    Ok(w)
 }
 
 /// One replica's loss while the host writes: `lose` takes node `victim` away; then the
@@ -315,7 +142,7 @@ impl Writer {
 /// members in the raid's order.
 async fn lose_and_rebuild(
     c: &mut Cluster,
-    w: &Writer,
+    w: &Host,
     victim: usize,
     spare: usize,
     how: &str,
@@ -495,39 +322,7 @@ async fn lose_the_assembling_node(
         .as_ref()
         .and_then(|s| s.spdk_target.clone())
         .ok_or("no export")?;
-    let hostnqn = c.node_dir(HOST).join("hostnqn");
-    let mut child = datapath::check_command(
-        &c.bin_dir,
-        &c.net.exec_prefix(free).map_err(err("netns"))?,
-        &old_t,
-        HostNqn::File(&hostnqn),
-        Some(keys),
-        &[
-            "--check-bytes",
-            "0",
-            "--write-seconds",
-            "120",
-            "--reconnect-seconds",
-            "20",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map_err(err("spawn nvmf-check"))?;
-    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-    let mut seen = Vec::new();
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
-            .map_err(err("read"))?
-            .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
-        let started = line.starts_with("written 64 blocks");
-        seen.push(line);
-        if started {
-            break;
-        }
-    }
+    let mut host = Host::sequential(c, free, HOST, &old_t, Some(keys), 120, 20).await?;
     let t0 = Instant::now();
     c.set_link(asm, false).await.map_err(err("link down"))?;
     println!(
@@ -539,19 +334,14 @@ async fn lose_the_assembling_node(
     );
     // The host's session, watched for 40 s: its connection is to the old address.
     let host = tokio::spawn(async move {
-        let mut seen = seen;
-        let until = tokio::time::Instant::now() + Duration::from_secs(40);
-        while let Ok(Ok(Some(l))) = tokio::time::timeout_at(until, lines.next_line()).await {
-            seen.push(l);
-        }
-        let st = match tokio::time::timeout_at(until, child.wait()).await {
-            Ok(Ok(st)) => format!("it ended ({st})"),
+        let st = match host.exited_within(Duration::from_secs(40)).await {
+            Ok(Some(st)) => format!("it ended ({st})"),
             _ => {
-                let _ = child.kill().await;
+                host.kill().await;
                 "its writes were still waiting (no error), then it was stopped".to_string()
             }
         };
-        (seen, st, t0.elapsed())
+        (host.lines(), st, t0.elapsed())
     });
     // Moved: another replica's node serves the same NQN on its own address.
     let old_name = c.node_name(asm);
@@ -586,7 +376,7 @@ async fn lose_the_assembling_node(
             "the moved export is another subsystem: {old_t:?} -> {new_t:?}"
         ));
     }
-    let ev = events(c, "AssemblyMoved").await?;
+    let ev = events(c, NAME, "AssemblyMoved").await?;
     if ev.is_empty() {
         return Err("no AssemblyMoved event".into());
     }
@@ -612,8 +402,8 @@ async fn lose_the_assembling_node(
         )
     );
     // A new session on the moved export writes and reads back.
-    let w = Writer::start(c, free, &new_t, keys).await?;
-    let r = w.finish().await?;
+    let w = writer(c, free, &new_t, keys).await?;
+    let r = w.finish_verified().await?;
     println!(
         "a new host session on the moved export: {} blocks verified",
         r["verified_blocks"]
@@ -765,7 +555,7 @@ fn compare_replicas(copies: &[ReplicaCopy]) {
         ..liteio_agent::spdk::SpdkOptions::small()
     };
     let copies = copies.to_vec();
-    common::with_spdk_opts(&opts, Duration::from_secs(300), async move {
+    liteio_tests::spdk::with_spdk_opts(&opts, Duration::from_secs(300), async move {
         use liteio_agent::spdk::{bdev, io, lvol};
         let mut digests = Vec::new();
         for (i, r) in copies.iter().enumerate() {
@@ -898,11 +688,11 @@ fn a_replicated_volume_rides_out_a_cut_link_and_a_killed_agent_and_rebuilds() {
                 .map_err(err("keys"))?
                 .ok_or("no Secret for the PV")?;
             // The host runs in the assembling node's namespace: never cut off here.
-            let w = Writer::start(c, asm, &t, &keys).await?;
+            let w = writer(c, asm, &t, &keys).await?;
 
             // 1. The other replica's node cut off.
             let second = lose_and_rebuild(c, &w, other, spare, "link").await?;
-            let lost = events(c, "ReplicaLost").await?;
+            let lost = events(c, NAME, "ReplicaLost").await?;
             if !lost.iter().any(|(ty, _)| ty == "Warning") {
                 return Err(format!("no Warning event ReplicaLost: {lost:?}"));
             }
@@ -953,7 +743,7 @@ fn a_replicated_volume_rides_out_a_cut_link_and_a_killed_agent_and_rebuilds() {
             )
             .await?;
 
-            let r = w.finish().await?;
+            let r = w.finish_verified().await?;
             println!(
                 "host: {} writes, {} blocks verified, {} errors, {} mismatches",
                 r["writes"], r["verified_blocks"], r["errors"], r["mismatches"]
@@ -1031,43 +821,19 @@ async fn random_writes(
     secs: u64,
     qd: u32,
 ) -> Result<(f64, f64), String> {
-    let hostnqn = c.node_dir(host).join("hostnqn");
-    let (secs, qd) = (secs.to_string(), qd.to_string());
-    let cmd = datapath::check_command(
-        &c.bin_dir,
-        &c.net.exec_prefix(ns).map_err(err("netns"))?,
-        t,
-        HostNqn::File(&hostnqn),
-        Some(keys),
-        &[
-            "--check-bytes",
-            "0",
-            "--random-seconds",
-            &secs,
-            "--read-percent",
-            "0",
-            "--queue-depth",
-            &qd,
-        ],
-    );
-    let out = datapath::run_check(cmd, Duration::from_secs(600))
-        .await
-        .map_err(err("nvmf-check"))?;
-    if out.code != 0 {
-        return Err(format!(
-            "nvmf-check failed ({}): {}\n{}",
-            out.code,
-            out.result,
-            out.lines.join("\n")
-        ));
-    }
-    let iops = out.result["random_iops"].as_f64();
-    let p99 = out.result["random_p99_us"].as_f64();
-    iops.zip(p99)
-        .ok_or_else(|| format!("no IOPS or p99 in {}", out.result))
+    let io = RandomIo {
+        secs,
+        read_percent: 0,
+        queue_depth: qd,
+    };
+    let out = random_io(c, ns, host, t, keys, io).await?;
+    Ok((
+        figure(&out.result, "random_iops")?,
+        figure(&out.result, "random_p99_us")?,
+    ))
 }
 
-/// Benchmark, run by hand (`cargo test -p liteio-agent --features spdk --test t3_replicas
+/// Benchmark, run by hand (`cargo test -p liteio-cluster-tests --features spdk --test t3_replicas
 /// -- --ignored --nocapture bench_replicas`; figures depend on the machine and on the
 /// profile the test is built with). Side by side in each run, from the namespace of the node
 /// that holds neither volume: 4 KiB random writes at queue depth 32 to a two-replica volume
@@ -1083,13 +849,10 @@ fn bench_replicas() {
     if skip("replicas benchmark") {
         return;
     }
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let (runs, secs) = (env("LITEIO_BENCH_RUNS", 3), env("LITEIO_BENCH_SECONDS", 5));
+    let (runs, secs) = (
+        bench_setting("LITEIO_BENCH_RUNS", 3),
+        bench_setting("LITEIO_BENCH_SECONDS", 5),
+    );
     let size: u64 = 512 * MIB;
     let mut opts = cluster();
     opts.pool_bytes = 2 << 30;
@@ -1198,24 +961,12 @@ fn bench_replicas() {
             let seen = Timeline::record(c).await?;
             let t0 = Instant::now();
             c.kill(Role::Agent(other)).await.map_err(err("kill"))?;
-            let hostnqn = c.node_dir(HOST).join("hostnqn");
-            let cmd = datapath::check_command(
-                &c.bin_dir,
-                &c.net.exec_prefix(free).map_err(err("netns"))?,
-                &rep_t,
-                HostNqn::File(&hostnqn),
-                Some(&rep_keys),
-                &[
-                    "--check-bytes",
-                    "0",
-                    "--random-seconds",
-                    "40",
-                    "--read-percent",
-                    "0",
-                    "--queue-depth",
-                    "8",
-                ],
-            );
+            let io = RandomIo {
+                secs: 40,
+                read_percent: 0,
+                queue_depth: 8,
+            };
+            let cmd = random_io_command(c, free, HOST, &rep_t, &rep_keys, io)?;
             let spare = free;
             let wait = async {
                 eventually(
