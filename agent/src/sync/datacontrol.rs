@@ -13,7 +13,7 @@
 //!    controllers, keys; idempotent), then drop the finalizer. The controller deletes the
 //!    members only once the data control is gone.
 //! 2. Refuse what cannot be assembled: a target without SPDK, a raid level other than
-//!    linear and raid0 (permanent errors, in `status.message`).
+//!    linear, raid0 and raid1 (permanent errors, in `status.message`).
 //! 3. Wait (`status.message` says for what) until every group is fully placed and every
 //!    member, in the groups' `spec.volumes` order, is ready and admits this node
 //!    (`spec.hostNode`): a remote member exported to this node (`spec.spdkTarget`,
@@ -23,8 +23,10 @@
 //! 4. Add the finalizer **before** building anything, so that an agent killed in the middle
 //!    still tears down on deletion.
 //! 5. [`Exporter::ensure_assembly`](crate::exporter::Exporter::ensure_assembly): remote
-//!    members attached as this node's host NQN with the PV's keys, a concat (linear) or
-//!    raid0 bdev with [`STRIP_KB`] strips named after the data control, one subsystem
+//!    members attached as this node's host NQN with the PV's keys, a concat (linear),
+//!    raid0 (with [`STRIP_KB`] strips) or raid1 (a mirror with a superblock; once served,
+//!    a lost replica is [`MemberSource::Absent`] and the mirror serves degraded, see
+//!    [`mirror_members`]) bdev named after the data control, one subsystem
 //!    admitting exactly the host of `spec.hostNode` with the same keys. Every pass re-asserts
 //!    it: after a restart the assembly comes back from the objects, and a new `hostNode`
 //!    replaces the allowed host.
