@@ -38,14 +38,13 @@ fn main() {
 mod bench {
     use std::collections::HashMap;
     use std::path::Path;
-    use std::process::Stdio;
+
     use std::time::{Duration, SystemTime};
 
     use liteio_api::common::SpdkTarget;
     use liteio_local::Engine;
     use liteio_local::cluster::{Cluster, ClusterOptions, Role};
-    use liteio_local::datapath::{self, HostNqn};
-    use tokio::io::{AsyncBufReadExt, BufReader};
+    use liteio_local::datapath::{self};
 
     use liteio_cluster_tests::*;
 
@@ -204,27 +203,6 @@ host writes to one of its volumes, and prints the longest write and the restart'
 
     const HEADER: &str = "vols kind         longest-ms  errs recon-st spdk-st  gone  started pool-rdy   record first-ln  all-ln   readyz";
 
-    fn check_cmd(
-        c: &Cluster,
-        t: &SpdkTarget,
-        keys: &datapath::KeysFile,
-        extra: &[&str],
-    ) -> Result<tokio::process::Command, String> {
-        let hostnqn = c.node_dir(2).join("hostnqn");
-        let prefix = c
-            .net
-            .exec_prefix(2)
-            .map_err(|e| format!("node 2's network namespace: {e}"))?;
-        Ok(datapath::check_command(
-            &c.bin_dir,
-            &prefix,
-            t,
-            HostNqn::File(&hostnqn),
-            Some(keys),
-            extra,
-        ))
-    }
-
     async fn make_volume(c: &Cluster, i: usize) -> Result<SpdkTarget, String> {
         let name = format!("pvc-r{i:03}");
         let params = HashMap::from([("positionAdvice".to_string(), "MustRemote".to_string())]);
@@ -265,37 +243,7 @@ host writes to one of its volumes, and prints the longest write and the restart'
         kill: bool,
         write_seconds: u64,
     ) -> Result<Restart, String> {
-        let secs = write_seconds.to_string();
-        let mut child = check_cmd(
-            c,
-            t,
-            keys,
-            &[
-                "--check-bytes",
-                "0",
-                "--write-seconds",
-                &secs,
-                "--reconnect-seconds",
-                "120",
-            ],
-        )?
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(err("spawn nvmf-check"))?;
-        let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-        let mut seen = Vec::new();
-        loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                .await
-                .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
-                .map_err(err("read"))?
-                .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
-            let started = line.starts_with("written 64 blocks");
-            seen.push(line);
-            if started {
-                break;
-            }
-        }
+        let host = Host::sequential(c, 2, 2, t, Some(keys), write_seconds, 120).await?;
         let log = c.log(Role::Agent(1));
         let from = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
         let t0 = now();
@@ -338,17 +286,9 @@ host writes to one of its volumes, and prints the longest write and the restart'
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        while let Some(l) = lines.next_line().await.map_err(err("read"))? {
-            seen.push(l);
-        }
-        let status = tokio::time::timeout(Duration::from_secs(180), child.wait())
-            .await
-            .map_err(|_| "nvmf-check did not end".to_string())?
-            .map_err(err("wait"))?;
-        let r: serde_json::Value = seen
-            .last()
-            .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| format!("no JSON result: {seen:?}"))?;
+        let HostResult {
+            status, result: r, ..
+        } = host.end(Duration::from_secs(360)).await?;
         let first = |msg: &str, after: f64| {
             events
                 .iter()

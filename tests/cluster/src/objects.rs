@@ -3,12 +3,14 @@
 //! the events about an object, and the host's part of a migration as the CSI node writes
 //! it; and JSON-RPC on a node's SPDK.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
-use liteio_api::keys::{self, finalizers};
+use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::migration::ConnectStatus;
 use liteio_api::{AntstorVolume, AntstorVolumeGroup, StoragePool, VolumeMigration};
 use liteio_local::cluster::Cluster;
@@ -57,6 +59,32 @@ pub fn node_index(c: &Cluster, name: &str) -> Result<usize, String> {
 pub async fn node_of(c: &Cluster, name: &str) -> Result<usize, String> {
     let v: AntstorVolume = get(c, name).await?;
     node_index(c, v.target_node().ok_or("no target node")?)
+}
+
+/// The member volumes of multi-disk or replicated volume `pv` (label
+/// `obnvmf/vol-group-name`), in the API server's order.
+pub async fn group_volumes(c: &Cluster, pv: &str) -> Result<Vec<AntstorVolume>, String> {
+    let api: Api<AntstorVolume> = Api::namespaced(
+        c.kube().await.map_err(err("kube"))?,
+        keys::DEFAULT_NAMESPACE,
+    );
+    let lp = ListParams::default().labels(&format!("{}={pv}", labels::VOL_GROUP_NAME));
+    Ok(api.list(&lp).await.map_err(err("list members"))?.items)
+}
+
+/// The data of Secret `name` in LiteIO's namespace, as text (what kubelet hands a CSI node
+/// as the stage secrets of a volume whose Secret it is).
+pub async fn secret_data(c: &Cluster, name: &str) -> Result<HashMap<String, String>, String> {
+    let s: Secret = get(c, name).await?;
+    s.data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            String::from_utf8(v.0)
+                .map(|v| (k.clone(), v))
+                .map_err(|_| format!("Secret key {k} is not text"))
+        })
+        .collect()
 }
 
 /// Group `name`'s members in the group's (the raid's) order: (member, node).

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use liteio_api::common::SpdkTarget;
@@ -16,34 +15,9 @@ use liteio_cluster_tests::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
 use liteio_local::datapath::{self, HostNqn};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// `nvmf-check` in node `k`'s network namespace against `t`, as `hostnqn` (a file path or
-/// an NQN).
-fn check_cmd(
-    c: &Cluster,
-    k: usize,
-    t: &SpdkTarget,
-    hostnqn: &str,
-    keys: Option<&datapath::KeysFile>,
-    extra: &[&str],
-) -> tokio::process::Command {
-    let nqn = if Path::new(hostnqn).is_absolute() {
-        HostNqn::File(Path::new(hostnqn))
-    } else {
-        HostNqn::Nqn(hostnqn)
-    };
-    datapath::check_command(
-        &c.bin_dir,
-        &c.net.exec_prefix(k).unwrap(),
-        t,
-        nqn,
-        keys,
-        extra,
-    )
-}
-
-/// Runs `nvmf-check` to its end; returns its exit status and its JSON result.
+/// Runs `nvmf-check` in node `k`'s network namespace against `t`, as `hostnqn` (a file
+/// path or an NQN), to its end; returns its exit status and its JSON result.
 async fn run_check(
     c: &Cluster,
     k: usize,
@@ -52,8 +26,13 @@ async fn run_check(
     keys: Option<&datapath::KeysFile>,
     extra: &[&str],
 ) -> Result<(i32, serde_json::Value), String> {
+    let nqn = if Path::new(hostnqn).is_absolute() {
+        HostNqn::File(Path::new(hostnqn))
+    } else {
+        HostNqn::Nqn(hostnqn)
+    };
     let out = datapath::run_check(
-        check_cmd(c, k, t, hostnqn, keys, extra),
+        nvmf_check(c, k, t, nqn, keys, extra)?,
         Duration::from_secs(120),
     )
     .await
@@ -69,8 +48,9 @@ async fn run_check(
     Ok((out.code, out.result))
 }
 
-fn hostnqn_file(c: &Cluster, k: usize) -> String {
-    c.node_dir(k).join("hostnqn").display().to_string()
+/// Node `k`'s host NQN file, as [`run_check`]'s `hostnqn`.
+fn hostnqn_arg(c: &Cluster, k: usize) -> String {
+    hostnqn_file(c, k).display().to_string()
 }
 
 /// Creates `name` for consumer node `consumer` with positionAdvice MustRemote and waits
@@ -144,7 +124,7 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
                 c,
                 2,
                 &t,
-                &hostnqn_file(c, 2),
+                &hostnqn_arg(c, 2),
                 Some(&keys),
                 &["--check-bytes", "1048576", "--random-seconds", "2"],
             )
@@ -156,7 +136,7 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
                 return Err(format!("the consumer's check failed ({code}): {r}"));
             }
             // The consumer's own NQN without the keys: refused (the NQN alone is not enough).
-            let (code, r) = run_check(c, 2, &t, &hostnqn_file(c, 2), None, &[]).await?;
+            let (code, r) = run_check(c, 2, &t, &hostnqn_arg(c, 2), None, &[]).await?;
             if code != 3 {
                 return Err(format!(
                     "the consumer without keys was not refused ({code}): {r}"
@@ -164,7 +144,7 @@ fn a_remote_volume_is_served_across_the_boundary_only_to_its_consumer() {
             }
             // The outsider, even holding the volume's keys, is not on the allow-list.
             let (code, r) =
-                run_check(c, other, &t, &hostnqn_file(c, other), Some(&keys), &[]).await?;
+                run_check(c, other, &t, &hostnqn_arg(c, other), Some(&keys), &[]).await?;
             if code != 3 {
                 return Err(format!("the outsider was not refused ({code}): {r}"));
             }
@@ -213,39 +193,8 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                 };
                 // The restarted agent must export with the same keys (read back from the Secret),
                 // or the consumer's reconnect is refused.
-                let mut child = check_cmd(
-                    c,
-                    2,
-                    &before,
-                    &hostnqn_file(c, 2),
-                    Some(&keys),
-                    &[
-                        "--check-bytes",
-                        "0",
-                        "--write-seconds",
-                        "30",
-                        "--reconnect-seconds",
-                        "90",
-                    ],
-                )
-                .stdout(Stdio::piped())
-                .spawn()
-                .map_err(err("spawn nvmf-check"))?;
-                let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-                let mut seen = Vec::new();
                 // Writes are under way once the tool reports 64 of them.
-                loop {
-                    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                        .await
-                        .map_err(|_| format!("no progress from nvmf-check: {seen:?}"))?
-                        .map_err(err("read"))?
-                        .ok_or_else(|| format!("nvmf-check ended early: {seen:?}"))?;
-                    let started = line.starts_with("written 64 blocks");
-                    seen.push(line);
-                    if started {
-                        break;
-                    }
-                }
+                let host = Host::sequential(c, 2, 2, &before, Some(&keys), 30, 90).await?;
                 if kill {
                     c.kill(Role::Agent(a)).await.map_err(err("kill"))?;
                 } else {
@@ -268,9 +217,6 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                     c.launch(Role::Agent(a)).await.map_err(err("restart"))?;
                     k8s_openapi::jiff::Timestamp::now()
                 };
-                while let Some(l) = lines.next_line().await.map_err(err("read"))? {
-                    seen.push(l);
-                }
                 if cut_off {
                     // The writes went on while the agent had not once reached the API
                     // server: its Lease was last renewed by the agent before the restart.
@@ -290,15 +236,10 @@ fn a_consumer_rides_out_an_agent_stop_and_kill_on_the_storage_node() {
                         ));
                     }
                 }
-                let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-                    .await
-                    .map_err(|_| "nvmf-check did not end".to_string())?
-                    .map_err(err("wait"))?;
-                println!("{}", seen.join("\n"));
-                let r: serde_json::Value = seen
-                    .last()
-                    .and_then(|l| serde_json::from_str(l).ok())
-                    .ok_or("no JSON result")?;
+                let HostResult {
+                    status, result: r, ..
+                } = host.end(Duration::from_secs(300)).await?;
+                println!("the consumer: {r}");
                 if !status.success() {
                     return Err(format!(
                         "the consumer's writes failed across {how}{whence} ({status}): {r}"

@@ -29,10 +29,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
-use liteio_api::keys::{self, finalizers};
-use liteio_api::migration::{ConnectStatus, MigrationPhase, ResultStatus};
+use kube::ResourceExt;
+use liteio_api::migration::{MigrationPhase, ResultStatus};
 use liteio_api::{StoragePool, VolumeMigration};
 use liteio_cluster_tests::*;
 use liteio_csi::csi::NodeStageVolumeRequest;
@@ -42,7 +40,7 @@ use liteio_local::datapath::{self, HostNqn};
 use liteio_local::demo::mount_capability;
 use liteio_tests::dashboard::{self, Query, Variable};
 use liteio_tests::prometheus::{Api as PromApi, Prometheus, Sample};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const CONSUMER: usize = 2;
 /// The node whose link is cut (it stores nothing: the volumes are on 1 and 3).
@@ -350,14 +348,6 @@ fn at_io(q: &Query) -> bool {
     !(migrating(q) || migrated(q) || refusals(q) || alerts(q))
 }
 
-async fn migration(c: &Cluster, name: &str) -> Option<VolumeMigration> {
-    let api: Api<VolumeMigration> = Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
-    api.get_opt(name).await.ok().flatten()
-}
-
-/// The host's report on a migration (`hostConnectStatus` and its finalizer), as the CSI
-/// node of a consumer makes it; retried over conflicts with the agents' and controller's
-/// writes. Nobody consumes the migrated volume here: the report is the host's whole part.
 /// `kill <sig> <pid>`.
 async fn signal(pid: u32, sig: &str) -> Result<(), String> {
     let st = tokio::process::Command::new("kill")
@@ -372,68 +362,11 @@ async fn signal(pid: u32, sig: &str) -> Result<(), String> {
     }
 }
 
-async fn host_reports(c: &Cluster, name: &str, connected: bool) -> Result<(), String> {
-    let api: Api<VolumeMigration> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    let mut last = String::new();
-    for _ in 0..50 {
-        let Some(m) = api.get_opt(name).await.map_err(err("get migration"))? else {
-            return if connected {
-                Err(format!("migration {name} is gone"))
-            } else {
-                Ok(())
-            };
-        };
-        let mut fins: Vec<String> = m.finalizers().to_vec();
-        fins.retain(|f| f != finalizers::MIGRATE_HOST_CONNECTED);
-        if connected {
-            fins.push(finalizers::MIGRATE_HOST_CONNECTED.into());
-        }
-        let status = if connected {
-            ConnectStatus::Connected
-        } else {
-            ConnectStatus::Disconnected
-        };
-        let body = json!({
-            "metadata": {"finalizers": fins, "resourceVersion": m.resource_version()},
-            "spec": {"migrationInfo": {"hostConnectStatus": status}},
-        });
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 && !connected => return Ok(()),
-            Err(e) => last = e.to_string(),
-        }
-    }
-    Err(format!("report on {name}: {last}"))
-}
-
-/// The index of the node of `name`.
-async fn node_of(c: &Cluster, name: &str) -> Result<usize, String> {
-    let v = volume(c, name).await.ok_or("volume gone")?;
-    let on = v.target_node().ok_or("no target node")?.to_string();
-    (1..=c.opts.nodes)
-        .find(|&k| c.node_name(k) == on)
-        .ok_or_else(|| format!("{name} is on {on}, not a node of this run"))
-}
-
 async fn ready(c: &Cluster, name: &str) -> Result<(), String> {
     eventually(c, &format!("{name} ready"), 180, Role::Agent(1), || async {
         volume(c, name).await.is_some_and(|v| is_ready(&v))
     })
     .await
-}
-
-async fn storage_pool(c: &Cluster, node: &str) -> Result<StoragePool, String> {
-    let api: Api<StoragePool> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    api.get(node).await.map_err(err("get pool"))
 }
 
 #[test]
@@ -633,7 +566,7 @@ async fn run(
     }
     for k in 1..=c.opts.nodes {
         let node = c.node_name(k);
-        let p = storage_pool(c, &node).await?;
+        let p = get::<StoragePool>(c, &node).await?;
         let shown = frame["pools"]
             .as_array()
             .into_iter()
@@ -667,7 +600,7 @@ async fn run(
             || {
                 let node = node.clone();
                 async move {
-                    let p = storage_pool(c, &node).await?;
+                    let p = get::<StoragePool>(c, &node).await?;
                     let free =
                         value(api, &format!(r#"liteio_pool_free_bytes{{node="{node}"}}"#)).await?;
                     let cap = value(
@@ -803,7 +736,7 @@ async fn run(
         180,
         Role::Controller(0),
         || async {
-            migration(c, &name).await.is_some_and(|m| {
+            get_opt::<VolumeMigration>(c, &name).await.is_some_and(|m| {
                 m.phase() == MigrationPhase::SetupPipe && !m.spec.dest_volume.spdk.svc_id.is_empty()
             })
         },
@@ -811,7 +744,7 @@ async fn run(
     .await?;
     host_reports(c, &name, true).await?;
     eventually(c, "the switch-over", 300, Role::Agent(from), || async {
-        migration(c, &name).await.is_some_and(|m| {
+        get_opt::<VolumeMigration>(c, &name).await.is_some_and(|m| {
             m.spec.migration_info.auto_switch.status == Some(ResultStatus::Success)
         })
     })
@@ -831,7 +764,7 @@ async fn run(
         || {
             let (q, name) = (copied_q.clone(), name.clone());
             async move {
-                let want = migration(c, &name)
+                let want = get_opt::<VolumeMigration>(c, &name)
                     .await
                     .ok_or("migration gone")?
                     .bytes_copied() as f64;
@@ -880,7 +813,7 @@ async fn run(
         300,
         Role::Controller(0),
         || async {
-            migration(c, &name)
+            get_opt::<VolumeMigration>(c, &name)
                 .await
                 .is_some_and(|m| m.phase() == MigrationPhase::Finished)
         },

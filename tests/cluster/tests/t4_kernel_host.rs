@@ -222,27 +222,7 @@ async fn xfs_volume(
     let id = remote_volume_for(c, "pvc-x", &node.name, 512 * MIB).await?;
     let secrets = stage_secrets(c, "pvc-x").await?;
     let (staging, target) = ("/tmp/stage/pvc-x", "/tmp/pods/p2/pvc-x");
-    csi.node
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.into(),
-            volume_capability: Some(mount_capability("xfs")),
-            secrets: secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("stage xfs: {}", e.message()))?;
-    csi.node
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.into(),
-            target_path: target.into(),
-            volume_capability: Some(mount_capability("xfs")),
-            secrets,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("publish xfs: {}", e.message()))?;
+    stage_and_publish(csi, &id, staging, target, "xfs", secrets).await?;
     let fs = node
         .vm
         .sh_ok(&format!("findmnt -no FSTYPE {target}"), STEP)
@@ -400,27 +380,7 @@ async fn deleted_while_staged(
     let id = remote_volume_for(c, "pvc-d", &node.name, 64 * MIB).await?;
     let secrets = stage_secrets(c, "pvc-d").await?;
     let (staging, target) = ("/tmp/stage/pvc-d", "/tmp/pods/p4/pvc-d");
-    csi.node
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.into(),
-            volume_capability: Some(mount_capability("ext4")),
-            secrets: secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("stage: {}", e.message()))?;
-    csi.node
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.into(),
-            target_path: target.into(),
-            volume_capability: Some(mount_capability("ext4")),
-            secrets,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("publish: {}", e.message()))?;
+    stage_and_publish(csi, &id, staging, target, "ext4", secrets).await?;
     node.vm
         .sh_ok(&format!("echo written > {target}/f && sync"), STEP)
         .await

@@ -23,32 +23,12 @@ use liteio_api::VolumeMigration;
 use liteio_api::keys;
 use liteio_api::migration::MigrationPhase;
 use liteio_cluster_tests::*;
-use liteio_csi::csi::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
-use liteio_local::demo::mount_capability;
 use liteio_local::vm::Kernel;
 use liteio_local::vm_node::VmNode;
 
 const STEP: Duration = Duration::from_secs(120);
-
-/// Two busy-polling reactors take both cores of this machine and starve the VM's emulated
-/// CPU: the agent of node `k`'s threads yield to it (a test-bench setting; a storage node's
-/// reactor polls a core of its own).
-fn yield_to_the_vm(c: &Cluster, k: usize) -> Result<(), String> {
-    let pid = c.pid(Role::Agent(k)).ok_or("no agent pid")?;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).map_err(err("tasks"))? {
-        let tid = task
-            .map_err(err("task"))?
-            .file_name()
-            .to_string_lossy()
-            .into_owned();
-        let _ = std::process::Command::new("renice")
-            .args(["-n", "15", "-p", &tid])
-            .output();
-    }
-    Ok(())
-}
 
 /// The guest's NVMe controllers: `<address> <state>` per line.
 async fn kernel_paths(node: &mut VmNode) -> Result<String, String> {
@@ -197,27 +177,7 @@ fn a_hot_migration_seen_by_the_kernels_multipath() {
             let source = v.spec.spdk_target.clone().ok_or("no export")?;
             let secrets = stage_secrets(c, "pvc-m").await?;
             let (staging, target) = ("/tmp/stage/pvc-m", "/tmp/pods/p1/pvc-m");
-            csi.node
-                .node_stage_volume(NodeStageVolumeRequest {
-                    volume_id: id.clone(),
-                    staging_target_path: staging.into(),
-                    volume_capability: Some(mount_capability("ext4")),
-                    secrets: secrets.clone(),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("stage: {}", e.message()))?;
-            csi.node
-                .node_publish_volume(NodePublishVolumeRequest {
-                    volume_id: id.clone(),
-                    staging_target_path: staging.into(),
-                    target_path: target.into(),
-                    volume_capability: Some(mount_capability("ext4")),
-                    secrets,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("publish: {}", e.message()))?;
+            stage_and_publish(&mut csi, &id, staging, target, "ext4", secrets).await?;
 
             // fio with verification, long enough to span both migrations.
             start_fio(&mut node, &format!("{target}/fio.dat"), 1200).await?;

@@ -28,13 +28,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
-use liteio_api::keys::{self, labels};
-use liteio_api::{AntstorDataControl, AntstorVolume, AntstorVolumeGroup, VolumeStatus};
+use liteio_api::{AntstorDataControl, AntstorVolumeGroup, VolumeStatus};
 use liteio_cluster_tests::*;
 use liteio_csi::client::CsiClient;
 use liteio_csi::csi::*;
@@ -66,46 +63,26 @@ const GROW: i64 = 256 << 20;
 /// The SPDK lvstore of the cluster's nodes.
 const LVS: &str = "local-lvs";
 
-/// One call on a storage node's SPDK JSON-RPC socket.
-fn rpc(sock: &Path, method: &str, params: Value) -> Result<Value, String> {
-    use std::io::Write;
-    let mut s = std::os::unix::net::UnixStream::connect(sock)
-        .map_err(|e| format!("{}: {e}", sock.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    let req = if params.is_null() {
-        json!({"jsonrpc": "2.0", "method": method, "id": 1})
-    } else {
-        json!({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
-    };
-    s.write_all(req.to_string().as_bytes())
-        .map_err(|e| e.to_string())?;
-    let reply: Value = serde_json::Deserializer::from_reader(&s)
-        .into_iter::<Value>()
-        .next()
-        .ok_or("no reply")?
-        .map_err(|e| e.to_string())?;
-    reply
-        .get("result")
-        .cloned()
-        .ok_or_else(|| reply.to_string())
-}
-
 /// The lvols and NVMe-oF subsystems (but the discovery one) of each storage node.
 fn storage_state(c: &Cluster) -> Result<Vec<(usize, usize)>, String> {
     (1..=c.opts.nodes)
         .map(|k| {
             let sock = c.node_dir(k).join("spdk.sock");
-            let lvols = rpc(&sock, "bdev_lvol_get_lvols", json!({"lvs_name": LVS}))?
-                .as_array()
-                .map_or(0, Vec::len);
-            let subsystems = rpc(&sock, "nvmf_get_subsystems", Value::Null)?
-                .as_array()
-                .map_or(0, |a| {
-                    a.iter()
-                        .filter(|s| !s["nqn"].as_str().unwrap_or("").contains("discovery"))
-                        .count()
-                });
+            let lvols = liteio_tests::spdk_rpc::rpc(
+                &sock,
+                "bdev_lvol_get_lvols",
+                json!({"lvs_name": LVS}),
+            )?
+            .as_array()
+            .map_or(0, Vec::len);
+            let subsystems =
+                liteio_tests::spdk_rpc::rpc(&sock, "nvmf_get_subsystems", Value::Null)?
+                    .as_array()
+                    .map_or(0, |a| {
+                        a.iter()
+                            .filter(|s| !s["nqn"].as_str().unwrap_or("").contains("discovery"))
+                            .count()
+                    });
             Ok((lvols, subsystems))
         })
         .collect()
@@ -141,48 +118,6 @@ async fn guest(node: &mut VmNode, script: &str) -> Result<String, String> {
         )
         .await
         .map_err(|e| format!("{script}: {e}"))
-}
-
-/// The node-stage Secret kubelet passes for multi-disk volume `pv`: the PV's keys.
-async fn pv_secrets(c: &Cluster, pv: &str) -> Result<HashMap<String, String>, String> {
-    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    let s = api
-        .get(&liteio_api::naming::auth_secret(pv))
-        .await
-        .map_err(err("get the PV's Secret"))?;
-    s.data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| {
-            String::from_utf8(v.0)
-                .map(|v| (k.clone(), v))
-                .map_err(|_| format!("Secret key {k} is not text"))
-        })
-        .collect()
-}
-
-async fn members(c: &Cluster, pv: &str) -> Result<Vec<AntstorVolume>, String> {
-    let api: Api<AntstorVolume> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    let lp = ListParams::default().labels(&format!("{}={pv}", labels::VOL_GROUP_NAME));
-    Ok(api.list(&lp).await.map_err(err("list members"))?.items)
-}
-
-async fn data_control(c: &Cluster, pv: &str) -> Option<AntstorDataControl> {
-    let api: Api<AntstorDataControl> =
-        Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
-    api.get_opt(pv).await.ok().flatten()
-}
-
-async fn group(c: &Cluster, pv: &str) -> Option<AntstorVolumeGroup> {
-    let api: Api<AntstorVolumeGroup> =
-        Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
-    api.get_opt(pv).await.ok().flatten()
 }
 
 /// The sectors written to the guest's block device `dev` (`nvme1n1`) so far.
@@ -323,7 +258,7 @@ async fn create(
         .volume_id;
     check!(id.starts_with("dc-"), "{id}");
     // One member on each storage node, each smaller than the volume.
-    let ms = members(c, pv).await?;
+    let ms = group_volumes(c, pv).await?;
     let mut nodes: Vec<String> = ms.iter().map(|m| m.spec.target_node_id.clone()).collect();
     nodes.sort();
     println!(
@@ -385,7 +320,7 @@ async fn create(
         120,
         Role::Controller(0),
         || async {
-            data_control(c, pv)
+            get_opt::<AntstorDataControl>(c, pv)
                 .await
                 .is_some_and(|d| d.status.and_then(|s| s.status) == Some(VolumeStatus::Ready))
         },
@@ -441,7 +376,7 @@ async fn grow(
         placed.capacity_bytes >= want && placed.node_expansion_required,
         "{placed:?}"
     );
-    let ms = members(c, pv).await?;
+    let ms = group_volumes(c, pv).await?;
     let mut nodes: Vec<String> = ms.iter().map(|m| m.spec.target_node_id.clone()).collect();
     nodes.sort();
     check!(
@@ -561,7 +496,7 @@ async fn one_volume(
 ) -> Result<(), String> {
     let Case { pv, raid, fs } = *case;
     let id = create(c, node, ctl, case).await?;
-    let secrets = pv_secrets(c, pv).await?;
+    let secrets = secret_data(c, &liteio_api::naming::auth_secret(pv)).await?;
     let staging = format!("/tmp/stage/{pv}");
     let target = format!("/tmp/pods/{pv}/mount");
     let took = stage(csi, &id, &staging, fs, &secrets).await?;
@@ -759,9 +694,9 @@ async fn one_volume(
         120,
         Role::Controller(0),
         || async {
-            data_control(c, pv).await.is_none()
-                && group(c, pv).await.is_none()
-                && members(c, pv).await.is_ok_and(|m| m.is_empty())
+            get_opt::<AntstorDataControl>(c, pv).await.is_none()
+                && get_opt::<AntstorVolumeGroup>(c, pv).await.is_none()
+                && group_volumes(c, pv).await.is_ok_and(|m| m.is_empty())
         },
     )
     .await?;
@@ -774,7 +709,9 @@ async fn one_volume(
         t.elapsed().as_secs_f64()
     );
     check!(
-        pv_secrets(c, pv).await.is_err(),
+        secret_data(c, &liteio_api::naming::auth_secret(pv))
+            .await
+            .is_err(),
         "the PV's Secret outlives the volume"
     );
     let left = guest_leftovers(node, &[&staging, &target]).await;
@@ -797,7 +734,7 @@ async fn deleted_while_staged(
         fs: "ext4",
     };
     let id = create(c, node, ctl, &case).await?;
-    let secrets = pv_secrets(c, case.pv).await?;
+    let secrets = secret_data(c, &liteio_api::naming::auth_secret(case.pv)).await?;
     let (staging, target) = ("/tmp/stage/pvc-gone", "/tmp/pods/pvc-gone/mount");
     stage(csi, &id, staging, case.fs, &secrets).await?;
     publish(csi, &id, staging, target, case.fs, &secrets).await?;
@@ -819,8 +756,8 @@ async fn deleted_while_staged(
         120,
         Role::Controller(0),
         || async {
-            data_control(c, case.pv).await.is_none()
-                && members(c, case.pv).await.is_ok_and(|m| m.is_empty())
+            get_opt::<AntstorDataControl>(c, case.pv).await.is_none()
+                && group_volumes(c, case.pv).await.is_ok_and(|m| m.is_empty())
                 && storage_state(c).is_ok_and(|s| s.iter().all(|&(l, n)| l == 0 && n == 0))
         },
     )

@@ -14,62 +14,15 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kube::Api;
+use liteio_api::AntstorDataControl;
 use liteio_api::replica::{ReplicaHealth, ReplicaState};
-use liteio_api::{AntstorDataControl, AntstorVolumeGroup, keys};
 use liteio_cluster_tests::*;
-use liteio_csi::csi::*;
 use liteio_local::Engine;
-use liteio_local::cluster::{Cluster, ClusterOptions, Liveness, Role};
-use liteio_local::demo::mount_capability;
+use liteio_local::cluster::{ClusterOptions, Liveness, Role};
 use liteio_local::vm::Kernel;
 
 const STEP: Duration = Duration::from_secs(120);
 const NAME: &str = "pvc-r";
-
-/// Polling reactors take both cores of this machine and starve the VM's emulated CPU: the
-/// agent of node `k`'s threads yield to it (a test-bench setting; a storage node's reactor
-/// polls a core of its own).
-fn yield_to_the_vm(c: &Cluster, k: usize) -> Result<(), String> {
-    let pid = c.pid(Role::Agent(k)).ok_or("no agent pid")?;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).map_err(err("tasks"))? {
-        let tid = task
-            .map_err(err("task"))?
-            .file_name()
-            .to_string_lossy()
-            .into_owned();
-        let _ = std::process::Command::new("renice")
-            .args(["-n", "15", "-p", &tid])
-            .output();
-    }
-    Ok(())
-}
-
-async fn data_control(c: &Cluster) -> Result<AntstorDataControl, String> {
-    Api::<AntstorDataControl>::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    )
-    .get(NAME)
-    .await
-    .map_err(err("get data control"))
-}
-
-/// The group's members: (member, node).
-async fn members(c: &Cluster) -> Result<Vec<(String, String)>, String> {
-    let g = Api::<AntstorVolumeGroup>::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    )
-    .get(NAME)
-    .await
-    .map_err(err("get group"))?;
-    Ok(g.spec
-        .volumes
-        .iter()
-        .map(|m| (m.vol_id.name.clone(), m.target_node_name.clone()))
-        .collect())
-}
 
 /// Healthy, with every replica online.
 fn healthy(dc: &AntstorDataControl) -> bool {
@@ -78,12 +31,6 @@ fn healthy(dc: &AntstorDataControl) -> bool {
             && s.replicas.len() == 2
             && s.replicas.iter().all(|r| r.state == ReplicaState::Online)
     })
-}
-
-fn node_index(c: &Cluster, name: &str) -> Result<usize, String> {
-    (1..=c.opts.nodes)
-        .find(|&k| c.node_name(k) == name)
-        .ok_or_else(|| format!("{name} is not a storage node of this run"))
 }
 
 #[test]
@@ -126,11 +73,15 @@ fn a_replica_lost_under_fio_on_a_kernel_host() {
                 "the volume healthy",
                 240,
                 Role::Controller(0),
-                || async { data_control(c).await.is_ok_and(|dc| healthy(&dc)) },
+                || async {
+                    get::<AntstorDataControl>(c, NAME)
+                        .await
+                        .is_ok_and(|dc| healthy(&dc))
+                },
             )
             .await?;
-            let first = members(c).await?;
-            let dc = data_control(c).await?;
+            let first = group_members(c, NAME).await?;
+            let dc = get::<AntstorDataControl>(c, NAME).await?;
             let asm = dc.spec.target_node_id.clone();
             let (lost, other) = first
                 .iter()
@@ -141,27 +92,7 @@ fn a_replica_lost_under_fio_on_a_kernel_host() {
             println!("{NAME}: replicas {first:?}, assembled on {asm}");
             let secrets = stage_secrets(c, &first[0].0).await?;
             let (staging, target) = ("/tmp/stage/pvc-r", "/tmp/pods/p1/pvc-r");
-            csi.node
-                .node_stage_volume(NodeStageVolumeRequest {
-                    volume_id: id.clone(),
-                    staging_target_path: staging.into(),
-                    volume_capability: Some(mount_capability("ext4")),
-                    secrets: secrets.clone(),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("stage: {}", e.message()))?;
-            csi.node
-                .node_publish_volume(NodePublishVolumeRequest {
-                    volume_id: id.clone(),
-                    staging_target_path: staging.into(),
-                    target_path: target.into(),
-                    volume_capability: Some(mount_capability("ext4")),
-                    secrets,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("publish: {}", e.message()))?;
+            stage_and_publish(&mut csi, &id, staging, target, "ext4", secrets).await?;
             start_fio(&mut node, &format!("{target}/fio.dat"), 900).await?;
 
             let t0 = Instant::now();
@@ -173,17 +104,19 @@ fn a_replica_lost_under_fio_on_a_kernel_host() {
                 400,
                 Role::Controller(0),
                 || async {
-                    members(c)
+                    group_members(c, NAME)
                         .await
                         .is_ok_and(|m| m.len() == 2 && !m.iter().any(|(v, _)| *v == lost))
-                        && data_control(c).await.is_ok_and(|dc| healthy(&dc))
+                        && get::<AntstorDataControl>(c, NAME)
+                            .await
+                            .is_ok_and(|dc| healthy(&dc))
                 },
             )
             .await?;
             println!(
                 "replaced and rebuilt {:.1} s after the cut: {:?}",
                 t0.elapsed().as_secs_f64(),
-                members(c).await?
+                group_members(c, NAME).await?
             );
             if !fio_running(&mut node).await? {
                 return Err("fio ended before it was told to".into());
