@@ -10,6 +10,8 @@
 //! - [`scenarios`]: the multi-node scenarios run on both engines (T1 file, T3 SPDK);
 //! - [`e2e`]: the single-node end-to-end scenario of `liteio-local` (T1 and T2);
 //! - [`host`]: `nvmf-check` as a host on a node: verifying and sequential writers, random I/O;
+//! - [`migration`]: a VolumeMigration as the tests drive it (made by `kubectl liteio
+//!   migrate`, the host's reports, the copy under way, the destination killed);
 //! - [`objects`]: objects by name, nodes by name, group members, events, JSON-RPC on a
 //!   node's SPDK.
 //!
@@ -18,11 +20,13 @@
 
 pub mod e2e;
 pub mod host;
+pub mod migration;
 pub mod objects;
 pub mod scenarios;
 pub mod vm;
 
 pub use host::*;
+pub use migration::*;
 pub use objects::*;
 pub use vm::*;
 
@@ -281,17 +285,6 @@ where
         .map_err(|e| e.to_string())
 }
 
-/// The migration of volume `vol` (`kubectl liteio migrate` names it after the volume and
-/// the time).
-pub async fn migration_of(c: &Cluster, vol: &str) -> Option<liteio_api::VolumeMigration> {
-    let api: Api<liteio_api::VolumeMigration> =
-        Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
-    let l = api.list(&kube::api::ListParams::default()).await.ok()?;
-    l.items
-        .into_iter()
-        .find(|m| m.spec.source_volume.name == vol)
-}
-
 /// `kubectl liteio <args>` with the cluster's kubeconfig; its output.
 pub async fn kubectl_liteio(c: &Cluster, args: &[&str]) -> Result<String, String> {
     let out = tokio::process::Command::new(bin_dir().join("kubectl-liteio"))
@@ -310,11 +303,6 @@ pub async fn kubectl_liteio(c: &Cluster, args: &[&str]) -> Result<String, String
         ));
     }
     Ok(text)
-}
-
-/// `kubectl liteio migrate <volume>` with the cluster's kubeconfig.
-pub async fn kubectl_migrate(c: &Cluster, volume: &str) -> Result<String, String> {
-    kubectl_liteio(c, &["migrate", volume]).await
 }
 
 /// The node-stage secret kubelet hands the consumer's CSI node for volume `name`: the data

@@ -1,21 +1,19 @@
 //! The cluster's objects as the tests read them: any LiteIO object in the `obnvmf`
 //! namespace by name, the nodes of a run by name, a group's members, the pools' free space,
-//! the events about an object, and the host's part of a migration as the CSI node writes
-//! it; and JSON-RPC on a node's SPDK.
+//! the events about an object, and JSON-RPC on a node's SPDK.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{ListParams, Patch, PatchParams};
-use kube::{Api, Resource, ResourceExt};
-use liteio_api::keys::{self, finalizers, labels};
-use liteio_api::migration::ConnectStatus;
-use liteio_api::{AntstorVolume, AntstorVolumeGroup, StoragePool, VolumeMigration};
+use kube::api::ListParams;
+use kube::{Api, Resource};
+use liteio_api::keys::{self, labels};
+use liteio_api::{AntstorVolume, AntstorVolumeGroup, StoragePool};
 use liteio_local::cluster::Cluster;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::err;
 
@@ -129,50 +127,6 @@ pub async fn events(
         })
         .map(|e| (e.type_.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect())
-}
-
-/// Migration `name`'s host part as the consumer's CSI node writes it: `hostConnectStatus`
-/// and the host's finalizer, `connected` or not. Retried over conflicts with the agents'
-/// and the controller's writes; a migration already gone is fine once disconnected.
-pub async fn host_reports(c: &Cluster, name: &str, connected: bool) -> Result<(), String> {
-    let api: Api<VolumeMigration> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    let mut last = String::new();
-    for _ in 0..50 {
-        // The CSI node of this host may have released a deleted migration already.
-        let Some(m) = api.get_opt(name).await.map_err(err("get migration"))? else {
-            return if connected {
-                Err(format!("migration {name} is gone"))
-            } else {
-                Ok(())
-            };
-        };
-        let mut fins: Vec<String> = m.finalizers().to_vec();
-        fins.retain(|f| f != finalizers::MIGRATE_HOST_CONNECTED);
-        if connected {
-            fins.push(finalizers::MIGRATE_HOST_CONNECTED.into());
-        }
-        let status = if connected {
-            ConnectStatus::Connected
-        } else {
-            ConnectStatus::Disconnected
-        };
-        let body = json!({
-            "metadata": {"finalizers": fins, "resourceVersion": m.resource_version()},
-            "spec": {"migrationInfo": {"hostConnectStatus": status}},
-        });
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 && !connected => return Ok(()),
-            Err(e) => last = format!("patch migration {name}: {e}"),
-        }
-    }
-    Err(last)
 }
 
 /// One JSON-RPC call on node `k`'s SPDK (its agent's socket), off the runtime's threads.

@@ -15,22 +15,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use liteio_api::common::SpdkTarget;
-use liteio_api::keys::{self, finalizers, labels};
-use liteio_api::migration::{ConnectStatus, MigrationPhase, ResultStatus};
+use liteio_api::keys::{self, labels};
+use liteio_api::migration::{MigrationPhase, ResultStatus};
 use liteio_api::{AntstorVolume, VolumeMigration};
 use liteio_cluster_tests::*;
 use liteio_local::Engine;
 use liteio_local::cluster::{Cluster, ClusterOptions, Role};
-use liteio_local::datapath::{self, HostNqn};
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::mpsc;
+use liteio_local::datapath::{self};
+use serde_json::Value;
 
 const GIB: i64 = 1 << 30;
 
@@ -44,184 +41,12 @@ fn spdk_cluster() -> ClusterOptions {
     o
 }
 
-/// The consumer: `nvmf-check --verify-writes` with its stdin and its output lines.
-struct Consumer {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    lines: mpsc::UnboundedReceiver<(Instant, String)>,
-    seen: Vec<String>,
-    /// When each line arrived, in the order of `seen`.
-    at: Vec<Instant>,
-}
-
-impl Consumer {
-    async fn start(
-        c: &Cluster,
-        k: usize,
-        t: &SpdkTarget,
-        keys: &datapath::KeysFile,
-        extra: &[&str],
-    ) -> Result<Self, String> {
-        let hostnqn = c.node_dir(k).join("hostnqn");
-        let mut cmd = datapath::check_command(
-            &c.bin_dir,
-            &c.net.exec_prefix(k).unwrap(),
-            t,
-            HostNqn::File(&hostnqn),
-            Some(keys),
-            &[&["--verify-writes", "--queue-depth", "8"], extra].concat(),
-        );
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(err("spawn nvmf-check"))?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok(Some(l)) = out.next_line().await {
-                if tx.send((Instant::now(), l)).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Self {
-            child,
-            stdin,
-            lines,
-            seen: Vec::new(),
-            at: Vec::new(),
-        })
-    }
-
-    /// The next line that starts with `prefix` (within `secs`); every line is kept.
-    async fn wait_for(&mut self, prefix: &str, secs: u64) -> Result<String, String> {
-        let until = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            let (at, line) = tokio::time::timeout(left, self.lines.recv())
-                .await
-                .map_err(|_| format!("no line {prefix:?} from nvmf-check within {secs} s"))?
-                .ok_or_else(|| {
-                    format!(
-                        "nvmf-check ended before {prefix:?}: {}",
-                        self.seen.join("\n")
-                    )
-                })?;
-            self.seen.push(line.clone());
-            self.at.push(at);
-            if line.starts_with(prefix) {
-                return Ok(line);
-            }
-            if line.starts_with("error") {
-                return Err(format!("nvmf-check: {line}"));
-            }
-        }
-    }
-
-    async fn send(&mut self, cmd: &str) -> Result<(), String> {
-        self.stdin
-            .write_all(format!("{cmd}\n").as_bytes())
-            .await
-            .map_err(err("write to nvmf-check"))
-    }
-
-    /// `stop`, then the final JSON result, the exit status and the ticks with the time
-    /// each arrived.
-    async fn finish(mut self) -> Result<(i32, Value, Vec<(Instant, Value)>), String> {
-        self.send("stop").await?;
-        while let Some((at, l)) = tokio::time::timeout(Duration::from_secs(600), self.lines.recv())
-            .await
-            .map_err(|_| "nvmf-check did not verify within 600 s".to_string())?
-        {
-            self.seen.push(l);
-            self.at.push(at);
-        }
-        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
-            .await
-            .map_err(|_| "nvmf-check did not exit".to_string())?
-            .map_err(err("wait"))?;
-        let r = self
-            .seen
-            .iter()
-            .rev()
-            .find_map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .ok()
-                    .filter(Value::is_object)
-            })
-            .ok_or("no JSON result")?;
-        let ticks = self
-            .at
-            .iter()
-            .zip(&self.seen)
-            .filter_map(|(at, l)| Some((*at, serde_json::from_str(l.strip_prefix("tick ")?).ok()?)))
-            .collect();
-        Ok((status.code().unwrap_or(-1), r, ticks))
-    }
-}
-
-async fn migration(c: &Cluster, name: &str) -> Option<VolumeMigration> {
-    let api: Api<VolumeMigration> = Api::namespaced(c.kube().await.ok()?, keys::DEFAULT_NAMESPACE);
-    api.get_opt(name).await.ok().flatten()
-}
-
-/// Patches `hostConnectStatus` and the host's finalizer, as the CSI node does.
-async fn host_reports(c: &Cluster, name: &str, connected: bool) -> Result<(), String> {
-    let api: Api<VolumeMigration> = Api::namespaced(
-        c.kube().await.map_err(err("kube"))?,
-        keys::DEFAULT_NAMESPACE,
-    );
-    // The CSI node of this host may have released a deleted migration already.
-    let Some(m) = api.get_opt(name).await.map_err(err("get migration"))? else {
-        return if connected {
-            Err(format!("migration {name} is gone"))
-        } else {
-            Ok(())
-        };
-    };
-    let mut fins: Vec<String> = m.finalizers().to_vec();
-    fins.retain(|f| f != finalizers::MIGRATE_HOST_CONNECTED);
-    if connected {
-        fins.push(finalizers::MIGRATE_HOST_CONNECTED.into());
-    }
-    let status = if connected {
-        ConnectStatus::Connected
-    } else {
-        ConnectStatus::Disconnected
-    };
-    let body = json!({
-        "metadata": {"finalizers": fins, "resourceVersion": m.resource_version()},
-        "spec": {"migrationInfo": {"hostConnectStatus": status}},
-    });
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-        .await
-    {
-        Err(kube::Error::Api(e)) if e.code == 404 && !connected => Ok(()),
-        r => r.map(drop).map_err(err("patch migration")),
-    }
-}
-
-/// Retries `host_reports` over conflicts with the agents' and controller's writes.
-async fn host_reports_retrying(c: &Cluster, name: &str, connected: bool) -> Result<(), String> {
-    let mut last = String::new();
-    for _ in 0..50 {
-        match host_reports(c, name, connected).await {
-            Ok(()) => return Ok(()),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
-
 const CONSUMER: usize = 2;
 
 /// A migration under way: the consumer writing through its first path and the second one,
 /// the migration made by `kubectl liteio migrate`, the host's part reported.
 struct Started {
-    host: Consumer,
+    host: Host,
     name: String,
     uuid: String,
     src_node: String,
@@ -284,7 +109,7 @@ async fn begin(c: &Cluster, vol: &str, thin: bool, extra: &[&str]) -> Result<Sta
         .await
         .map_err(err("keys"))?
         .ok_or_else(|| format!("the agent made no Secret for {vol}"))?;
-    let mut host = Consumer::start(c, CONSUMER, &t, &keys, extra).await?;
+    let mut host = Host::verifying(c, CONSUMER, CONSUMER, &t, &keys, extra)?;
     // Writes are under way once two seconds of them were counted.
     host.wait_for("tick ", 120).await?;
     host.wait_for("tick ", 30).await?;
@@ -305,7 +130,7 @@ async fn begin(c: &Cluster, vol: &str, thin: bool, extra: &[&str]) -> Result<Sta
         180,
         Role::Controller(0),
         || async {
-            migration(c, &name)
+            get_opt::<VolumeMigration>(c, &name)
                 .await
                 .as_ref()
                 .and_then(exported)
@@ -313,7 +138,7 @@ async fn begin(c: &Cluster, vol: &str, thin: bool, extra: &[&str]) -> Result<Sta
         },
     )
     .await?;
-    let d = migration(c, &name)
+    let d = get_opt::<VolumeMigration>(c, &name)
         .await
         .as_ref()
         .and_then(exported)
@@ -321,7 +146,7 @@ async fn begin(c: &Cluster, vol: &str, thin: bool, extra: &[&str]) -> Result<Sta
     host.send(&format!("path {} {}", d.address, d.svc_id))
         .await?;
     host.wait_for("path attached", 60).await?;
-    host_reports_retrying(c, &name, true).await?;
+    host_reports(c, &name, true).await?;
     Ok(Started {
         host,
         name,
@@ -335,26 +160,14 @@ async fn begin(c: &Cluster, vol: &str, thin: bool, extra: &[&str]) -> Result<Sta
     })
 }
 
-/// Waits until the source agent reports the copy running with some bytes copied.
-async fn copying(c: &Cluster, name: &str) -> Result<(), String> {
-    eventually(
-        c,
-        "the copy under way",
-        120,
-        Role::Controller(0),
-        || async {
-            migration(c, name).await.is_some_and(|m| {
-                let j = &m.spec.migration_info.job_progress;
-                j.status == "Copying" && j.total_write_pages > 0
-            })
-        },
-    )
-    .await
-}
-
 /// The consumer's end: every write verified, no I/O error.
-async fn verified(host: Consumer) -> Result<(Value, Vec<(Instant, Value)>), String> {
-    let (code, r, ticks) = host.finish().await?;
+async fn verified(host: Host) -> Result<(Value, Vec<(Instant, Value)>), String> {
+    let HostResult {
+        code,
+        result: r,
+        ticks,
+        ..
+    } = host.finish().await?;
     println!("consumer: {r}");
     if code != 0 || r["errors"] != 0 || r["mismatches"] != 0 {
         return Err(format!(
@@ -386,7 +199,7 @@ async fn cancelled(c: &Cluster, s: &Started, vol: &str) -> Result<(), String> {
         "the migration gone",
         180,
         Role::Controller(0),
-        || async { migration(c, &s.name).await.is_none() },
+        || async { get_opt::<VolumeMigration>(c, &s.name).await.is_none() },
     )
     .await?;
     let vols: Api<AntstorVolume> = Api::namespaced(s.client.clone(), keys::DEFAULT_NAMESPACE);
@@ -467,13 +280,15 @@ async fn finish(c: &Cluster, s: Started, vol: &str) -> Result<Figures, String> {
     } = s;
     // The copy runs, then the source agent switches over.
     eventually(c, "the switch-over", 300, Role::Agent(1), || async {
-        migration(c, &name).await.is_some_and(|m| {
+        get_opt::<VolumeMigration>(c, &name).await.is_some_and(|m| {
             m.spec.migration_info.auto_switch.status == Some(ResultStatus::Success)
         })
     })
     .await?;
     let switched_at = Instant::now();
-    let m = migration(c, &name).await.ok_or("migration gone")?;
+    let m = get_opt::<VolumeMigration>(c, &name)
+        .await
+        .ok_or("migration gone")?;
     let job = &m.spec.migration_info.job_progress;
     // A thin source copies what it holds, not its size.
     let copied = m.bytes_copied();
@@ -491,14 +306,14 @@ async fn finish(c: &Cluster, s: Started, vol: &str) -> Result<Figures, String> {
     host.send(&format!("detach {} {}", t.address, t.svc_id))
         .await?;
     host.wait_for("path detached", 60).await?;
-    host_reports_retrying(c, &name, false).await?;
+    host_reports(c, &name, false).await?;
     eventually(
         c,
         "the migration finished",
         300,
         Role::Controller(0),
         || async {
-            migration(c, &name)
+            get_opt::<VolumeMigration>(c, &name)
                 .await
                 .is_some_and(|m| m.phase() == MigrationPhase::Finished)
         },
@@ -702,25 +517,27 @@ async fn idle_copy_with(
         .ok_or("migration gone")?
         .name_any();
     // Nobody consumes it: the host's part is only its report.
-    host_reports_retrying(c, &name, true).await?;
+    host_reports(c, &name, true).await?;
     eventually(c, "the switch-over", 300, Role::Agent(1), || async {
-        migration(c, &name).await.is_some_and(|m| {
+        get_opt::<VolumeMigration>(c, &name).await.is_some_and(|m| {
             m.spec.migration_info.auto_switch.status == Some(ResultStatus::Success)
         })
     })
     .await?;
-    let m = migration(c, &name).await.ok_or("migration gone")?;
+    let m = get_opt::<VolumeMigration>(c, &name)
+        .await
+        .ok_or("migration gone")?;
     let job = &m.spec.migration_info.job_progress;
     let mib_s =
         m.bytes_copied() as f64 / f64::from(1u32 << 20) / (job.ms_elapsed.max(1) as f64 / 1000.0);
-    host_reports_retrying(c, &name, false).await?;
+    host_reports(c, &name, false).await?;
     eventually(
         c,
         "the migration finished",
         300,
         Role::Controller(0),
         || async {
-            migration(c, &name)
+            get_opt::<VolumeMigration>(c, &name)
                 .await
                 .is_some_and(|m| m.phase() == MigrationPhase::Finished)
         },
@@ -840,7 +657,7 @@ fn a_migration_deleted_mid_copy_is_cancelled_and_the_source_serves_on() {
     with_cluster(&dir, spdk_cluster(), Duration::from_secs(900), |c| {
         Box::pin(async move {
             let mut s = begin(c, "pvc-del", false, &[]).await?;
-            copying(c, &s.name).await?;
+            copy_under_way(c, &s.name, 120).await?;
             let migs: Api<VolumeMigration> =
                 Api::namespaced(s.client.clone(), keys::DEFAULT_NAMESPACE);
             migs.delete(&s.name, &Default::default())
@@ -851,7 +668,7 @@ fn a_migration_deleted_mid_copy_is_cancelled_and_the_source_serves_on() {
                 .send(&format!("detach {} {}", s.d.address, s.d.svc_id))
                 .await?;
             s.host.wait_for("path detached", 60).await?;
-            host_reports_retrying(c, &s.name, false).await?;
+            host_reports(c, &s.name, false).await?;
             cancelled(c, &s, "pvc-del").await?;
             s.host.wait_for("tick ", 30).await?;
             s.host.wait_for("tick ", 30).await?;
@@ -859,34 +676,6 @@ fn a_migration_deleted_mid_copy_is_cancelled_and_the_source_serves_on() {
             Ok(())
         })
     });
-}
-
-/// SIGKILLs the agent of migration `name`'s destination node and waits until the
-/// migration is in `Error`; returns the node's index.
-async fn kill_destination(c: &mut Cluster, name: &str) -> Result<usize, String> {
-    let dest_node = migration(c, name)
-        .await
-        .ok_or("migration gone")?
-        .spec
-        .dest_volume
-        .target_node_id;
-    let k = (1..=3)
-        .find(|&k| c.node_name(k) == dest_node)
-        .ok_or("destination node not in the run")?;
-    c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
-    eventually(
-        c,
-        "the migration in Error",
-        120,
-        Role::Controller(0),
-        || async {
-            migration(c, name)
-                .await
-                .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
-        },
-    )
-    .await?;
-    Ok(k)
 }
 
 /// The destination's agent is SIGKILLed while the copy runs: the mirror breaks, the
@@ -901,9 +690,11 @@ fn a_destination_killed_mid_copy_ends_in_error_and_the_source_serves_on() {
     with_cluster(&dir, spdk_cluster(), Duration::from_secs(900), |c| {
         Box::pin(async move {
             let mut s = begin(c, "pvc-dkill", false, &[]).await?;
-            copying(c, &s.name).await?;
+            copy_under_way(c, &s.name, 120).await?;
             let k = kill_destination(c, &s.name).await?;
-            let m = migration(c, &s.name).await.ok_or("migration gone")?;
+            let m = get_opt::<VolumeMigration>(c, &s.name)
+                .await
+                .ok_or("migration gone")?;
             println!(
                 "after the kill: {} {:?}",
                 m.status.as_ref().map_or("", |st| st.message.as_str()),
@@ -920,7 +711,7 @@ fn a_destination_killed_mid_copy_ends_in_error_and_the_source_serves_on() {
                 .send(&format!("detach {} {}", s.d.address, s.d.svc_id))
                 .await?;
             s.host.wait_for("path detached", 60).await?;
-            host_reports_retrying(c, &s.name, false).await?;
+            host_reports(c, &s.name, false).await?;
             c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
             cancelled(c, &s, "pvc-dkill").await?;
             s.host.wait_for("tick ", 30).await?;
@@ -957,7 +748,7 @@ fn a_source_killed_mid_copy_starts_the_copy_again_and_the_thin_volume_moves() {
             )
             .await?;
             // Fill part of the span before the copy so the copy has something to do.
-            copying(c, &s.name).await?;
+            copy_under_way(c, &s.name, 120).await?;
             let k = (1..=3)
                 .find(|&k| c.node_name(k) == s.src_node)
                 .ok_or("source node not in the run")?;
@@ -981,11 +772,11 @@ fn a_destination_restarted_mid_copy_gets_the_copy_again_and_the_migration_finish
         Box::pin(async move {
             // The consumer's path to the destination reconnects once it is back.
             let s = begin(c, "pvc-drest", false, &["--reconnect-seconds", "120"]).await?;
-            copying(c, &s.name).await?;
+            copy_under_way(c, &s.name, 120).await?;
             let k = kill_destination(c, &s.name).await?;
             c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
             eventually(c, "the copy started again", 180, Role::Agent(1), || async {
-                migration(c, &s.name)
+                get_opt::<VolumeMigration>(c, &s.name)
                     .await
                     .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_WORKING)
             })

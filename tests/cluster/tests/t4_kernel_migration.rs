@@ -50,37 +50,8 @@ async fn destination_killed_mid_copy(
     println!("{}", kubectl_migrate(c, vol).await?);
     let m = migration_of(c, vol).await.ok_or("no migration")?;
     let name = m.name_any();
-    eventually(
-        c,
-        "the copy under way",
-        300,
-        Role::Controller(0),
-        || async {
-            migration_of(c, vol).await.is_some_and(|m| {
-                let j = &m.spec.migration_info.job_progress;
-                j.status == "Copying" && j.total_write_pages > 0
-            })
-        },
-    )
-    .await?;
-    let m = migration_of(c, vol).await.ok_or("migration gone")?;
-    let dest_node = m.spec.dest_volume.target_node_id.clone();
-    let k = (1..=2)
-        .find(|&k| c.node_name(k) == dest_node)
-        .ok_or("the destination node is not in the run")?;
-    c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
-    eventually(
-        c,
-        "the migration in Error",
-        120,
-        Role::Controller(0),
-        || async {
-            migration_of(c, vol)
-                .await
-                .is_some_and(|m| m.status_name() == liteio_api::migration::STATUS_ERROR)
-        },
-    )
-    .await?;
+    copy_under_way(c, &name, 300).await?;
+    let k = kill_destination(c, &name).await?;
     let m = migration_of(c, vol).await.ok_or("migration gone")?;
     println!(
         "destination killed mid-copy: {} {:?}; kernel paths:\n{}",
