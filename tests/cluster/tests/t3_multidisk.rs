@@ -357,7 +357,7 @@ async fn writes_across_a_kill(
     k: usize,
 ) -> Result<Value, String> {
     // Under way once 64 blocks are written (with 64 KiB strips: on every member).
-    let host = Host::sequential(c, HOST, HOST, t, Some(keys), 20, 90).await?;
+    let host = Host::sequential(c, HOST, HOST, t, Some(keys), 30, 90).await?;
     c.kill(Role::Agent(k)).await.map_err(err("kill"))?;
     c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
     let r = host.end(Duration::from_secs(300)).await?;
