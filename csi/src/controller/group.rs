@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use liteio_api::keys::{self, labels};
 use liteio_api::size;
 use liteio_api::{AntstorDataControl, AntstorVolumeGroup, NodeInfo, PoolMode};
@@ -173,19 +173,8 @@ impl ControllerService {
             return Ok(());
         };
         let name = dc.name_any();
-        match self
-            .data_controls()
-            .delete(&name, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => info!(volume = %name, id, "AntstorDataControl deletion requested"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                return Err(CsiError::kube(
-                    format!("delete AntstorDataControl {name}"),
-                    e,
-                ));
-            }
+        if k8s::delete_opt(&self.data_controls(), "AntstorDataControl", &name).await? {
+            info!(volume = %name, id, "AntstorDataControl deletion requested");
         }
         // The keys go with it (owned by the data control, for the garbage collector; this
         // is for API servers without one).
@@ -195,27 +184,10 @@ impl ControllerService {
             .cloned()
             .unwrap_or_else(|| name.clone());
         let secret = liteio_api::naming::auth_secret(&pv);
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        match secrets.delete(&secret, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(CsiError::kube(format!("delete Secret {secret}"), e)),
-        }
+        k8s::delete_opt(&self.secrets(), "Secret", &secret).await?;
         for g in &dc.spec.volume_groups {
-            match self
-                .groups()
-                .delete(&g.name, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => info!(group = %g.name, "AntstorVolumeGroup deletion requested"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    return Err(CsiError::kube(
-                        format!("delete AntstorVolumeGroup {}", g.name),
-                        e,
-                    ));
-                }
+            if k8s::delete_opt(&self.groups(), "AntstorVolumeGroup", &g.name).await? {
+                info!(group = %g.name, "AntstorVolumeGroup deletion requested");
             }
         }
         Ok(())

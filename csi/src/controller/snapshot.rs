@@ -158,15 +158,8 @@ impl ControllerService {
             return Ok(());
         };
         let name = s.name_any();
-        match self
-            .snapshots()
-            .delete(&name, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(st)) if st.code == 404 => Ok(()),
-            Err(e) => Err(CsiError::kube(format!("delete AntstorSnapshot {name}"), e)),
-        }
+        k8s::delete_opt(&self.snapshots(), "AntstorSnapshot", &name).await?;
+        Ok(())
     }
 
     async fn uuid_by_volume_name(&self) -> Result<HashMap<String, String>> {

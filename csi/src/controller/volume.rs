@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use liteio_api::auth::{self, VolumeKeys};
 use liteio_api::host_auth::HostAuthPolicy;
 use liteio_api::keys::{self, annotations, labels};
@@ -466,23 +466,14 @@ impl ControllerService {
             return Ok(());
         };
         let name = v.name_any();
-        match self.volumes().delete(&name, &DeleteParams::default()).await {
-            Ok(_) => info!(volume = %name, uuid = id, "AntstorVolume deletion requested"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(CsiError::kube(format!("delete AntstorVolume {name}"), e)),
+        if k8s::delete_opt(&self.volumes(), "AntstorVolume", &name).await? {
+            info!(volume = %name, uuid = id, "AntstorVolume deletion requested");
         }
         // Its keys go with it (the Secret is also owned by the volume, for the garbage
         // collector; this is for API servers without one).
         let secret = v.auth_secret_name();
-        match self
-            .secrets()
-            .delete(&secret, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(CsiError::kube(format!("delete Secret {secret}"), e)),
-        }
+        k8s::delete_opt(&self.secrets(), "Secret", &secret).await?;
+        Ok(())
     }
 }
 
