@@ -230,6 +230,13 @@ pub enum Access {
     },
 }
 
+/// A request's one capability, `volume_capability`: required, then checked as
+/// [`check_capability`] does.
+pub fn require_capability(cap: Option<&VolumeCapability>) -> Result<Access> {
+    let cap = cap.ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
+    check_capability("volume_capability", cap)
+}
+
 /// Validates one capability and tells how the volume is consumed.
 pub fn check_capability(field: &str, cap: &VolumeCapability) -> Result<Access> {
     let mode = cap

@@ -174,11 +174,7 @@ pub(super) fn volume_id(id: &str) -> Result<&str> {
 pub(super) fn publish(req: &ControllerPublishVolumeRequest) -> Result<(&str, &str)> {
     let id = require("volume_id", &req.volume_id)?;
     let node = require("node_id", &req.node_id)?;
-    let cap = req
-        .volume_capability
-        .as_ref()
-        .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
-    params::check_capability("volume_capability", cap)?;
+    params::require_capability(req.volume_capability.as_ref())?;
     Ok((id, node))
 }
 

@@ -88,11 +88,7 @@ impl NodeService {
         let id = require("volume_id", &req.volume_id)?;
         let target = PathBuf::from(require("target_path", &req.target_path)?);
         let staging = PathBuf::from(require("staging_target_path", &req.staging_target_path)?);
-        let cap = req
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
-        let access = params::check_capability("volume_capability", cap)?;
+        let access = params::require_capability(req.volume_capability.as_ref())?;
         let _g = self.inflight.claim(&format!("volume {id}"))?;
         if crate::group::is_group_id(id) {
             return self.publish_group(req, id, target, staging, access).await;
