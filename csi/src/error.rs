@@ -1,4 +1,6 @@
-//! The driver's errors and the one place where they become gRPC status codes.
+//! The driver's errors and the one place where they become gRPC status codes: [`CsiError`]
+//! and its [`ErrorKind`], and `answer`, through which every Controller and Node handler
+//! replies (a failure logged once, then turned into a status).
 
 use std::fmt::Write as _;
 
@@ -237,6 +239,18 @@ impl From<CsiError> for tonic::Status {
     fn from(e: CsiError) -> Self {
         tonic::Status::new(e.kind().code(), e.chain())
     }
+}
+
+/// The reply to CSI call `op`: what `call` returns, or its failure logged (with its kind and
+/// its whole chain) and turned into a status.
+pub(crate) async fn answer<T>(
+    op: &str,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    call.await.map(tonic::Response::new).map_err(|e| {
+        tracing::warn!(op, kind = e.kind().as_str(), error = %e.chain(), "CSI call failed");
+        e.into()
+    })
 }
 
 /// Result of the driver's operations.

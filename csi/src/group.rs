@@ -29,16 +29,31 @@
 //! namespace: the host needs no device-mapper and one connection, at the cost of a second
 //! hop for the remote members' data.
 
-use std::collections::HashMap;
+//!
+//! This file is what a multi-disk volume is: its parameters ([`GroupParams`]), what a
+//! CreateVolume asks for ([`GroupRequest`]) and the objects made for it ([`objects`]). What
+//! the services do with it stands beside each service: the Controller's CreateVolume,
+//! DeleteVolume, expansion and publication in `controller/group.rs`, the Node's stage,
+//! unstage and expansion in `node/group.rs`. Request fields are named as
+//! [`crate::params::field`] names them.
 
-use liteio_api::PoolMode;
-use liteio_api::datacontrol::RaidLevel;
-use liteio_api::group::{MAX_MEMBERS, SymmetryValue};
-use liteio_api::keys::{self as api_keys, annotations};
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+use liteio_api::datacontrol::{AntstorDataControlSpec, Raid, RaidLevel};
+use liteio_api::group::{
+    ANNO_MEMBER_RESERVE, AntstorVolumeGroupSpec, DesiredVolumeSpec, EntityIdentity, IntRange,
+    MAX_MEMBERS, QuantityRange, SymmetryValue, VolumeGroupStrategy,
+};
+use liteio_api::keys::{self, annotations, labels};
 use liteio_api::replica;
 use liteio_api::size::{self, MIB};
+use liteio_api::{AntstorDataControl, AntstorVolumeGroup, NodeInfo, PoolMode, VolumeType};
 
 use crate::error::{CsiError, Result};
+use crate::params::field;
 
 /// Prefix of multi-disk volume ids (LiteIO's).
 pub const ID_PREFIX: &str = "dc-";
@@ -56,8 +71,8 @@ pub const KEYS: [&str; 10] = [
     annotations::VOLGROUP_MAX_SIZE,
     annotations::VOLGROUP_MAX_VOLUMES,
     annotations::VOLGROUP_ALLOW_EMPTY_NODE,
-    api_keys::SC_PARAM_REPLICAS,
-    api_keys::SC_PARAM_REPLICA_SPREAD_KEY,
+    keys::SC_PARAM_REPLICAS,
+    keys::SC_PARAM_REPLICA_SPREAD_KEY,
 ];
 
 /// What a multi-disk volume's StorageClass asks for.
@@ -85,10 +100,6 @@ pub struct GroupParams {
 
 fn get<'a>(p: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
     p.get(key).map(|v| v.trim()).filter(|v| !v.is_empty())
-}
-
-fn field(key: &str) -> String {
-    format!("parameters.{key}")
 }
 
 /// Whether the id is a multi-disk volume's.
@@ -119,10 +130,10 @@ impl GroupParams {
             None if KEYS[1..].iter().all(|k| get(p, k).is_none()) => return Ok(None),
             None => {}
         }
-        let replicas = get(p, api_keys::SC_PARAM_REPLICAS)
+        let replicas = get(p, keys::SC_PARAM_REPLICAS)
             .map(|v| {
                 replica::parse_replicas(v)
-                    .map_err(|e| CsiError::invalid(field(api_keys::SC_PARAM_REPLICAS), e))
+                    .map_err(|e| CsiError::invalid(field(keys::SC_PARAM_REPLICAS), e))
             })
             .transpose()?;
         let raid = match get(p, annotations::DATACONTROL_RAID_LEVEL) {
@@ -149,7 +160,7 @@ impl GroupParams {
             && raid != RaidLevel::Raid1
         {
             return Err(CsiError::invalid(
-                field(api_keys::SC_PARAM_REPLICAS),
+                field(keys::SC_PARAM_REPLICAS),
                 format!(
                     "{n} replicas cannot go with {}: {}; replicas are raid1 (drop the raid level or set it to raid1)",
                     annotations::DATACONTROL_RAID_LEVEL,
@@ -171,9 +182,9 @@ impl GroupParams {
         if raid == RaidLevel::Raid1 {
             return Self::parse_replicated(p, engine, replicas);
         }
-        if get(p, api_keys::SC_PARAM_REPLICA_SPREAD_KEY).is_some() {
+        if get(p, keys::SC_PARAM_REPLICA_SPREAD_KEY).is_some() {
             return Err(CsiError::invalid(
-                field(api_keys::SC_PARAM_REPLICA_SPREAD_KEY),
+                field(keys::SC_PARAM_REPLICA_SPREAD_KEY),
                 "spreads the replicas of a replicated volume; set liteio.io/replicas (or datacontrol/raid-level: raid1) too",
             ));
         }
@@ -287,17 +298,17 @@ impl GroupParams {
                     field(key),
                     format!(
                         "does not apply to raid1: every replica holds the whole volume and their number is {}",
-                        api_keys::SC_PARAM_REPLICAS
+                        keys::SC_PARAM_REPLICAS
                     ),
                 ));
             }
         }
-        let spread_key = match get(p, api_keys::SC_PARAM_REPLICA_SPREAD_KEY) {
+        let spread_key = match get(p, keys::SC_PARAM_REPLICA_SPREAD_KEY) {
             None => None,
             Some(k) if replica::is_label_key(k) => Some(k.to_string()),
             Some(k) => {
                 return Err(CsiError::invalid(
-                    field(api_keys::SC_PARAM_REPLICA_SPREAD_KEY),
+                    field(keys::SC_PARAM_REPLICA_SPREAD_KEY),
                     format!("{k:?} is not a node label key (such as topology.kubernetes.io/zone)"),
                 ));
             }
@@ -349,6 +360,236 @@ fn allow_empty_node(p: &HashMap<String, String>) -> Result<bool> {
             format!("{other:?} is not \"true\" or \"false\""),
         )),
     }
+}
+
+/// What a CreateVolume of a multi-disk volume asks for, compared with an existing one of
+/// the same name.
+#[derive(Debug, Clone)]
+pub struct GroupRequest {
+    /// The parameters.
+    pub params: GroupParams,
+    /// Bytes.
+    pub size: u64,
+    /// Filesystem.
+    pub fs: String,
+    /// mkfs arguments.
+    pub mkfs_params: String,
+    /// The consuming node, when the request names it.
+    pub host: Option<String>,
+    /// PV name for the labels.
+    pub pv_name: String,
+}
+
+/// How an existing data control differs from `want` (empty: the same volume).
+pub fn differences(
+    dc: &AntstorDataControl,
+    g: Option<&AntstorVolumeGroup>,
+    want: &GroupRequest,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if dc.spec.total_size != i64::try_from(want.size).unwrap_or(i64::MAX) {
+        out.push(format!("size {} (asked {})", dc.spec.total_size, want.size));
+    }
+    if dc.spec.raid.level != want.params.raid {
+        out.push(format!(
+            "raid level {:?} (asked {:?})",
+            dc.spec.raid.level, want.params.raid
+        ));
+    }
+    if dc.spec.engine_type != want.params.engine {
+        out.push(format!(
+            "engine {:?} (asked {:?})",
+            dc.spec.engine_type, want.params.engine
+        ));
+    }
+    if let Some(g) = g {
+        let d = &g.spec.desired_volume_spec;
+        if d.size_symmetry != want.params.symmetry {
+            out.push(format!(
+                "symmetry {:?} (asked {:?})",
+                d.size_symmetry, want.params.symmetry
+            ));
+        }
+        if d.count_range.max != want.params.max_volumes {
+            out.push(format!(
+                "max volumes {} (asked {})",
+                d.count_range.max, want.params.max_volumes
+            ));
+        }
+        let spread = liteio_api::meta::annotation(&g.metadata, replica::ANNO_SPREAD_KEY);
+        if spread != want.params.spread_key.as_deref() {
+            out.push(format!(
+                "replica spread key {} (asked {})",
+                spread.unwrap_or("none"),
+                want.params.spread_key.as_deref().unwrap_or("none")
+            ));
+        }
+    }
+    out
+}
+
+/// The group and data control objects of a new multi-disk volume `name` with `uuid`.
+pub fn objects(
+    name: &str,
+    namespace: &str,
+    uuid: &str,
+    want: &GroupRequest,
+    host: NodeInfo,
+) -> (AntstorVolumeGroup, AntstorDataControl) {
+    let p = &want.params;
+    let total = i64::try_from(want.size).unwrap_or(i64::MAX);
+    // A replicated volume's group holds every copy: N members of the volume's size.
+    let group_total = if p.is_replicated() {
+        i64::try_from(want.size.saturating_mul(u64::from(p.replicas))).unwrap_or(i64::MAX)
+    } else {
+        total
+    };
+    let (desired_count, size_range) = if p.is_replicated() {
+        let whole = Some(Quantity(want.size.to_string()));
+        (
+            i64::from(p.replicas),
+            QuantityRange {
+                min: whole.clone(),
+                max: whole,
+            },
+        )
+    } else {
+        (
+            0,
+            QuantityRange {
+                min: p.min_size.map(|b| Quantity(b.to_string())),
+                max: p.max_size.map(|b| Quantity(b.to_string())),
+            },
+        )
+    };
+    let member_type = match p.engine {
+        PoolMode::SpdkLVStore => VolumeType::SpdkLVol,
+        PoolMode::KernelLVM => VolumeType::Flexible,
+    };
+    let mut g = AntstorVolumeGroup::new(
+        name,
+        AntstorVolumeGroupSpec {
+            uuid: uuid.to_string(),
+            total_size: group_total,
+            desired_volume_spec: DesiredVolumeSpec {
+                annotations: BTreeMap::from([(
+                    annotations::VOLUME_TYPE.to_string(),
+                    member_type.to_string(),
+                )]),
+                // Every member carries the PV's name: its keys are then the PV's Secret
+                // (`liteio-auth-<pv>`, what kubelet passes to NodeStageVolume), one key pair
+                // for every member and the assembled export.
+                labels: BTreeMap::from([(labels::PV_NAME.to_string(), want.pv_name.clone())]),
+                desired_count,
+                count_range: IntRange {
+                    min: p.min_volumes(),
+                    max: p.max_volumes,
+                },
+                size_range,
+                size_symmetry: p.symmetry,
+            },
+            stragety: VolumeGroupStrategy {
+                name: "BestFit".into(),
+                empty_threashold_pct: 0,
+                allow_empty_node: p.allow_empty_node,
+            },
+            volumes: Vec::new(),
+        },
+    );
+    g.metadata.namespace = Some(namespace.to_string());
+    g.metadata.labels = Some(BTreeMap::from([
+        (labels::DATA_CONTROL_NAME.to_string(), name.to_string()),
+        (labels::PV_NAME.to_string(), want.pv_name.clone()),
+    ]));
+    let mut group_annos = BTreeMap::new();
+    if p.member_reserve() > 0 {
+        group_annos.insert(
+            ANNO_MEMBER_RESERVE.to_string(),
+            p.member_reserve().to_string(),
+        );
+    }
+    if let Some(k) = &p.spread_key {
+        group_annos.insert(replica::ANNO_SPREAD_KEY.to_string(), k.clone());
+    }
+    if !group_annos.is_empty() {
+        g.metadata.annotations = Some(group_annos);
+    }
+    let dc_uuid = format!("{ID_PREFIX}{uuid}");
+    let mut annos = BTreeMap::from([(annotations::FS_TYPE.to_string(), want.fs.clone())]);
+    if !want.mkfs_params.is_empty() {
+        annos.insert(
+            keys::SC_PARAM_MKFS_PARAMS.to_string(),
+            want.mkfs_params.clone(),
+        );
+    }
+    let dc = AntstorDataControl {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([
+                (labels::VOL_UUID.to_string(), dc_uuid.clone()),
+                (labels::FS_TYPE.to_string(), want.fs.clone()),
+                (labels::PV_NAME.to_string(), want.pv_name.clone()),
+            ])),
+            annotations: Some(annos),
+            ..ObjectMeta::default()
+        },
+        spec: AntstorDataControlSpec {
+            uuid: dc_uuid,
+            total_size: total,
+            lvm: None,
+            engine_type: p.engine,
+            raid: Raid { level: p.raid },
+            host_node: host,
+            target_node_id: String::new(),
+            volume_groups: vec![EntityIdentity {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uuid: uuid.to_string(),
+            }],
+        },
+        status: None,
+    };
+    (g, dc)
+}
+
+/// The outcome of waiting for a group's members to be placed.
+pub(crate) fn placement_outcome(g: &AntstorVolumeGroup) -> Option<Result<()>> {
+    if g.fully_placed() {
+        return Some(Ok(()));
+    }
+    let msg = g
+        .status
+        .as_ref()
+        .map(|s| s.message.trim())
+        .unwrap_or_default();
+    if msg.starts_with("NoStoragePoolAvailable") {
+        return Some(Err(CsiError::ResourceExhausted(format!(
+            "multi-disk volume {} cannot be placed: {msg}",
+            g.name_any()
+        ))));
+    }
+    if msg.starts_with("invalid") {
+        return Some(Err(CsiError::invalid(
+            "parameters",
+            format!("multi-disk volume {} was rejected: {msg}", g.name_any()),
+        )));
+    }
+    None
+}
+
+/// Why an SpdkLVStore multi-disk volume cannot grow.
+pub fn cannot_grow_spdk(id: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "multi-disk volume {id} (datacontrol/engine-type SpdkLVStore) cannot grow: its concat or raid0 bdev takes no new member while it serves the host (SPDK's raid grows only raid1); KernelLVM multi-disk volumes grow"
+    ))
+}
+
+/// Why a replicated volume cannot grow.
+pub fn cannot_grow_replicated(id: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "replicated volume {id} (raid1) cannot grow yet: every replica and the raid1 over them would have to grow while it serves the host, which is not built"
+    ))
 }
 
 #[cfg(test)]
@@ -580,684 +821,4 @@ mod tests {
             );
         }
     }
-}
-
-// ---- the Controller service's part ---------------------------------------------------
-
-use std::collections::BTreeMap;
-
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use liteio_api::datacontrol::{AntstorDataControlSpec, Raid};
-use liteio_api::group::{
-    ANNO_MEMBER_RESERVE, AntstorVolumeGroupSpec, DesiredVolumeSpec, EntityIdentity, IntRange,
-    QuantityRange, VolumeGroupStrategy,
-};
-use liteio_api::keys::{self, labels};
-use liteio_api::{AntstorDataControl, AntstorVolumeGroup, NodeInfo, VolumeType};
-use tracing::{info, warn};
-
-use crate::controller::ControllerService;
-use crate::csi::Volume;
-use crate::k8s::{self, Waited};
-
-/// What a CreateVolume of a multi-disk volume asks for, compared with an existing one of
-/// the same name.
-#[derive(Debug, Clone)]
-pub struct GroupRequest {
-    /// The parameters.
-    pub params: GroupParams,
-    /// Bytes.
-    pub size: u64,
-    /// Filesystem.
-    pub fs: String,
-    /// mkfs arguments.
-    pub mkfs_params: String,
-    /// The consuming node, when the request names it.
-    pub host: Option<String>,
-    /// PV name for the labels.
-    pub pv_name: String,
-}
-
-/// How an existing data control differs from `want` (empty: the same volume).
-pub fn differences(
-    dc: &AntstorDataControl,
-    g: Option<&AntstorVolumeGroup>,
-    want: &GroupRequest,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    if dc.spec.total_size != i64::try_from(want.size).unwrap_or(i64::MAX) {
-        out.push(format!("size {} (asked {})", dc.spec.total_size, want.size));
-    }
-    if dc.spec.raid.level != want.params.raid {
-        out.push(format!(
-            "raid level {:?} (asked {:?})",
-            dc.spec.raid.level, want.params.raid
-        ));
-    }
-    if dc.spec.engine_type != want.params.engine {
-        out.push(format!(
-            "engine {:?} (asked {:?})",
-            dc.spec.engine_type, want.params.engine
-        ));
-    }
-    if let Some(g) = g {
-        let d = &g.spec.desired_volume_spec;
-        if d.size_symmetry != want.params.symmetry {
-            out.push(format!(
-                "symmetry {:?} (asked {:?})",
-                d.size_symmetry, want.params.symmetry
-            ));
-        }
-        if d.count_range.max != want.params.max_volumes {
-            out.push(format!(
-                "max volumes {} (asked {})",
-                d.count_range.max, want.params.max_volumes
-            ));
-        }
-        let spread = liteio_api::meta::annotation(&g.metadata, replica::ANNO_SPREAD_KEY);
-        if spread != want.params.spread_key.as_deref() {
-            out.push(format!(
-                "replica spread key {} (asked {})",
-                spread.unwrap_or("none"),
-                want.params.spread_key.as_deref().unwrap_or("none")
-            ));
-        }
-    }
-    out
-}
-
-/// The group and data control objects of a new multi-disk volume `name` with `uuid`.
-pub fn objects(
-    name: &str,
-    namespace: &str,
-    uuid: &str,
-    want: &GroupRequest,
-    host: NodeInfo,
-) -> (AntstorVolumeGroup, AntstorDataControl) {
-    let p = &want.params;
-    let total = i64::try_from(want.size).unwrap_or(i64::MAX);
-    // A replicated volume's group holds every copy: N members of the volume's size.
-    let group_total = if p.is_replicated() {
-        i64::try_from(want.size.saturating_mul(u64::from(p.replicas))).unwrap_or(i64::MAX)
-    } else {
-        total
-    };
-    let (desired_count, size_range) = if p.is_replicated() {
-        let whole = Some(Quantity(want.size.to_string()));
-        (
-            i64::from(p.replicas),
-            QuantityRange {
-                min: whole.clone(),
-                max: whole,
-            },
-        )
-    } else {
-        (
-            0,
-            QuantityRange {
-                min: p.min_size.map(|b| Quantity(b.to_string())),
-                max: p.max_size.map(|b| Quantity(b.to_string())),
-            },
-        )
-    };
-    let member_type = match p.engine {
-        PoolMode::SpdkLVStore => VolumeType::SpdkLVol,
-        PoolMode::KernelLVM => VolumeType::Flexible,
-    };
-    let mut g = AntstorVolumeGroup::new(
-        name,
-        AntstorVolumeGroupSpec {
-            uuid: uuid.to_string(),
-            total_size: group_total,
-            desired_volume_spec: DesiredVolumeSpec {
-                annotations: BTreeMap::from([(
-                    annotations::VOLUME_TYPE.to_string(),
-                    member_type.to_string(),
-                )]),
-                // Every member carries the PV's name: its keys are then the PV's Secret
-                // (`liteio-auth-<pv>`, what kubelet passes to NodeStageVolume), one key pair
-                // for every member and the assembled export.
-                labels: BTreeMap::from([(labels::PV_NAME.to_string(), want.pv_name.clone())]),
-                desired_count,
-                count_range: IntRange {
-                    min: p.min_volumes(),
-                    max: p.max_volumes,
-                },
-                size_range,
-                size_symmetry: p.symmetry,
-            },
-            stragety: VolumeGroupStrategy {
-                name: "BestFit".into(),
-                empty_threashold_pct: 0,
-                allow_empty_node: p.allow_empty_node,
-            },
-            volumes: Vec::new(),
-        },
-    );
-    g.metadata.namespace = Some(namespace.to_string());
-    g.metadata.labels = Some(BTreeMap::from([
-        (labels::DATA_CONTROL_NAME.to_string(), name.to_string()),
-        (labels::PV_NAME.to_string(), want.pv_name.clone()),
-    ]));
-    let mut group_annos = BTreeMap::new();
-    if p.member_reserve() > 0 {
-        group_annos.insert(
-            ANNO_MEMBER_RESERVE.to_string(),
-            p.member_reserve().to_string(),
-        );
-    }
-    if let Some(k) = &p.spread_key {
-        group_annos.insert(replica::ANNO_SPREAD_KEY.to_string(), k.clone());
-    }
-    if !group_annos.is_empty() {
-        g.metadata.annotations = Some(group_annos);
-    }
-    let dc_uuid = format!("{ID_PREFIX}{uuid}");
-    let mut annos = BTreeMap::from([(annotations::FS_TYPE.to_string(), want.fs.clone())]);
-    if !want.mkfs_params.is_empty() {
-        annos.insert(
-            keys::SC_PARAM_MKFS_PARAMS.to_string(),
-            want.mkfs_params.clone(),
-        );
-    }
-    let dc = AntstorDataControl {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([
-                (labels::VOL_UUID.to_string(), dc_uuid.clone()),
-                (labels::FS_TYPE.to_string(), want.fs.clone()),
-                (labels::PV_NAME.to_string(), want.pv_name.clone()),
-            ])),
-            annotations: Some(annos),
-            ..ObjectMeta::default()
-        },
-        spec: AntstorDataControlSpec {
-            uuid: dc_uuid,
-            total_size: total,
-            lvm: None,
-            engine_type: p.engine,
-            raid: Raid { level: p.raid },
-            host_node: host,
-            target_node_id: String::new(),
-            volume_groups: vec![EntityIdentity {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                uuid: uuid.to_string(),
-            }],
-        },
-        status: None,
-    };
-    (g, dc)
-}
-
-/// The outcome of waiting for a group's members to be placed.
-fn placement_outcome(g: &AntstorVolumeGroup) -> Option<Result<()>> {
-    if g.fully_placed() {
-        return Some(Ok(()));
-    }
-    let msg = g
-        .status
-        .as_ref()
-        .map(|s| s.message.trim())
-        .unwrap_or_default();
-    if msg.starts_with("NoStoragePoolAvailable") {
-        return Some(Err(CsiError::ResourceExhausted(format!(
-            "multi-disk volume {} cannot be placed: {msg}",
-            g.name_any()
-        ))));
-    }
-    if msg.starts_with("invalid") {
-        return Some(Err(CsiError::invalid(
-            "parameters",
-            format!("multi-disk volume {} was rejected: {msg}", g.name_any()),
-        )));
-    }
-    None
-}
-
-impl ControllerService {
-    fn groups(&self) -> Api<AntstorVolumeGroup> {
-        Api::namespaced(self.client.clone(), &self.cfg.namespace)
-    }
-
-    fn data_controls(&self) -> Api<AntstorDataControl> {
-        Api::namespaced(self.client.clone(), &self.cfg.namespace)
-    }
-
-    /// The data control of multi-disk volume `id` (`dc-<uuid>`).
-    pub(crate) async fn data_control_by_id(&self, id: &str) -> Result<Option<AntstorDataControl>> {
-        let lp = ListParams::default().labels(&format!("{}={id}", labels::VOL_UUID));
-        let list = self
-            .data_controls()
-            .list(&lp)
-            .await
-            .map_err(|e| CsiError::kube(format!("list AntstorDataControls of {id}"), e))?;
-        Ok(list.items.into_iter().find(|d| d.spec.uuid == id))
-    }
-
-    /// CreateVolume of a multi-disk volume: the group and the data control (created once,
-    /// compared on a retry), then waits until the controller placed every member.
-    pub(crate) async fn create_group(&self, name: &str, want: GroupRequest) -> Result<Volume> {
-        let _guard = self.inflight.claim(&format!("volume {name}"))?;
-        let dcs = self.data_controls();
-        let groups = self.groups();
-        let existing = k8s::get_opt(&dcs, "AntstorDataControl", name).await?;
-        let dc = match existing {
-            Some(dc) if dc.metadata.deletion_timestamp.is_some() => {
-                return Err(CsiError::Busy(format!(
-                    "multi-disk volume {name} (id {}) is still being deleted; a new one of that name is created once it is gone",
-                    dc.spec.uuid
-                )));
-            }
-            Some(dc) => {
-                let g = k8s::get_opt(&groups, "AntstorVolumeGroup", name).await?;
-                let diff = differences(&dc, g.as_ref(), &want);
-                if !diff.is_empty() {
-                    return Err(CsiError::AlreadyExists(format!(
-                        "multi-disk volume {name} exists with other parameters: {}",
-                        diff.join("; ")
-                    )));
-                }
-                dc
-            }
-            None => {
-                let uuid = uuid::Uuid::new_v4().to_string();
-                let host = match &want.host {
-                    Some(n) => self.node_info(n).await?,
-                    None => NodeInfo::default(),
-                };
-                let (g, dc) = objects(name, &self.cfg.namespace, &uuid, &want, host);
-                // The group first: a data control alone would wait for it, a group alone
-                // is removed with its data control by DeleteVolume all the same.
-                match groups.create(&PostParams::default(), &g).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => {
-                        return Err(CsiError::kube(
-                            format!("create AntstorVolumeGroup {name}"),
-                            e,
-                        ));
-                    }
-                }
-                match dcs.create(&PostParams::default(), &dc).await {
-                    Ok(created) => {
-                        info!(volume = name, id = %created.spec.uuid, size = want.size, raid = ?want.params.raid, engine = ?want.params.engine, "multi-disk volume created");
-                        created
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        return Err(CsiError::Busy(format!(
-                            "multi-disk volume {name} was created concurrently; retry"
-                        )));
-                    }
-                    Err(e) => {
-                        return Err(CsiError::kube(
-                            format!("create AntstorDataControl {name}"),
-                            e,
-                        ));
-                    }
-                }
-            }
-        };
-        self.ensure_group_keys(&dc, &want.pv_name).await?;
-        let g = k8s::get_opt(&groups, "AntstorVolumeGroup", name)
-            .await?
-            .ok_or_else(|| CsiError::Busy(format!("the volume group of {name} is gone; retry")))?;
-        match placement_outcome(&g) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(e),
-            None => match k8s::wait_for(
-                groups,
-                "AntstorVolumeGroup",
-                name,
-                self.cfg.schedule_timeout,
-                |g: &AntstorVolumeGroup| placement_outcome(g).is_some(),
-            )
-            .await?
-            {
-                Waited::Done(g) => {
-                    if let Some(Err(e)) = placement_outcome(&g) {
-                        return Err(e);
-                    }
-                }
-                Waited::Gone => {
-                    return Err(CsiError::Busy(format!(
-                        "multi-disk volume {name} was deleted while being placed; retry"
-                    )));
-                }
-                Waited::TimedOut => {
-                    return Err(CsiError::Pending(format!(
-                        "multi-disk volume {name} is not placed after {}s; the controller may still be working on it, retry",
-                        self.cfg.schedule_timeout.as_secs()
-                    )));
-                }
-            },
-        }
-        let mut ctx = crate::params::volume_context(&HashMap::new(), &dc.spec.uuid, "", &want.fs);
-        if !want.mkfs_params.is_empty() {
-            ctx.insert(keys::SC_PARAM_MKFS_PARAMS.into(), want.mkfs_params.clone());
-        }
-        Ok(Volume {
-            capacity_bytes: dc.spec.total_size,
-            volume_id: dc.spec.uuid.clone(),
-            volume_context: ctx,
-            content_source: None,
-            accessible_topology: Vec::new(),
-        })
-    }
-
-    /// The PV's authentication Secret (`liteio-auth-<pv>`), made now when missing and owned
-    /// by the data control: every member's export, the assembled export and the host's
-    /// NodeStageVolume use its keys.
-    async fn ensure_group_keys(&self, dc: &AntstorDataControl, pv_name: &str) -> Result<()> {
-        use kube::Resource as _;
-        // The Secret as a volume of that PV would have it.
-        let mut as_volume = liteio_api::AntstorVolume::new(&dc.name_any(), Default::default());
-        as_volume.metadata.namespace = Some(self.cfg.namespace.clone());
-        as_volume.metadata.labels = Some(BTreeMap::from([(
-            labels::PV_NAME.to_string(),
-            pv_name.to_string(),
-        )]));
-        as_volume.spec.uuid = dc.spec.uuid.clone();
-        let owner = dc.controller_owner_ref(&()).map(|mut o| {
-            o.controller = None;
-            o.block_owner_deletion = None;
-            o
-        });
-        self.ensure_keys_owned(&as_volume, owner).await
-    }
-
-    /// DeleteVolume of a multi-disk volume: the data control and its groups (the controller
-    /// deletes the members once the assembly is gone). Idempotent.
-    pub(crate) async fn delete_group(&self, id: &str) -> Result<()> {
-        let _guard = self.inflight.claim(&format!("volume {id}"))?;
-        let Some(dc) = self.data_control_by_id(id).await? else {
-            return Ok(());
-        };
-        let name = dc.name_any();
-        match self
-            .data_controls()
-            .delete(&name, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => info!(volume = %name, id, "AntstorDataControl deletion requested"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                return Err(CsiError::kube(
-                    format!("delete AntstorDataControl {name}"),
-                    e,
-                ));
-            }
-        }
-        // The keys go with it (owned by the data control, for the garbage collector; this
-        // is for API servers without one).
-        let pv = dc
-            .labels()
-            .get(labels::PV_NAME)
-            .cloned()
-            .unwrap_or_else(|| name.clone());
-        let secret = liteio_api::naming::auth_secret(&pv);
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        match secrets.delete(&secret, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(CsiError::kube(format!("delete Secret {secret}"), e)),
-        }
-        for g in &dc.spec.volume_groups {
-            match self
-                .groups()
-                .delete(&g.name, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => info!(group = %g.name, "AntstorVolumeGroup deletion requested"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    return Err(CsiError::kube(
-                        format!("delete AntstorVolumeGroup {}", g.name),
-                        e,
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// ControllerExpandVolume of a multi-disk volume (KernelLVM): the group's `totalSize`
-    /// raised, so that the controller places members for the difference as it placed the
-    /// first ones (same share for a Symmetric group, new members on nodes holding none of
-    /// it, the count range); waits until they are placed, then the data control's
-    /// `totalSize`. Members that cannot be placed: the group's size is put back and the
-    /// answer is OUT_OF_RANGE with the controller's reason. Growth only, idempotent: a size
-    /// at or below the current one answers the current one. The host grows the LV over the
-    /// new members at NodeExpandVolume.
-    pub(crate) async fn expand_group(&self, id: &str, new_size: u64) -> Result<u64> {
-        let _guard = self.inflight.claim(&format!("volume {id}"))?;
-        let dc = self
-            .data_control_by_id(id)
-            .await?
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
-        if dc.is_replicated() {
-            return Err(cannot_grow_replicated(id));
-        }
-        if dc.spec.engine_type == PoolMode::SpdkLVStore {
-            return Err(cannot_grow_spdk(id));
-        }
-        let name = dc.name_any();
-        let current = u64::try_from(dc.spec.total_size).unwrap_or(0);
-        let new_size = size::round_up(new_size, size::VOLUME_UNIT)
-            .map_err(|e| CsiError::invalid("capacity_range", e.to_string()))?;
-        if new_size <= current {
-            return Ok(current);
-        }
-        let want = i64::try_from(new_size)
-            .map_err(|_| CsiError::invalid("capacity_range", "is too large"))?;
-        let groups = self.groups();
-        let gname = dc
-            .spec
-            .volume_groups
-            .first()
-            .map_or_else(|| name.clone(), |g| g.name.clone());
-        // The group first (the controller places members for it), guarded by its
-        // resourceVersion: the controller writes the same object.
-        let mut before = None;
-        for attempt in 0..5 {
-            let g = k8s::get_opt(&groups, "AntstorVolumeGroup", &gname)
-                .await?
-                .ok_or_else(|| {
-                    CsiError::FailedPrecondition(format!(
-                        "the volume group {gname} of multi-disk volume {id} does not exist"
-                    ))
-                })?;
-            if g.spec.total_size >= want {
-                break;
-            }
-            let body = serde_json::json!({
-                "metadata": { "resourceVersion": g.metadata.resource_version },
-                "spec": { "totalSize": want },
-            });
-            match groups
-                .patch(&gname, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-            {
-                Ok(_) => {
-                    before = Some(g.spec.total_size);
-                    break;
-                }
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    return Err(CsiError::Busy(format!(
-                        "volume group {gname} kept changing while expanding; retry"
-                    )));
-                }
-                Err(e) => {
-                    return Err(CsiError::kube(
-                        format!("patch AntstorVolumeGroup {gname}"),
-                        e,
-                    ));
-                }
-            }
-        }
-        let placed = match k8s::wait_for(
-            groups.clone(),
-            "AntstorVolumeGroup",
-            &gname,
-            self.cfg.schedule_timeout,
-            move |g: &AntstorVolumeGroup| {
-                g.spec.total_size < want || placement_outcome(g).is_some()
-            },
-        )
-        .await?
-        {
-            Waited::Done(g) if g.spec.total_size < want => Err(CsiError::Busy(format!(
-                "volume group {gname} was set back to {} while expanding; retry",
-                g.spec.total_size
-            ))),
-            Waited::Done(g) => match placement_outcome(&g) {
-                Some(Err(e)) => Err(CsiError::OutOfRange(format!(
-                    "capacity_range: {}",
-                    e.to_string()
-                        .replace("cannot be placed", "cannot grow to the requested size")
-                ))),
-                _ => Ok(()),
-            },
-            Waited::Gone => Err(CsiError::NotFound(format!(
-                "multi-disk volume {id} was deleted while expanding"
-            ))),
-            Waited::TimedOut => {
-                return Err(CsiError::Pending(format!(
-                    "the members of multi-disk volume {id} for {} are not placed after {}s; the controller may still be working on it, retry",
-                    size::format_bytes(new_size),
-                    self.cfg.schedule_timeout.as_secs()
-                )));
-            }
-        };
-        if let Err(e) = placed {
-            // Nothing was placed (a plan is all or nothing): the group's size goes back, so
-            // that the controller does not keep trying to grow a volume nobody asked for.
-            if let Some(old) = before {
-                self.set_back_group(&gname, want, old).await;
-            }
-            return Err(e);
-        }
-        // Then the data control: the volume's size, which a retry compares against.
-        let body = serde_json::json!({ "spec": { "totalSize": want } });
-        self.data_controls()
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-            .map_err(|e| CsiError::kube(format!("patch AntstorDataControl {name}"), e))?;
-        info!(volume = %name, id, from = current, to = new_size, "multi-disk volume expansion placed");
-        Ok(new_size)
-    }
-
-    /// Puts a group's `totalSize` back from `want` to `old` after an expansion that could not
-    /// be placed, unless something else changed it meanwhile (best effort, logged).
-    async fn set_back_group(&self, gname: &str, want: i64, old: i64) {
-        let groups = self.groups();
-        for _ in 0..5 {
-            let g = match k8s::get_opt(&groups, "AntstorVolumeGroup", gname).await {
-                Ok(Some(g)) => g,
-                Ok(None) => return,
-                Err(e) => {
-                    warn!(group = gname, error = %e.chain(), "cannot read the volume group to set its size back");
-                    return;
-                }
-            };
-            if g.spec.total_size != want || g.fully_placed() {
-                return;
-            }
-            let body = serde_json::json!({
-                "metadata": { "resourceVersion": g.metadata.resource_version },
-                "spec": { "totalSize": old },
-            });
-            match groups
-                .patch(gname, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-            {
-                Ok(_) => {
-                    info!(
-                        group = gname,
-                        size = old,
-                        "volume group size set back after an expansion that could not be placed"
-                    );
-                    return;
-                }
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => {
-                    warn!(group = gname, error = %e, "cannot set the volume group's size back");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// ControllerPublishVolume of a multi-disk volume: `node` becomes its host (the
-    /// controller then lets every member, or the assembled export, admit it).
-    pub(crate) async fn publish_group(&self, id: &str, node: &str) -> Result<()> {
-        let _guard = self.inflight.claim(&format!("volume {id}"))?;
-        // Guarded by the resourceVersion; the controller writes the same object (status,
-        // target node), so a conflict is read again and retried, as for volumes.
-        for attempt in 0..5 {
-            let dc = self
-                .data_control_by_id(id)
-                .await?
-                .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))?;
-            if dc.spec.host_node.id == node {
-                return Ok(());
-            }
-            let host = self.node_info(node).await?;
-            let name = dc.name_any();
-            let body = serde_json::json!({
-                "metadata": { "resourceVersion": dc.metadata.resource_version },
-                "spec": { "hostNode": host },
-            });
-            match self
-                .data_controls()
-                .patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&body),
-                )
-                .await
-            {
-                Ok(_) => {
-                    info!(volume = %name, id, node, "multi-disk volume published to its host");
-                    return Ok(());
-                }
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
-                Err(e) => {
-                    return Err(CsiError::kube(
-                        format!("patch AntstorDataControl {name}"),
-                        e,
-                    ));
-                }
-            }
-        }
-        Err(CsiError::Busy(format!(
-            "volume {id} changed under every attempt to publish it; retry"
-        )))
-    }
-}
-
-/// Why an SpdkLVStore multi-disk volume cannot grow.
-pub fn cannot_grow_spdk(id: &str) -> CsiError {
-    CsiError::FailedPrecondition(format!(
-        "multi-disk volume {id} (datacontrol/engine-type SpdkLVStore) cannot grow: its concat or raid0 bdev takes no new member while it serves the host (SPDK's raid grows only raid1); KernelLVM multi-disk volumes grow"
-    ))
-}
-
-/// Why a replicated volume cannot grow.
-pub fn cannot_grow_replicated(id: &str) -> CsiError {
-    CsiError::FailedPrecondition(format!(
-        "replicated volume {id} (raid1) cannot grow yet: every replica and the raid1 over them would have to grow while it serves the host, which is not built"
-    ))
-}
-
-/// The error for an operation multi-disk volumes do not support yet.
-pub fn unsupported(op: &str, id: &str) -> CsiError {
-    CsiError::FailedPrecondition(format!(
-        "{op} is not supported for multi-disk volume {id} (volume groups) yet"
-    ))
 }

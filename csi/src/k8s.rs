@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::wait::await_condition;
 use kube::{Resource, ResourceExt};
 use liteio_api::keys::labels;
@@ -91,6 +91,19 @@ where
     api.get_opt(name)
         .await
         .map_err(|e| CsiError::kube(format!("get {kind} {name}"), e))
+}
+
+/// Asks the API server to delete `name`: `true` when asked, `false` when it was gone
+/// already (a delete is idempotent).
+pub async fn delete_opt<K>(api: &Api<K>, kind: &str, name: &str) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(CsiError::kube(format!("delete {kind} {name}"), e)),
+    }
 }
 
 /// Outcome of a bounded wait.

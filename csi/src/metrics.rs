@@ -209,7 +209,7 @@ impl VolumeMetrics {
             .unwrap_or_default();
         for (path, p) in list {
             if path.is_dir()
-                && let Ok(u) = crate::node::usage(&path)
+                && let Ok(u) = crate::mount::usage(&path)
             {
                 self.set(&p, &u);
             }

@@ -1,9 +1,12 @@
 //! Mounts, filesystems and loop devices: argv builders, parsers and the blocking helpers the
-//! node service uses. Nothing here formats a device that already carries a filesystem.
+//! node service uses, and a mounted filesystem's usage ([`usage`], statvfs), which both
+//! NodeGetVolumeStats and the metrics read. Nothing here formats a device that already
+//! carries a filesystem.
 
 use std::path::{Path, PathBuf};
 
 use crate::cmd::{self, CommandRunner, argv};
+use crate::csi::{VolumeUsage, volume_usage};
 use crate::error::{CsiError, Result};
 
 /// One line of `/proc/self/mountinfo`.
@@ -221,6 +224,28 @@ pub fn device_size(dev: &Path) -> Result<u64> {
         std::fs::File::open(dev).map_err(|e| CsiError::io(format!("open {}", dev.display()), e))?;
     f.seek(SeekFrom::End(0))
         .map_err(|e| CsiError::io(format!("size of {}", dev.display()), e))
+}
+
+/// statvfs of `path` as CSI usage.
+pub fn usage(path: &Path) -> std::io::Result<Vec<VolumeUsage>> {
+    let s = rustix::fs::statvfs(path).map_err(std::io::Error::from)?;
+    let frsize = s.f_frsize.max(1);
+    let b = |n: u64| i64::try_from(n.saturating_mul(frsize)).unwrap_or(i64::MAX);
+    let n = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    Ok(vec![
+        VolumeUsage {
+            available: b(s.f_bavail),
+            total: b(s.f_blocks),
+            used: b(s.f_blocks.saturating_sub(s.f_bfree)),
+            unit: volume_usage::Unit::Bytes as i32,
+        },
+        VolumeUsage {
+            available: n(s.f_ffree),
+            total: n(s.f_files),
+            used: n(s.f_files.saturating_sub(s.f_ffree)),
+            unit: volume_usage::Unit::Inodes as i32,
+        },
+    ])
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-//! Pure request parsing: StorageClass parameters, capacity ranges and volume capabilities.
+//! Pure request parsing: StorageClass parameters, capacity ranges and volume capabilities,
+//! and the two words every check speaks: a required field ([`require`]) and a parameter's
+//! name in an error ([`field`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -53,6 +55,20 @@ pub struct VolumeParams {
     pub host_auth: Option<HostAuthPolicy>,
     /// QoS limits (`liteio.io/qos-*`); `None` when the class sets none.
     pub qos: Option<VolumeQos>,
+}
+
+/// `v`, unless it is empty or blank: then INVALID_ARGUMENT naming `field`, "is required".
+pub fn require<'a>(field: &str, v: &'a str) -> Result<&'a str> {
+    if v.trim().is_empty() {
+        Err(CsiError::invalid(field, "is required"))
+    } else {
+        Ok(v)
+    }
+}
+
+/// How an error names StorageClass parameter `key`: `parameters.<key>`.
+pub fn field(key: &str) -> String {
+    format!("parameters.{key}")
 }
 
 fn nonempty(p: &HashMap<String, String>, key: &str) -> Option<String> {
@@ -116,14 +132,14 @@ impl VolumeParams {
             Some("true") => true,
             Some(other) => {
                 return Err(CsiError::invalid(
-                    format!("parameters.{}", keys::SC_PARAM_NVMF_TLS),
+                    field(keys::SC_PARAM_NVMF_TLS),
                     format!("{other:?} is not \"true\" or \"false\""),
                 ));
             }
         };
         let host_auth = nonempty(p, keys::SC_PARAM_HOST_AUTH)
             .map(|v| {
-                HostAuthPolicy::parse(&format!("parameters.{}", keys::SC_PARAM_HOST_AUTH), &v)
+                HostAuthPolicy::parse(&field(keys::SC_PARAM_HOST_AUTH), &v)
                     .map_err(|e| CsiError::invalid(e.field, e.reason))
             })
             .transpose()?;
@@ -131,7 +147,7 @@ impl VolumeParams {
         // cannot be had on it.
         if nvmf_tls && host_auth == Some(HostAuthPolicy::None) {
             return Err(CsiError::invalid(
-                format!("parameters.{}", keys::SC_PARAM_HOST_AUTH),
+                field(keys::SC_PARAM_HOST_AUTH),
                 format!(
                     "\"none\" cannot go with {}: \"true\" (a TLS export admits only hosts holding the volume's key); use required or preferred, or drop {}",
                     keys::SC_PARAM_NVMF_TLS,
@@ -140,7 +156,7 @@ impl VolumeParams {
             ));
         }
         let qos = VolumeQos::from_params(p, VolumeQos::default())
-            .map_err(|e| CsiError::invalid(format!("parameters.{}", e.field), e.reason))?;
+            .map_err(|e| CsiError::invalid(field(&e.field), e.reason))?;
         Ok(VolumeParams {
             nvmf_tls,
             host_auth,
@@ -212,6 +228,13 @@ pub enum Access {
         /// Requested mount flags.
         flags: Vec<String>,
     },
+}
+
+/// A request's one capability, `volume_capability`: required, then checked as
+/// [`check_capability`] does.
+pub fn require_capability(cap: Option<&VolumeCapability>) -> Result<Access> {
+    let cap = cap.ok_or_else(|| CsiError::invalid("volume_capability", "is required"))?;
+    check_capability("volume_capability", cap)
 }
 
 /// Validates one capability and tells how the volume is consumed.
