@@ -471,7 +471,7 @@ impl Metrics {
     }
 
     /// A volume became ready: where its provisioning spent its time.
-    pub fn provisioned(&self, report: &crate::sync::provision::Report) {
+    pub fn provisioned(&self, report: &crate::state::provision::Report) {
         for (step, d) in [
             ("engine", report.steps.engine),
             ("export", report.steps.export),
