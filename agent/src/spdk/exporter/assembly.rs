@@ -6,7 +6,7 @@
 use liteio_api::replica::{ReplicaState, ReplicaStatus};
 use liteio_api::{SpdkTarget, naming};
 
-use super::{MEMBER_RECONNECT, SpdkExporter, key_names, target_err};
+use super::{MEMBER_RECONNECT, SpdkExporter, key_names, nqn_of, serial_of, target_err};
 use crate::exporter::{
     AssemblyLevel, AssemblyRequest, ExportError, MemberSource, PathState, UnassembleRequest,
 };
@@ -489,10 +489,7 @@ impl SpdkExporter {
             .map(|t| t.ns_uuid.clone())
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| naming::assembly_ns_uuid(&req.uuid));
-        let serial = preset
-            .map(|t| t.sn.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| naming::serial_number(&req.uuid));
+        let serial = serial_of(preset, &req.uuid);
         let base = SubsystemSpec {
             hosts: req.allowed_hosts.clone(),
             keys: keys.clone(),
@@ -572,12 +569,7 @@ impl SpdkExporter {
     /// `Exporter::remove_assembly`: the subsystem, the raid, the members' controllers,
     /// the keys.
     pub(super) async fn unassemble(&self, req: &UnassembleRequest) -> Result<(), ExportError> {
-        let nqn = req
-            .target
-            .as_ref()
-            .map(|t| t.subsys_nqn.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
+        let nqn = nqn_of(req.target.as_ref(), &req.uuid);
         nvmf::delete_subsystem(&nqn).await.map_err(target_err)?;
         self.ports().free_all(&nqn);
         let raid_name = naming::assembly_bdev(&req.name);

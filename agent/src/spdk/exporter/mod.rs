@@ -88,11 +88,24 @@ fn ana(state: PathState) -> AnaState {
 /// The NQN of a request: the preset's (a migration destination, an earlier export), else
 /// the volume's.
 fn request_nqn(req: &ExportRequest) -> String {
-    req.preset
-        .as_ref()
+    nqn_of(req.preset.as_ref(), &req.uuid)
+}
+
+/// The NQN `recorded` names, else the one of the volume or data control `uuid`.
+fn nqn_of(recorded: Option<&SpdkTarget>, uuid: &str) -> String {
+    recorded
         .map(|t| t.subsys_nqn.clone())
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| naming::subsys_nqn(&req.uuid))
+        .unwrap_or_else(|| naming::subsys_nqn(uuid))
+}
+
+/// The serial number `recorded` names (a migration destination serves the source volume's
+/// identity), else the one of the volume or data control `uuid`.
+fn serial_of(recorded: Option<&SpdkTarget>, uuid: &str) -> String {
+    recorded
+        .map(|t| t.sn.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| naming::serial_number(uuid))
 }
 
 fn target_err(e: SpdkError) -> ExportError {

@@ -4,7 +4,7 @@
 
 use liteio_api::{SpdkTarget, naming};
 
-use super::{SpdkExporter, ana, key_names, request_nqn, target_err};
+use super::{SpdkExporter, ana, key_names, nqn_of, request_nqn, serial_of, target_err};
 use crate::exporter::{ExportError, ExportRequest, PathState, UnexportRequest};
 use crate::spdk::error::SpdkError;
 use crate::spdk::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec};
@@ -334,10 +334,7 @@ impl SpdkExporter {
         // The namespace's identity comes from the volume, never the node: the preset's
         // serial (a migration destination serves the source volume's identity, so the
         // host sees one subsystem with two paths), else the volume's.
-        let serial = preset
-            .map(|t| t.sn.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| naming::serial_number(&req.uuid));
+        let serial = serial_of(preset, &req.uuid);
         let base = SubsystemSpec {
             hosts: req.allowed_hosts.clone(),
             keys,
@@ -362,12 +359,7 @@ impl SpdkExporter {
     /// `Exporter::remove_export`: the subsystem, then the gates and the aio bdev it
     /// exported, then the keys.
     pub(super) async fn unexport(&self, req: &UnexportRequest) -> Result<(), ExportError> {
-        let nqn = req
-            .target
-            .as_ref()
-            .map(|t| t.subsys_nqn.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| naming::subsys_nqn(&req.uuid));
+        let nqn = nqn_of(req.target.as_ref(), &req.uuid);
         // The gates the subsystem exported (and the one recorded on the volume, when an
         // earlier unexport stopped after the subsystem) go after it: a gate goes once
         // nobody has it open.
