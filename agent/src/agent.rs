@@ -235,7 +235,7 @@ impl Agent {
         );
         metrics.add_source(Arc::new(metrics::EngineSource(Arc::clone(&engine))));
         let ctx = Arc::new(Ctx {
-            warnings: crate::sync::Warnings::new(client.clone(), &opts.node),
+            warnings: crate::state::warnings::Warnings::new(client.clone(), &opts.node),
             keys_client: opts
                 .keys_client
                 .clone()

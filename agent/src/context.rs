@@ -1,5 +1,6 @@
 //! What every control-loop task shares: the client, the node, the engine, the exporter,
-//! metrics, and the pool-change notification.
+//! metrics, and the pool-change notification; and what the control loops remember between
+//! passes ([`crate::state`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,6 +13,11 @@ use crate::engine::{EngineError, PoolEngine, PoolInfo};
 use crate::error::{AgentError, Result};
 use crate::exporter::Exporter;
 use crate::metrics::Metrics;
+use crate::state::capabilities::KnownCapabilities;
+use crate::state::copy_failures::CopyFailures;
+use crate::state::own_writes::OwnWrites;
+use crate::state::provision::Provisioning;
+use crate::state::warnings::Warnings;
 
 /// Shared state of one agent.
 pub struct Ctx {
@@ -45,16 +51,16 @@ pub struct Ctx {
     /// Pool name (VG, lvstore or file pool name).
     pub pool_name: String,
     /// Where the volumes being provisioned spend their time.
-    pub provisioning: crate::sync::provision::Provisioning,
+    pub provisioning: Provisioning,
     /// Versions of objects the agent's own passes superseded.
-    pub own_writes: crate::sync::OwnWrites,
+    pub own_writes: OwnWrites,
     /// When the copy of each migration last failed (a failed copy starts again only after a
     /// pause, so that the failure is seen).
-    pub copy_failures: crate::sync::migration::Failures,
+    pub copy_failures: CopyFailures,
     /// Warning events about objects whose reconcile failed for good.
-    pub warnings: crate::sync::Warnings,
+    pub warnings: Warnings,
     /// The hosts' capabilities from the Node watch (empty without authentication).
-    pub capabilities: crate::sync::node_auth::KnownCapabilities,
+    pub capabilities: KnownCapabilities,
     /// Engine calls running at once (see [`ENGINE_CALLS`]).
     pub engine_slots: tokio::sync::Semaphore,
 }

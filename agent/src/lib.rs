@@ -1,7 +1,8 @@
 //! LiteIO disk-agent.
 //!
 //! The control loop: [`pool`] (the StoragePool object), [`heartbeat`] (the Lease),
-//! [`sync`] (volumes and snapshots), [`recovery`] (orphans after a restart), [`metrics`],
+//! [`sync`] (volumes and snapshots), [`state`] (what the loops remember between passes),
+//! [`recovery`] (orphans after a restart), [`metrics`],
 //! wired together by [`agent::Agent`]. The data side is a [`engine::PoolEngine`]; remote
 //! access goes through an [`exporter::Exporter`].
 #![forbid(unsafe_code)]
@@ -21,4 +22,5 @@ pub mod recovery;
 pub mod restore;
 #[cfg(feature = "spdk")]
 pub mod spdk;
+pub mod state;
 pub mod sync;

@@ -109,13 +109,13 @@ impl Recovery {
             .await?;
         let mut volume_names: HashSet<String> = HashSet::new();
         for v in &vol_list.items {
-            volume_names.insert(crate::sync::volume::engine_name(v));
+            volume_names.insert(crate::sync::names::volume_engine_name(v));
             volume_names.insert(v.name_any());
         }
         let snapshot_names: HashSet<String> = snap_list
             .items
             .iter()
-            .map(crate::sync::snapshot::engine_name)
+            .map(crate::sync::names::snapshot_engine_name)
             .collect();
         let orphans = find_orphans(&engine, &volume_names, &snapshot_names);
         ctx.metrics

@@ -344,12 +344,12 @@ async fn reconcile_inner(dc: &AntstorDataControl, ctx: &Ctx) -> Result<Action> {
     } else {
         None
     };
-    let hostnqn = super::volume::node_host_nqn(ctx, &ctx.node).await?;
+    let hostnqn = super::names::node_host_nqn(ctx, &ctx.node).await?;
     let host = dc.spec.host_node.id.clone();
     let allowed_hosts = if host.is_empty() {
         Vec::new()
     } else {
-        vec![super::volume::node_host_nqn(ctx, &host).await?]
+        vec![super::names::node_host_nqn(ctx, &host).await?]
     };
     let req = AssemblyRequest {
         name: dc.name_any(),

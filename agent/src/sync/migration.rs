@@ -63,35 +63,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Pause before a failed copy is started again.
 const RETRY_COPY: Duration = Duration::from_secs(5);
 
-/// When the copy of each migration (by uid) last failed.
-#[derive(Debug, Default)]
-pub struct Failures(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
-
-impl Failures {
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::time::Instant>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn failed(&self, key: &str) {
-        self.map()
-            .insert(key.to_string(), std::time::Instant::now());
-    }
-
-    /// How long the copy of `key` must still wait before it starts again.
-    fn wait_left(&self, key: &str) -> Option<Duration> {
-        let at = *self.map().get(key)?;
-        RETRY_COPY.checked_sub(at.elapsed())
-    }
-
-    fn forget(&self, key: &str) {
-        self.map().remove(key);
-    }
-}
-
 fn export_err(op: &'static str, volume: &str, source: ExportError) -> AgentError {
     AgentError::Export {
         op,
@@ -219,7 +190,7 @@ pub async fn reconcile(m: Arc<VolumeMigration>, ctx: Arc<Ctx>) -> Result<Action>
             return Ok(Action::requeue(RETRY_COPY));
         }
         CopyPhase::Idle | CopyPhase::Cancelled | CopyPhase::Failed | CopyPhase::Finished => {
-            if let Some(left) = ctx.copy_failures.wait_left(&key) {
+            if let Some(left) = ctx.copy_failures.wait_left(&key, RETRY_COPY) {
                 return Ok(Action::requeue(left));
             }
             ctx.copy_failures.forget(&key);
@@ -272,7 +243,7 @@ async fn connect(
         address: t.address.clone(),
         port,
         subnqn: t.subsys_nqn.clone(),
-        hostnqn: super::volume::node_host_nqn(ctx, &ctx.node).await?,
+        hostnqn: super::names::node_host_nqn(ctx, &ctx.node).await?,
         uuid: source.spec.uuid.clone(),
         tls: annotation(&source.metadata, annotations::NVMF_TLS) == Some("true"),
     };

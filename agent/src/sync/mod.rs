@@ -15,8 +15,8 @@ pub mod auth;
 pub mod backoff;
 pub mod datacontrol;
 pub mod migration;
+pub mod names;
 pub mod node_auth;
-pub mod provision;
 pub mod snapshot;
 pub mod volume;
 
@@ -29,7 +29,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -52,17 +51,8 @@ pub(crate) fn patch_params() -> PatchParams {
     }
 }
 
+pub(crate) use crate::state::{describe, object_key};
 pub(crate) use liteio_api::meta::{annotation, has_finalizer, label};
-
-/// `Kind ns/name` for messages.
-pub(crate) fn describe<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!(
-        "{} {}/{}",
-        K::kind(&()),
-        obj.namespace().unwrap_or_default(),
-        obj.name_any()
-    )
-}
 
 /// Merge-patches `body` into the object, guarded by its resourceVersion (a concurrent
 /// change is a 409 and the reconcile retries with a fresh copy).
@@ -139,161 +129,9 @@ pub(crate) fn with_finalizer(meta: &ObjectMeta, add: &str) -> Vec<String> {
     v
 }
 
-/// The resourceVersions objects went through during the agent's own last pass over them,
-/// except the last one.
-///
-/// A pass may write an object several times (finalizer, spec, export, status). The watch
-/// delivers those writes one by one, and each schedules another pass, which runs on the copy
-/// the watch has delivered so far: one the agent itself has already superseded. Such a pass
-/// would redo engine and export checks and then fail on a conflict; it is skipped instead,
-/// and the watch event of the pass's last write brings the next pass. resourceVersions are
-/// only compared for equality.
-#[derive(Debug, Default)]
-pub struct OwnWrites {
-    passed: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
-}
-
-impl OwnWrites {
-    fn passed(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<String>>> {
-        self.passed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Whether `rv` of object `key` is a version the agent's last pass wrote and then
-    /// superseded. Any other version means the object has moved on: the record is dropped.
-    pub fn is_superseded(&self, key: &str, rv: Option<&str>) -> bool {
-        let mut passed = self.passed();
-        match (passed.get(key), rv) {
-            (Some(rvs), Some(rv)) if rvs.iter().any(|r| r == rv) => true,
-            (Some(_), _) => {
-                passed.remove(key);
-                false
-            }
-            (None, _) => false,
-        }
-    }
-
-    /// A pass over `key` went through `rvs` (the version it was given, then each write's),
-    /// in order.
-    pub fn record(&self, key: String, mut rvs: Vec<String>) {
-        rvs.dedup();
-        if rvs.len() > 1 {
-            rvs.pop();
-            self.passed().insert(key, rvs);
-        } else {
-            self.passed().remove(&key);
-        }
-    }
-
-    /// Objects with a record.
-    pub fn len(&self) -> usize {
-        self.passed().len()
-    }
-
-    /// Whether no object has a record.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Warning events about the objects whose reconcile failed for good ([`Retry::OnChange`]):
-/// one per object and distinct message, so that an object retried on every pool change does
-/// not repeat it.
-pub struct Warnings {
-    recorder: Recorder,
-    last: std::sync::Mutex<std::collections::HashMap<String, String>>,
-}
-
-impl std::fmt::Debug for Warnings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Warnings").finish_non_exhaustive()
-    }
-}
-
-/// Longest event note (the API server refuses notes over 1 KiB).
-const NOTE_MAX: usize = 1000;
-
-impl Warnings {
-    /// Events reported by the agent of `node`.
-    pub fn new(client: kube::Client, node: &str) -> Self {
-        Self {
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: managers::AGENT.into(),
-                    instance: Some(node.to_string()),
-                },
-            ),
-            last: Default::default(),
-        }
-    }
-
-    fn last(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
-        self.last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The key of `obj`: its kind, namespace and name (a volume and a snapshot may share a
-    /// name).
-    fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-        format!("{}/{}", K::kind(&()), object_key(obj))
-    }
-
-    /// Publishes a Warning event `reason` about `obj` unless the last one about it said the
-    /// same (best effort: a failure is logged).
-    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: &str) {
-        let key = Self::key(obj);
-        if self.last().get(&key).is_some_and(|n| n == note) {
-            return;
-        }
-        let mut text = note.to_string();
-        if text.len() > NOTE_MAX {
-            let mut end = NOTE_MAX;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-        }
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(text),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        match self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            Ok(()) => {
-                self.last().insert(key, note.to_string());
-            }
-            Err(e) => {
-                warn!(object = %describe(obj), reason, error = %e, "cannot publish a Warning event")
-            }
-        }
-    }
-
-    /// `obj` reconciled: its next failure is told again.
-    pub fn forget<K: Resource<DynamicType = ()>>(&self, obj: &K) {
-        self.last().remove(&Self::key(obj));
-    }
-
-    /// Forgets the objects of kind `K` for which `keep` (given [`object_key`]) is false.
-    fn retain<K: Resource<DynamicType = ()>>(&self, mut keep: impl FnMut(&str) -> bool) {
-        let prefix = format!("{}/", K::kind(&()));
-        self.last()
-            .retain(|k, _| k.strip_prefix(&prefix).is_none_or(&mut keep));
-    }
-}
-
 /// Requeue delay after a conflict: a fresh copy heals it, so it is neither counted nor
 /// backed off.
 const CONFLICT_RETRY: Duration = Duration::from_millis(20);
-
-/// The key of an object in the per-object failure counts.
-pub(crate) fn object_key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
-}
 
 /// The reference of the object under `key` (see [`object_key`]).
 fn object_ref<K: Resource<DynamicType = ()>>(key: &str) -> ObjectRef<K> {
@@ -463,30 +301,3 @@ where
 
 /// How long running reconciles may take to finish after shutdown.
 const DRAIN: Duration = Duration::from_secs(2);
-
-#[cfg(test)]
-mod tests {
-    use super::OwnWrites;
-
-    #[test]
-    fn only_versions_the_agent_superseded_are_skipped() {
-        let w = OwnWrites::default();
-        w.record("ns/a".into(), vec!["1".into(), "2".into(), "3".into()]);
-        assert!(w.is_superseded("ns/a", Some("1")));
-        assert!(w.is_superseded("ns/a", Some("2")));
-        assert!(!w.is_superseded("ns/b", Some("2")), "another object");
-        // The last write is not superseded: its pass must run, and the record goes.
-        assert!(!w.is_superseded("ns/a", Some("3")));
-        assert!(w.is_empty());
-        assert!(!w.is_superseded("ns/a", Some("1")), "the record is gone");
-    }
-
-    #[test]
-    fn a_pass_without_writes_leaves_no_record() {
-        let w = OwnWrites::default();
-        w.record("ns/a".into(), vec!["1".into(), "2".into()]);
-        w.record("ns/a".into(), vec!["2".into()]);
-        assert!(w.is_empty());
-        assert!(!w.is_superseded("ns/a", None));
-    }
-}

@@ -24,23 +24,15 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{finalizers, labels};
 use liteio_api::snapshot::SnapshotStatusName;
-use liteio_api::{AntstorSnapshot, AntstorVolume, keys, naming};
+use liteio_api::{AntstorSnapshot, AntstorVolume, keys};
 use serde_json::{Value, json};
 use tracing::{info, instrument, warn};
 
+use super::names::{snapshot_engine_name, volume_engine_name};
 use super::{has_finalizer, label, patch_guarded, patch_status, remove_finalizers, with_finalizer};
 use crate::context::Ctx;
 use crate::engine::EngineKind;
 use crate::error::{AgentError, ErrorKind, Result};
-
-/// Name of the snapshot in the engine.
-pub fn engine_name(snap: &AntstorSnapshot) -> String {
-    [&snap.spec.kernel_lvol.name, &snap.spec.spdk_lvol.name]
-        .into_iter()
-        .find(|n| !n.is_empty())
-        .cloned()
-        .unwrap_or_else(|| naming::snapshot_name(&snap.spec.origin_vol_name))
-}
 
 /// The status of a snapshot in `phase`, clearing an earlier failure's message.
 fn state(phase: SnapshotStatusName) -> Value {
@@ -95,7 +87,7 @@ async fn reconcile_inner(snap: &AntstorSnapshot, ctx: &Arc<Ctx>) -> Result<Actio
     let api = api(ctx, snap);
     let ctx = Arc::clone(ctx);
     let mut snap = snap.clone();
-    let ename = engine_name(&snap);
+    let ename = snapshot_engine_name(&snap);
     if snap.metadata.deletion_timestamp.is_some() {
         if has_finalizer(&snap.metadata, finalizers::SNAPSHOT) {
             let n = ename.clone();
@@ -126,7 +118,7 @@ async fn reconcile_inner(snap: &AntstorSnapshot, ctx: &Arc<Ctx>) -> Result<Actio
             )
             .await?
             .ok_or(AgentError::NotFound { what })?;
-        let origin_name = super::volume::engine_name(&origin);
+        let origin_name = volume_engine_name(&origin);
         let reserve = u64::try_from(snap.spec.size).unwrap_or(0);
         let (o, n) = (origin_name.clone(), ename.clone());
         let info = ctx

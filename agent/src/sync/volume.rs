@@ -53,13 +53,11 @@ use kube::{Api, ResourceExt};
 use liteio_api::host_auth::{self, HostAuthCapability, HostAuthPolicy};
 use liteio_api::keys::{annotations, finalizers, labels};
 use liteio_api::snapshot::SnapshotStatusName;
-use liteio_api::{
-    AntstorSnapshot, AntstorVolume, SpdkTarget, StoragePool, VolumeStatus, VolumeType, keys, naming,
-};
+use liteio_api::{AntstorSnapshot, AntstorVolume, SpdkTarget, VolumeStatus, VolumeType, keys};
 use serde_json::{Value, json};
 use tracing::{debug, info, instrument, warn};
 
-use super::provision::{self, Pass, Step};
+use super::names::{node_host_nqn, snapshot_engine_name, volume_engine_name};
 use super::{
     annotation, describe, has_finalizer, label, object_key, patch_guarded, patch_status,
     remove_finalizers, with_finalizer,
@@ -69,6 +67,7 @@ use crate::crash::{self, CrashPoint};
 use crate::engine::{EngineKind, LvLayout, VolumeInfo, VolumeOptions};
 use crate::error::{AgentError, ErrorKind, Result};
 use crate::exporter::{ExportRequest, PathState, UnexportRequest};
+use crate::state::provision::{self, Pass, Step};
 
 /// The `resource` label of this reconciler's errors (as `run_controller` is given).
 pub(crate) const RESOURCE: &str = "antstorvolume";
@@ -86,23 +85,6 @@ pub fn engine_volume_type(kind: EngineKind) -> VolumeType {
         EngineKind::SpdkLvs => VolumeType::SpdkLVol,
         _ => VolumeType::KernelLVol,
     }
-}
-
-/// Name of the volume in the engine: the recorded LV / lvol name, else the object name.
-pub fn engine_name(vol: &AntstorVolume) -> String {
-    vol.spec
-        .kernel_lvol
-        .as_ref()
-        .map(|l| l.name.clone())
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            vol.spec
-                .spdk_lvol
-                .as_ref()
-                .map(|l| l.name.clone())
-                .filter(|n| !n.is_empty())
-        })
-        .unwrap_or_else(|| vol.name_any())
 }
 
 /// Whether the volume needs an NVMe-oF export: for SPDK lvols always but when they are
@@ -255,7 +237,7 @@ async fn reconcile_inner(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
     // The versions this pass goes through (see `OwnWrites`).
     let mut rvs: Vec<String> = vol.metadata.resource_version.iter().cloned().collect();
     let mut wrote = |v: &AntstorVolume| rvs.extend(v.metadata.resource_version.iter().cloned());
-    let ename = engine_name(&vol);
+    let ename = volume_engine_name(&vol);
     // The record of an engine volume created in this pass, when it goes with the export.
     let mut pending_record: Option<(Value, VolumeInfo)> = None;
     if !LOGIC_FINALIZERS
@@ -443,7 +425,7 @@ async fn provision(ctx: &Ctx, vol: &AntstorVolume, ename: &str) -> Result<Option
             .await;
             return Ok(None);
         };
-        let sname = super::snapshot::engine_name(&snap);
+        let sname = snapshot_engine_name(&snap);
         let (s, n) = (sname.clone(), ename.to_string());
         let mut info = ctx
             .engine_call("clone", ename, move |e| e.clone_from_snapshot(&s, &n))
@@ -646,18 +628,6 @@ async fn tell_keyless(ctx: &Ctx, vol: &AntstorVolume, allowed: &AllowedHosts) {
     if let Err(e) = recorder.publish(&ev, &vol.object_ref(&())).await {
         warn!(error = %e, "cannot publish the event that the volume is served without authentication");
     }
-}
-
-/// The host NQN of `node` (its StoragePool's, else the one derived from its name).
-pub(crate) async fn node_host_nqn(ctx: &Ctx, node: &str) -> Result<String> {
-    let pools: Api<StoragePool> = Api::namespaced(ctx.client.clone(), keys::DEFAULT_NAMESPACE);
-    let pool = ctx
-        .timed("get", format!("StoragePool {node}"), pools.get_opt(node))
-        .await?;
-    Ok(pool
-        .as_ref()
-        .and_then(|p| p.host_nqn())
-        .map_or_else(|| naming::host_nqn(node), str::to_string))
 }
 
 /// Whether `vol` is the destination of a hot migration that is not finished.
@@ -1035,7 +1005,7 @@ async fn delete(vol: &AntstorVolume, ctx: &Ctx) -> Result<Action> {
         .iter()
         .any(|f| has_finalizer(&vol.metadata, f));
     if logic {
-        let ename = engine_name(vol);
+        let ename = volume_engine_name(vol);
         let n = ename.clone();
         ctx.engine_call("delete", &ename, move |e| e.delete_volume(&n))
             .await?;
