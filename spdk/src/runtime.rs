@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::dhchap::DhGroup;
 use super::error::{Result, SpdkError};
-use super::nvmf::DhGroup;
 
 /// Options of the SPDK runtime.
 #[derive(Debug, Clone)]
