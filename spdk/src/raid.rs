@@ -578,6 +578,12 @@ pub async fn create_raid(
     create_raid_with(name, level, bases, strip_kb, &RaidCreateOpts::default()).await
 }
 
+/// Create a raid0 bdev over `bases` with a strip size in KiB: [`create_raid`] with
+/// [`RaidLevel::Raid0`] (the older entry point, once `bdev::create_raid0`).
+pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result<BdevInfo> {
+    create_raid(name, RaidLevel::Raid0, bases, strip_kb).await
+}
+
 /// [`create_raid`] with options: a superblock on the members, the raid's UUID. A raid1 with a
 /// superblock is the shape of a replicated volume: SPDK writes the superblock on every
 /// member before the raid comes online, and again (with a higher sequence number) whenever a
