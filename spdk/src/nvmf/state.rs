@@ -24,6 +24,25 @@ extern "C" fn settled(_ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i
 pub async fn settle(nqn: &str) -> Result<()> {
     // Messages to a thread run in order: this one runs after a pending resize notice.
     on_reactor_with(|_r| Ok(())).await?;
+    on_existing(nqn, "settle subsystem", |ss, ctx| {
+        // Resuming an active subsystem is a no-op state change queued behind the others.
+        // SAFETY: on the reactor, `ss` just looked up (see `on_existing`); `ctx` owned by
+        // SPDK when rc == 0.
+        unsafe { spdk_sys::spdk_nvmf_subsystem_resume(ss, Some(settled), ctx) }
+    })
+    .await
+}
+
+/// Start one change of the subsystem `nqn` on the reactor and answer with its status
+/// (missing = success). `start` gets the subsystem, just looked up, and an [`errno_ctx`]
+/// to pass to SPDK with [`errno_cb`]; it returns SPDK's return code (not 0: SPDK never took
+/// the context, which is answered here). `what` names the change in its error.
+#[track_caller]
+fn on_existing(
+    nqn: &str,
+    what: &'static str,
+    start: impl FnOnce(*mut spdk_nvmf_subsystem, *mut c_void) -> i32 + Send + 'static,
+) -> impl Future<Output = Result<()>> + Send {
     let nqn = nqn.to_string();
     exec_on(move |r, reply| {
         let ss = match subsystem(r, &nqn) {
@@ -31,23 +50,19 @@ pub async fn settle(nqn: &str) -> Result<()> {
             Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
             Err(e) => return reply.send(Err(e)),
         };
-        let n = nqn.clone();
         let ctx = errno_ctx(move |_r, rc| {
             reply.send(if rc == 0 {
                 Ok(())
             } else {
-                Err(SpdkError::errno("settle subsystem", n, rc))
+                Err(SpdkError::errno(what, nqn, rc))
             })
         });
-        // Resuming an active subsystem is a no-op state change queued behind the others.
-        // SAFETY: on the reactor; `ctx` owned by SPDK when rc == 0.
-        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_resume(ss, Some(settled), ctx) };
+        let rc = start(ss, ctx);
         if rc != 0 {
             // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
             unsafe { errno_cb(ctx, rc) };
         }
     })
-    .await
 }
 
 extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, status: i32) {
@@ -78,27 +93,10 @@ extern "C" fn delete_stopped(ss: *mut spdk_nvmf_subsystem, arg: *mut c_void, sta
 /// other subsystems may use the port.
 pub async fn delete_subsystem(nqn: &str) -> Result<()> {
     settle(nqn).await?;
-    let nqn = nqn.to_string();
-    exec_on(move |r, reply| {
-        let ss = match subsystem(r, &nqn) {
-            Ok(s) => s,
-            Err(SpdkError::NotFound { .. }) => return reply.send(Ok(())),
-            Err(e) => return reply.send(Err(e)),
-        };
-        let n = nqn.clone();
-        let ctx = errno_ctx(move |_r, rc| {
-            reply.send(if rc == 0 {
-                Ok(())
-            } else {
-                Err(SpdkError::errno("delete subsystem", n, rc))
-            })
-        });
-        // SAFETY: on the reactor; `ctx` owned by SPDK until `delete_stopped` hands it on.
-        let rc = unsafe { spdk_sys::spdk_nvmf_subsystem_stop(ss, Some(delete_stopped), ctx) };
-        if rc != 0 {
-            // SAFETY: SPDK refused the call and never took `ctx`: answered here, once.
-            unsafe { errno_cb(ctx, rc) };
-        }
+    on_existing(nqn, "delete subsystem", |ss, ctx| {
+        // SAFETY: on the reactor, `ss` just looked up (see `on_existing`); `ctx` owned by
+        // SPDK until `delete_stopped` hands it on.
+        unsafe { spdk_sys::spdk_nvmf_subsystem_stop(ss, Some(delete_stopped), ctx) }
     })
     .await
 }
