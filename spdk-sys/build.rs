@@ -64,6 +64,21 @@ mod link {
         "spdk_env_dpdk_rpc",
         "spdk_env_dpdk",
     ];
+    /// The shim's C files, one per concept (see `shim/`): SPDK's bdev modules, raid bdevs and
+    /// their superblocks, the NVMe-oF target and the hosts connected to it (the one file that
+    /// reads SPDK's private `nvmf_internal.h`), the in-memory keyring, the initiator, and the
+    /// gate's bdev module and copy engine.
+    const SHIM_SOURCES: &[&str] = &[
+        "shim/shim_bdev.c",
+        "shim/shim_raid.c",
+        "shim/shim_raid_sb.c",
+        "shim/shim_nvmf.c",
+        "shim/nvmf_hosts.c",
+        "shim/shim_keyring.c",
+        "shim/shim_nvme.c",
+        "shim/gate.c",
+        "shim/gate_copy.c",
+    ];
     /// Module headers the shim and bindings need, relative to a source tree.
     const MODULE_DIRS: &[&str] = &[
         "module/bdev/aio",
@@ -304,13 +319,12 @@ mod link {
         ] {
             println!("cargo:rerun-if-env-changed={var}");
         }
-        for f in [
+        for f in SHIM_SOURCES.iter().chain(&[
             "wrapper.h",
-            "shim/shim.c",
-            "shim/gate.c",
-            "shim/nvmf_hosts.c",
             "shim/shim.h",
-        ] {
+            "shim/shim_internal.h",
+            "shim/gate.h",
+        ]) {
             println!("cargo:rerun-if-changed={f}");
         }
         let spdk = locate();
@@ -330,9 +344,7 @@ mod link {
         includes.extend(dpdk_includes);
 
         let mut cc = cc::Build::new();
-        cc.file("shim/shim.c")
-            .file("shim/gate.c")
-            .file("shim/nvmf_hosts.c")
+        cc.files(SHIM_SOURCES)
             .warnings(true)
             .extra_warnings(false)
             .flag_if_supported("-Wno-unused-parameter");

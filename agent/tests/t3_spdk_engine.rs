@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, bdev, lvol};
+use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, bdev, lvol, raid};
 
 fn spdk() -> &'static Spdk {
     static SPDK: OnceLock<Spdk> = OnceLock::new();
@@ -247,19 +247,19 @@ fn raid0_over_two_bdevs_and_pci_address_checks() {
     run(async {
         bdev::create_malloc("r0a", 32 * MIB, 512).await.unwrap();
         bdev::create_malloc("r0b", 32 * MIB, 512).await.unwrap();
-        let raid = bdev::create_raid0("r0", &["r0a".to_string(), "r0b".to_string()], 128)
+        let raid = raid::create_raid0("r0", &["r0a".to_string(), "r0b".to_string()], 128)
             .await
             .unwrap();
         assert_eq!(raid.size_bytes(), 64 * MIB);
         assert_eq!(
-            bdev::create_raid0("r0", &["r0a".to_string(), "r0b".to_string()], 128)
+            raid::create_raid0("r0", &["r0a".to_string(), "r0b".to_string()], 128)
                 .await
                 .unwrap()
                 .name,
             "r0",
             "idempotent"
         );
-        let e = bdev::create_raid0("r1", &["r0a".to_string()], 128)
+        let e = raid::create_raid0("r1", &["r0a".to_string()], 128)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
@@ -267,8 +267,8 @@ fn raid0_over_two_bdevs_and_pci_address_checks() {
             .await
             .unwrap();
         lvol::destroy_lvstore("raidlvs").await.unwrap();
-        bdev::delete_raid("r0").await.unwrap();
-        bdev::delete_raid("r0").await.unwrap();
+        raid::delete_raid("r0").await.unwrap();
+        raid::delete_raid("r0").await.unwrap();
         bdev::delete_malloc("r0a").await.unwrap();
         bdev::delete_malloc("r0b").await.unwrap();
         let e = liteio_agent::spdk::initiator::attach_pcie("nv", "01:00.0")
@@ -350,7 +350,7 @@ fn raid_bdev_pool_over_striped_members() {
     again.delete_volume("pvc-r").unwrap();
     run(async {
         lvol::destroy_lvstore("rlvs2").await.unwrap();
-        bdev::delete_raid("rraid").await.unwrap();
+        raid::delete_raid("rraid").await.unwrap();
         bdev::delete_malloc("rm0").await.unwrap();
         bdev::delete_malloc("rm1").await.unwrap();
     });

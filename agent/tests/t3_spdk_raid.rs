@@ -202,7 +202,7 @@ async fn concat_of_three_sizes_sums_them() {
 }
 
 /// (b) A raid0 of three equal members is three times one (in whole strips); data across
-/// strip boundaries goes round the members strip by strip. Through `bdev::create_raid0`, the
+/// strip boundaries goes round the members strip by strip. Through `raid::create_raid0`, the
 /// older entry point.
 async fn raid0_of_three_stripes_over_them() {
     let strip = 64 * KIB;
@@ -210,7 +210,7 @@ async fn raid0_of_three_stripes_over_them() {
     for m in &members {
         bdev::create_malloc(m, 16 * MIB, 512).await.unwrap();
     }
-    let r = bdev::create_raid0("stripe", &members, 64).await.unwrap();
+    let r = raid::create_raid0("stripe", &members, 64).await.unwrap();
     assert_eq!(r.size_bytes(), 3 * 16 * MIB);
     println!(
         "raid0 over 3 x 16 MiB, strip 64 KiB: {} bytes",
@@ -567,7 +567,7 @@ async fn create_is_idempotent_and_a_different_shape_conflicts() {
 
     raid::delete_raid("idem").await.unwrap();
     raid::delete_raid("idem").await.unwrap();
-    bdev::delete_raid("idem").await.unwrap();
+    raid::delete_raid("idem").await.unwrap();
     nothing_named("idem").await;
     // The members are free again.
     raid::create_raid("idem2", RaidLevel::Concat, &bases, 64)

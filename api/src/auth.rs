@@ -488,11 +488,11 @@ pub const SECRET_TYPE: &str = "liteio.io/nvme-auth";
 pub fn volume_secret(
     vol: &crate::AntstorVolume,
     keys: &VolumeKeys,
-) -> Result<k8s_openapi::api::core::v1::Secret, crate::validate::ValidationError> {
+) -> Result<k8s_openapi::api::core::v1::Secret, crate::invalid::ValidationError> {
     use kube::Resource as _;
     let name = vol.auth_secret_name();
     if name.len() > crate::naming::SECRET_NAME_MAX || !crate::naming::is_dns_subdomain(&name) {
-        return Err(crate::validate::ValidationError::new(
+        return Err(crate::invalid::ValidationError::new(
             "metadata.name",
             format!("the volume's name makes no valid Secret name ({name:?})"),
         ));

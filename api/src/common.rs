@@ -186,16 +186,16 @@ impl std::fmt::Display for VolumePosition {
 }
 
 impl std::str::FromStr for VolumePosition {
-    type Err = crate::validate::ValidationError;
+    type Err = crate::invalid::ValidationError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        crate::validate::parse_enum("positionAdvice", s)
+        crate::invalid::parse_enum("positionAdvice", s)
     }
 }
 
 impl std::str::FromStr for VolumeType {
-    type Err = crate::validate::ValidationError;
+    type Err = crate::invalid::ValidationError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        crate::validate::parse_enum("volumeType", s)
+        crate::invalid::parse_enum("volumeType", s)
     }
 }
 

@@ -65,12 +65,12 @@ impl HostAuthPolicy {
     }
 
     /// Parses the value of `field`; the error names the field and the allowed values.
-    pub fn parse(field: &str, s: &str) -> Result<Self, crate::validate::ValidationError> {
+    pub fn parse(field: &str, s: &str) -> Result<Self, crate::invalid::ValidationError> {
         Self::ALL
             .into_iter()
             .find(|p| p.as_str() == s.trim())
             .ok_or_else(|| {
-                crate::validate::ValidationError::new(
+                crate::invalid::ValidationError::new(
                     field,
                     format!("{s:?} is not one of required, preferred, none"),
                 )

@@ -10,6 +10,7 @@ pub mod crd;
 pub mod datacontrol;
 pub mod group;
 pub mod host_auth;
+mod invalid;
 pub mod keys;
 pub mod meta;
 pub mod migration;

@@ -1,7 +1,7 @@
 //! LiteIO's naming scheme for engine-side objects. Kept identical to the original so that
 //! hosts connected to a LiteIO target see the same subsystem after a switch.
 
-use crate::validate::ValidationError;
+use crate::invalid::ValidationError;
 
 /// Prefix of a volume's subsystem NQN.
 pub const SUBSYS_NQN_PREFIX: &str = "nqn.2021-03.com.alipay.ob:uuid:";

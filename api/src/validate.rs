@@ -1,47 +1,20 @@
 //! Typed validation of LiteIO objects. Every error names the field it is about, in the
 //! JSON path form an operator sees in `kubectl get -o yaml` (`spec.sizeByte`).
-
-use serde::de::DeserializeOwned;
+//!
+//! The top of the crate's validation: it checks whole objects (volume, snapshot, pool,
+//! volume group) and imports their types; nothing in the crate imports it back. The error
+//! types and `parse_enum` live below the types, in `invalid`, and are re-exported here.
 
 use crate::common::VolumeType;
 use crate::group::{AntstorVolumeGroup, SymmetryValue};
 use crate::keys::annotations;
+use crate::meta::annotation;
 use crate::pool::StoragePool;
 use crate::size::{self, MIN_VOLUME_SIZE};
 use crate::snapshot::AntstorSnapshot;
 use crate::volume::AntstorVolume;
 
-/// One invalid field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct ValidationError {
-    /// JSON path of the field (`spec.uuid`, `metadata.annotations[obnvmf/allocated-bytes]`).
-    pub field: String,
-    /// What is wrong and what is allowed.
-    pub reason: String,
-}
-
-impl ValidationError {
-    /// An error about `field`.
-    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
-}
-
-/// All invalid fields of one object.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-pub struct ValidationErrors(pub Vec<ValidationError>);
-
-impl ValidationErrors {
-    /// True when some error is about `field`.
-    pub fn mentions(&self, field: &str) -> bool {
-        self.0.iter().any(|e| e.field == field)
-    }
-}
+pub use crate::invalid::{ValidationError, ValidationErrors, allowed_values, parse_enum};
 
 fn finish(errors: Vec<ValidationError>) -> Result<(), ValidationErrors> {
     if errors.is_empty() {
@@ -50,44 +23,6 @@ fn finish(errors: Vec<ValidationError>) -> Result<(), ValidationErrors> {
         Err(ValidationErrors(errors))
     }
 }
-
-/// Values a string enum accepts, read from its JSON schema.
-pub fn allowed_values<T: schemars::JsonSchema>() -> Vec<String> {
-    let schema = schemars::schema_for!(T);
-    let mut out = Vec::new();
-    let value = schema.as_value();
-    if let Some(list) = value.get("enum").and_then(|v| v.as_array()) {
-        out.extend(list.iter().filter_map(|v| v.as_str().map(str::to_string)));
-    }
-    if let Some(list) = value.get("oneOf").and_then(|v| v.as_array()) {
-        for item in list {
-            if let Some(c) = item.get("const").and_then(|v| v.as_str()) {
-                out.push(c.to_string());
-            }
-            if let Some(e) = item.get("enum").and_then(|v| v.as_array()) {
-                out.extend(e.iter().filter_map(|v| v.as_str().map(str::to_string)));
-            }
-        }
-    }
-    out
-}
-
-/// Parse a string enum value, with an error naming `field` and the allowed values.
-pub fn parse_enum<T: DeserializeOwned + schemars::JsonSchema>(
-    field: &str,
-    value: &str,
-) -> Result<T, ValidationError> {
-    serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
-        let allowed = allowed_values::<T>()
-            .iter()
-            .map(|v| format!("{v:?}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        ValidationError::new(field, format!("{value:?} is not one of {allowed}"))
-    })
-}
-
-use crate::meta::annotation;
 
 fn check_u64_annotation(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,

@@ -1,6 +1,7 @@
 //! Block devices: malloc (tests), null (benchmarks), aio over a file or block device,
 //! listing, I/O statistics and QoS limits. Raid bdevs (concat, raid0, raid1) are in
-//! [`super::raid`]; [`create_raid0`] and [`delete_raid`] here are its older entry points.
+//! [`super::raid`], which stands on this module (it imports bdev lookups; nothing here
+//! imports it back).
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -382,18 +383,6 @@ pub async fn rescan_aio(name: &str) -> Result<BdevInfo> {
 /// Delete an aio bdev; missing = success.
 pub async fn delete_aio(name: &str) -> Result<()> {
     delete_with(Module::Aio, name).await
-}
-
-/// Create a raid0 bdev over `bases` with a strip size in KiB:
-/// [`super::raid::create_raid`] with [`RaidLevel::Raid0`](super::raid::RaidLevel::Raid0).
-pub async fn create_raid0(name: &str, bases: &[String], strip_kb: u32) -> Result<BdevInfo> {
-    super::raid::create_raid(name, super::raid::RaidLevel::Raid0, bases, strip_kb).await
-}
-
-/// Delete a raid bdev, also one still configuring; missing = success:
-/// [`super::raid::delete_raid`].
-pub async fn delete_raid(name: &str) -> Result<()> {
-    super::raid::delete_raid(name).await
 }
 
 /// Have SPDK's bdev modules examine the bdev `name` (an lvstore on it loads, a raid member's

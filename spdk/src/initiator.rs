@@ -4,8 +4,9 @@
 use std::ffi::{CString, c_char, c_void};
 use std::time::Duration;
 
+use super::dhchap::DhGroup;
 use super::error::{Result, SpdkError, libc_errno};
-use super::nvmf::{AnaState, DhGroup, HostKeys, ptr_or_null};
+use super::nvmf::{AnaState, HostKeys, ptr_or_null};
 use super::runtime::{Reply, cstr, errno_cb, errno_ctx, exec, no_unwind};
 
 struct Attach {

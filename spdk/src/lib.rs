@@ -17,6 +17,7 @@
 
 pub mod bdev;
 pub mod deprecation;
+pub mod dhchap;
 pub mod error;
 pub mod gate;
 pub mod initiator;

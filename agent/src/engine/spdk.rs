@@ -14,7 +14,7 @@ use super::{
     BdevIo, EngineError, EngineKind, PoolEngine, PoolInfo, VolumeInfo, VolumeIo, VolumeOptions,
     check_name,
 };
-use crate::spdk::{ErrorKind as SpdkKind, SpdkError, bdev, initiator, lvol};
+use crate::spdk::{ErrorKind as SpdkKind, SpdkError, bdev, initiator, lvol, raid};
 
 /// What the lvstore sits on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,7 +184,7 @@ impl BaseBdev {
                     m.ensure()?;
                 }
                 let names: Vec<String> = members.iter().map(|m| m.name().to_string()).collect();
-                block_on(bdev::create_raid0(name, &names, *strip_kb)).map_err(map)?;
+                block_on(raid::create_raid0(name, &names, *strip_kb)).map_err(map)?;
             }
         }
         Ok(())
