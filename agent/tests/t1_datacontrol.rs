@@ -589,12 +589,25 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
         )
         .await
         .unwrap();
-        let msg = wait_message(&dapi, PV, "connection refused").await;
+        // The object as it was when the failure was reported (a later read may find it
+        // ready already: the third attempt follows within a fraction of a second).
+        let dc = eventually(
+            "status.message of pvc-multi saying \"connection refused\"",
+            Duration::from_secs(10),
+            || async {
+                let dc = dapi.get(PV).await.unwrap();
+                dc.status
+                    .as_ref()
+                    .is_some_and(|s| s.message.contains("connection refused"))
+                    .then_some(dc)
+            },
+        )
+        .await;
+        let msg = &dc.status.as_ref().unwrap().message;
         assert!(
             msg.starts_with("cannot assemble multi-disk volume pvc-multi"),
             "{msg}"
         );
-        let dc = dapi.get(PV).await.unwrap();
         assert_eq!(
             dc.status.as_ref().and_then(|s| s.status),
             Some(VolumeStatus::Creating)
