@@ -18,6 +18,7 @@
 
 pub mod group;
 pub mod keys;
+pub mod members;
 pub mod migration;
 pub mod pool;
 pub mod replicated;
@@ -966,7 +967,10 @@ fn on_group(
                 cache.insert(ObjectKey::of(g.as_ref()), g);
             }
             let keys: Vec<ObjectKey> = cache.keys().cloned().collect();
-            let dcs: Vec<ObjectKey> = cache.values().map(|g| group::data_control_key(g)).collect();
+            let dcs: Vec<ObjectKey> = cache
+                .values()
+                .map(|g| members::data_control_key(g))
+                .collect();
             *ctx.group_cache
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = cache;
@@ -980,7 +984,7 @@ fn on_group(
         }
         Event::Apply(g) => {
             let key = ObjectKey::of(&g);
-            let dc = group::data_control_key(&g);
+            let dc = members::data_control_key(&g);
             ctx.upsert_group(Arc::new(g));
             ctx.group_queue.add(key);
             ctx.data_control_queue.add(dc);
@@ -991,7 +995,7 @@ fn on_group(
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&key);
-            ctx.data_control_queue.add(group::data_control_key(&g));
+            ctx.data_control_queue.add(members::data_control_key(&g));
         }
     }
 }

@@ -2,7 +2,9 @@
 //! (from the group reconciler), moving the assembly off a lost node and reporting health
 //! (from the data-control reconciler). The decisions are pure ([`crate::replicas`]); this
 //! carries them out so that a controller restart between any two steps repeats nothing that
-//! was done and loses nothing that was not.
+//! was done and loses nothing that was not. Called by [`super::group`] only; what it needs of a
+//! group (members, data control, owner, status writer) comes from [`super::members`], never
+//! from the group reconciler back.
 //!
 //! **Replacement** ([`replace_members`], on a fully placed replicated group):
 //! 1. [`replicas::decide`] picks a lost replica (pool down: at once; failed or missing past
@@ -52,7 +54,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
-use super::group::{data_control_key, group_status, member_key, member_type, owner};
+use super::members::{
+    data_control_key, group_status, member_key, member_type, owner, unrecorded_members,
+};
 use crate::error::{Error, Result};
 use crate::group_scheduler;
 use crate::replicas::{self, ReplicaView};
@@ -156,24 +160,10 @@ async fn set_replacing(
 /// it, is neither in `spec.volumes` nor replaced nor being deleted.
 fn created_replacement(ctx: &Context, g: &AntstorVolumeGroup) -> Option<VolumeMeta> {
     let ns = g.namespace().unwrap_or_default();
-    let gname = g.name_any();
-    let recorded: BTreeSet<&str> = g
-        .spec
-        .volumes
-        .iter()
-        .map(|m| m.vol_id.name.as_str())
-        .collect();
-    let state = ctx.state();
-    let mut found: Vec<&Arc<AntstorVolume>> = state
-        .volume_keys()
-        .iter()
-        .filter(|k| k.namespace == ns && !recorded.contains(k.name.as_str()))
-        .filter_map(|k| state.volume(k))
+    let mut found: Vec<Arc<AntstorVolume>> = unrecorded_members(ctx, g)
+        .into_iter()
         .filter(|v| {
-            v.metadata.resource_version.is_some()
-                && v.metadata.deletion_timestamp.is_none()
-                && liteio_api::meta::label(&v.metadata, labels::VOL_GROUP_NAME)
-                    == Some(gname.as_str())
+            v.metadata.deletion_timestamp.is_none()
                 && liteio_api::meta::annotation(&v.metadata, ANNO_REPLACED).is_none()
         })
         .collect();
