@@ -22,7 +22,7 @@
 //! reconciled kinds and the worker loop); `liveness` (the one timer); [`context`] (the
 //! [`Context`] they share, with the caches and queues); [`queue`] (the [`WorkQueue`] and
 //! [`backoff`]). The reconcilers, one per kind: [`volume`], [`pool`], [`snapshot`],
-//! [`migration`], [`keys`] (key access, and its start-up sweep), [`group`] (groups and
+//! [`migration`] (its pure decisions in [`migration::plan`]), [`keys`] (key access, and its start-up sweep), [`group`] (groups and
 //! data controls) with [`replicated`] (raid1 replicas) and [`members`] (what a group is made
 //! of, for both).
 
