@@ -42,6 +42,58 @@ pub(super) struct Synced {
     pub(super) nodes: AtomicBool,
 }
 
+/// Objects of one kind as last seen (watch events and this controller's writes), by key.
+#[derive(Debug)]
+pub(super) struct Cache<T>(Mutex<HashMap<ObjectKey, Arc<T>>>);
+
+impl<T> Default for Cache<T> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<T: Resource> Cache<T> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<ObjectKey, Arc<T>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The object `key`.
+    pub(super) fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
+        self.lock().get(key).cloned()
+    }
+
+    /// Every object.
+    pub(super) fn all(&self) -> Vec<Arc<T>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// The keys of the objects that `keep` holds for.
+    pub(super) fn keys_where(&self, keep: impl Fn(&T) -> bool) -> Vec<ObjectKey> {
+        self.lock()
+            .iter()
+            .filter(|(_, o)| keep(o))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Records the latest version of an object.
+    pub(super) fn upsert(&self, o: Arc<T>) {
+        self.lock().insert(ObjectKey::of(o.as_ref()), o);
+    }
+
+    /// Forgets an object.
+    pub(super) fn remove(&self, key: &ObjectKey) {
+        self.lock().remove(key);
+    }
+
+    /// Every object there is, after a full list: the keys of the objects, in the list's order.
+    pub(super) fn replace(&self, all: Vec<Arc<T>>) -> Vec<ObjectKey> {
+        let keys: Vec<ObjectKey> = all.iter().map(|o| ObjectKey::of(o.as_ref())).collect();
+        *self.lock() = keys.iter().cloned().zip(all).collect();
+        keys
+    }
+}
+
 /// Everything a reconciler needs.
 pub struct Context {
     /// The API client.
@@ -68,12 +120,12 @@ pub struct Context {
     /// The node each volume's object names (`spec.targetNodeId`), as key access last saw it.
     key_nodes: Mutex<HashMap<ObjectKey, String>>,
     /// The VolumeMigrations, as last seen (watch events and this controller's writes).
-    pub(super) migration_cache: Mutex<HashMap<ObjectKey, Arc<VolumeMigration>>>,
+    pub(super) migration_cache: Cache<VolumeMigration>,
     pub(super) group_queue: Arc<WorkQueue>,
     pub(super) data_control_queue: Arc<WorkQueue>,
     /// The AntstorVolumeGroups and AntstorDataControls, as last seen.
-    pub(super) group_cache: Mutex<HashMap<ObjectKey, Arc<AntstorVolumeGroup>>>,
-    pub(super) data_control_cache: Mutex<HashMap<ObjectKey, Arc<AntstorDataControl>>>,
+    pub(super) group_cache: Cache<AntstorVolumeGroup>,
+    pub(super) data_control_cache: Cache<AntstorDataControl>,
     pub(super) synced: Synced,
     synced_tx: watch::Sender<bool>,
     recorder: Recorder,
@@ -127,11 +179,11 @@ impl Context {
             migration_queue: Arc::default(),
             key_access: Arc::default(),
             key_nodes: Mutex::default(),
-            migration_cache: Mutex::default(),
+            migration_cache: Cache::default(),
             group_queue: Arc::default(),
             data_control_queue: Arc::default(),
-            group_cache: Mutex::default(),
-            data_control_cache: Mutex::default(),
+            group_cache: Cache::default(),
+            data_control_cache: Cache::default(),
             synced: Synced::default(),
             synced_tx: watch::channel(false).0,
             recorder,
@@ -163,39 +215,23 @@ impl Context {
 
     /// The VolumeMigration `key` as last seen.
     pub fn migration(&self, key: &ObjectKey) -> Option<Arc<VolumeMigration>> {
-        self.migration_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
+        self.migration_cache.get(key)
     }
 
     /// Every VolumeMigration as last seen.
     pub fn migrations(&self) -> Vec<Arc<VolumeMigration>> {
-        self.migration_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect()
+        self.migration_cache.all()
     }
 
     /// Records the latest version of a VolumeMigration (and refreshes the by-phase gauge).
     pub fn upsert_migration(&self, mig: Arc<VolumeMigration>) {
-        let key = ObjectKey::of(mig.as_ref());
-        self.migration_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, mig);
+        self.migration_cache.upsert(mig);
         self.count_migrations();
     }
 
     /// Forgets a VolumeMigration.
     pub fn remove_migration(&self, key: &ObjectKey) {
-        self.migration_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
+        self.migration_cache.remove(key);
         self.count_migrations();
     }
 
@@ -250,36 +286,22 @@ impl Context {
 
     /// The AntstorVolumeGroup `key` as last seen.
     pub fn group(&self, key: &ObjectKey) -> Option<Arc<AntstorVolumeGroup>> {
-        self.group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
+        self.group_cache.get(key)
     }
 
     /// Records the latest version of an AntstorVolumeGroup.
     pub fn upsert_group(&self, g: Arc<AntstorVolumeGroup>) {
-        self.group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(ObjectKey::of(g.as_ref()), g);
+        self.group_cache.upsert(g);
     }
 
     /// The AntstorDataControl `key` as last seen.
     pub fn data_control(&self, key: &ObjectKey) -> Option<Arc<AntstorDataControl>> {
-        self.data_control_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
+        self.data_control_cache.get(key)
     }
 
     /// Records the latest version of an AntstorDataControl.
     pub fn upsert_data_control(&self, dc: Arc<AntstorDataControl>) {
-        self.data_control_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(ObjectKey::of(dc.as_ref()), dc);
+        self.data_control_cache.upsert(dc);
     }
 
     /// Queues the data control `key`.
@@ -290,22 +312,12 @@ impl Context {
     /// Queues the groups that do not hold their total yet, and those that wait for room for
     /// a replica's replacement (after a pool changed).
     pub(super) fn enqueue_unplaced_groups(&self) {
-        let keys: Vec<ObjectKey> = self
-            .group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|(_, g)| {
-                (!g.fully_placed()
-                    || liteio_api::meta::annotation(
-                        &g.metadata,
-                        liteio_api::replica::ANNO_REPLACING,
-                    )
+        let keys = self.group_cache.keys_where(|g| {
+            (!g.fully_placed()
+                || liteio_api::meta::annotation(&g.metadata, liteio_api::replica::ANNO_REPLACING)
                     .is_some())
-                    && g.metadata.deletion_timestamp.is_none()
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+                && g.metadata.deletion_timestamp.is_none()
+        });
         for k in keys {
             self.group_queue.add(k);
         }
@@ -532,16 +544,7 @@ impl Context {
             }
             w.insert(key, note.clone());
         }
-        let ev = KubeEvent {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            warn!(error = %e, reason, "cannot publish event");
-        }
+        self.publish(obj, EventType::Warning, reason, note).await;
     }
 
     /// Forgets the last warning about `key`.

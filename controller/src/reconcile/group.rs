@@ -45,7 +45,7 @@
 use std::sync::Arc;
 
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use liteio_api::common::{NodeInfo, PoolMode, VolumeStatus};
 use liteio_api::datacontrol::RaidLevel;
 use liteio_api::group::{AntstorVolumeGroup, VolumeMeta, VolumeTargetStatus};
@@ -55,7 +55,7 @@ use serde_json::json;
 use tracing::{info, instrument};
 
 use super::members::{
-    data_control_key, group_status, is_ready, member_key, member_type, members, owner,
+    create_member, data_control_key, group_status, is_ready, member_key, member_type, members,
     unrecorded_members,
 };
 use super::{Action, Context, replicated};
@@ -133,21 +133,7 @@ pub async fn reconcile_group(ctx: &Context, key: &ObjectKey) -> Result<Action> {
             }
             None => {
                 all_ready = false;
-                let mut vol = group_scheduler::member_volume(&g, &m, member_type(&g));
-                vol.metadata.owner_references = Some(vec![owner(&g)]);
-                match api.create(&PostParams::default(), &vol).await {
-                    Ok(created) => {
-                        info!(member = %m.vol_id.name, node = %m.target_node_name, size = m.size, "member volume created");
-                        ctx.state().upsert_volume(Arc::new(created));
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => {
-                        return Err(Error::kube(
-                            format!("create member AntstorVolume {}", m.vol_id.name),
-                            e,
-                        ));
-                    }
-                }
+                create_member(ctx, &api, &g, &m, member_type(&g), "member volume created").await?;
                 statuses.push(VolumeTargetStatus {
                     uuid: m.vol_id.uuid.clone(),
                     status: Some(VolumeStatus::Creating),

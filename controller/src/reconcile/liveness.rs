@@ -7,11 +7,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kube::ResourceExt;
+use liteio_api::StoragePool;
 use tokio::sync::watch;
 
 use super::{Context, pool};
 use crate::clock::unix_seconds;
 use crate::state::State;
+
+/// The lower-case name of a pool's status (`unknown` when it has none yet).
+fn status_name(p: &StoragePool) -> &'static str {
+    pool::status_name(p.status.as_ref().and_then(|s| s.status).unwrap_or_default())
+}
 
 /// The per-object gauges of pools and volumes as of `now`: each pool's status and Lease age,
 /// and the volumes that are not ready (nor being deleted) with their creation time.
@@ -19,18 +25,12 @@ fn observe(ctx: &Context, s: &State, now: k8s_openapi::jiff::Timestamp) {
     let pools: Vec<crate::metrics::PoolSample> = s
         .pools()
         .map(|p| {
-            let st = p
-                .pool
-                .status
-                .as_ref()
-                .and_then(|s| s.status)
-                .unwrap_or_default();
             let seen = s
                 .heartbeat(p.name)
                 .or_else(|| p.pool.metadata.creation_timestamp.as_ref().map(|t| t.0));
             crate::metrics::PoolSample {
                 pool: p.name.to_string(),
-                status: pool::status_name(st),
+                status: status_name(p.pool),
                 lease_age_seconds: seen.map(|t| crate::clock::elapsed(now, t).as_secs_f64()),
             }
         })
@@ -77,13 +77,7 @@ pub(super) async fn liveness_clock(ctx: Arc<Context>, mut shutdown: watch::Recei
             let pools: Vec<String> = s
                 .pools()
                 .map(|p| {
-                    let st = p
-                        .pool
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.status)
-                        .unwrap_or_default();
-                    *counts.entry(pool::status_name(st)).or_default() += 1;
+                    *counts.entry(status_name(p.pool)).or_default() += 1;
                     p.name.to_string()
                 })
                 .collect();

@@ -1,21 +1,24 @@
 //! What a volume group is made of, for the reconcilers that act on it: its members' keys,
 //! type and volumes ([`members`], [`unrecorded_members`]), the data control it belongs to
-//! ([`data_control_key`]), the owner reference its members carry ([`owner`]) and the
-//! writer of its status ([`group_status`]). The group reconciler ([`super::group`]) and the
-//! replicated-volume steps it calls ([`super::replicated`]) both use these, so the two
-//! import this room and never each other back.
+//! ([`data_control_key`]), the creation of a member owned by the group ([`create_member`])
+//! and the writer of the group's status ([`group_status`]). The group reconciler
+//! ([`super::group`]) and the replicated-volume steps it calls ([`super::replicated`]) both
+//! use these, so the two import this room and never each other back.
 
 use std::sync::Arc;
 
 use kube::ResourceExt;
+use kube::api::{Api, PostParams};
 use liteio_api::AntstorVolume;
 use liteio_api::common::{VolumeStatus, VolumeType};
 use liteio_api::group::{AntstorVolumeGroup, VolumeMeta, VolumeTargetStatus};
 use liteio_api::keys::{annotations, labels};
 use serde_json::json;
+use tracing::info;
 
 use super::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::group_scheduler;
 use crate::state::ObjectKey;
 
 /// The members' volume type a group asks for (`obnvmf/volume-type` in
@@ -134,9 +137,7 @@ pub(super) async fn group_status(
 }
 
 /// The owner reference a member carries: the group (so the members go with it).
-pub(super) fn owner(
-    g: &AntstorVolumeGroup,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+fn owner(g: &AntstorVolumeGroup) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
         api_version: liteio_api::keys::API_VERSION.into(),
         kind: "AntstorVolumeGroup".into(),
@@ -144,5 +145,31 @@ pub(super) fn owner(
         uid: g.uid().unwrap_or_default(),
         block_owner_deletion: Some(true),
         controller: Some(true),
+    }
+}
+
+/// Creates the member volume `m` of `g` (owned by the group) through `api` and records it in
+/// the state; one that exists already is left as it is. `what` is the log line of a creation.
+pub(super) async fn create_member(
+    ctx: &Context,
+    api: &Api<AntstorVolume>,
+    g: &AntstorVolumeGroup,
+    m: &VolumeMeta,
+    mtype: VolumeType,
+    what: &str,
+) -> Result<()> {
+    let mut vol = group_scheduler::member_volume(g, m, mtype);
+    vol.metadata.owner_references = Some(vec![owner(g)]);
+    match api.create(&PostParams::default(), &vol).await {
+        Ok(created) => {
+            info!(member = %m.vol_id.name, node = %m.target_node_name, size = m.size, "{what}");
+            ctx.state().upsert_volume(Arc::new(created));
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(
+            format!("create member AntstorVolume {}", m.vol_id.name),
+            e,
+        )),
     }
 }

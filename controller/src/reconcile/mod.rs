@@ -22,9 +22,9 @@
 //! reconciled kinds and the worker loop); `liveness` (the one timer); [`context`] (the
 //! [`Context`] they share, with the caches and queues); [`queue`] (the [`WorkQueue`] and
 //! [`backoff`]). The reconcilers, one per kind: [`volume`], [`pool`], [`snapshot`],
-//! [`migration`] (its pure decisions in [`migration::plan`]), [`keys`] (key access, and its start-up sweep), [`group`] (groups and
-//! data controls) with [`replicated`] (raid1 replicas) and [`members`] (what a group is made
-//! of, for both).
+//! [`migration`] (its pure decisions in [`migration::plan`]), [`keys`] (key access, and its
+//! start-up sweep), [`group`] (groups and data controls) with [`replicated`] (raid1
+//! replicas) and [`members`] (what a group is made of, for both).
 
 pub mod context;
 pub mod group;

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::events::EventType;
 use liteio_api::common::{NodeInfo, PoolMode, VolumeStatus};
 use liteio_api::group::{AntstorVolumeGroup, VolumeMeta};
@@ -55,7 +55,7 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::members::{
-    data_control_key, group_status, member_key, member_type, owner, unrecorded_members,
+    create_member, data_control_key, group_status, member_key, member_type, unrecorded_members,
 };
 use crate::error::{Error, Result};
 use crate::group_scheduler;
@@ -281,23 +281,13 @@ async fn swap_in_replacement(
     };
     let ns = key.namespace.clone();
     let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &ns);
-    if placed_now {
-        let mut vol = group_scheduler::member_volume(&g, &new, mtype);
-        vol.metadata.owner_references = Some(vec![owner(&g)]);
-        match api.create(&PostParams::default(), &vol).await {
-            Ok(created) => {
-                info!(member = %new.vol_id.name, node = %new.target_node_name, size = new.size, "replacement member created");
-                ctx.state().upsert_volume(Arc::new(created));
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => {
-                ctx.state().remove_volume(&member_key(&new, &ns));
-                return Err(Error::kube(
-                    format!("create member AntstorVolume {}", new.vol_id.name),
-                    e,
-                ));
-            }
-        }
+    if placed_now
+        && let Err(e) =
+            create_member(ctx, &api, &g, &new, mtype, "replacement member created").await
+    {
+        // The room charged to its pool when it was placed is given back.
+        ctx.state().remove_volume(&member_key(&new, &ns));
+        return Err(e);
     }
     // The old member is marked before the swap, so that after it no pass takes the old
     // member for a replacement still to be adopted.

@@ -28,8 +28,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
@@ -347,17 +347,7 @@ impl Watched for VolumeMigration {
     }
 
     fn relisted(ctx: &Arc<Context>, migs: Vec<Arc<Self>>) {
-        let keys: Vec<ObjectKey> = migs.iter().map(|m| ObjectKey::of(m.as_ref())).collect();
-        {
-            let mut cache = ctx
-                .migration_cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            cache.clear();
-            for (k, m) in keys.iter().zip(migs) {
-                cache.insert(k.clone(), m);
-            }
-        }
+        let keys = ctx.migration_cache.replace(migs);
         ctx.count_migrations();
         for k in keys {
             ctx.migration_queue.add(k);
@@ -397,18 +387,11 @@ impl Watched for AntstorVolumeGroup {
     }
 
     fn relisted(ctx: &Arc<Context>, groups: Vec<Arc<Self>>) {
-        let mut cache = HashMap::new();
-        for g in groups {
-            cache.insert(ObjectKey::of(g.as_ref()), g);
-        }
-        let keys: Vec<ObjectKey> = cache.keys().cloned().collect();
-        let dcs: Vec<ObjectKey> = cache
-            .values()
+        let dcs: Vec<ObjectKey> = groups
+            .iter()
             .map(|g| members::data_control_key(g))
             .collect();
-        *ctx.group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = cache;
+        let keys = ctx.group_cache.replace(groups);
         for k in keys {
             ctx.group_queue.add(k);
         }
@@ -428,10 +411,7 @@ impl Watched for AntstorVolumeGroup {
 
     fn deleted(ctx: &Arc<Context>, g: Self) {
         let key = ObjectKey::of(&g);
-        ctx.group_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
+        ctx.group_cache.remove(&key);
         ctx.data_control_queue.add(members::data_control_key(&g));
     }
 }
@@ -467,14 +447,7 @@ impl Watched for AntstorDataControl {
     }
 
     fn relisted(ctx: &Arc<Context>, dcs: Vec<Arc<Self>>) {
-        let mut cache = HashMap::new();
-        for d in dcs {
-            cache.insert(ObjectKey::of(d.as_ref()), d);
-        }
-        let keys: Vec<ObjectKey> = cache.keys().cloned().collect();
-        *ctx.data_control_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = cache;
+        let keys = ctx.data_control_cache.replace(dcs);
         for k in keys {
             ctx.data_control_queue.add(k);
         }
@@ -498,10 +471,7 @@ impl Watched for AntstorDataControl {
 
     fn deleted(ctx: &Arc<Context>, d: Self) {
         let key = ObjectKey::of(&d);
-        ctx.data_control_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
+        ctx.data_control_cache.remove(&key);
         replicated::forget(ctx, &key);
         // Its groups may wait for it to go before they delete their members.
         for g in groups_of(&d) {
