@@ -3,7 +3,7 @@
 //! caches of migrations, groups and data controls, events, plug-in steps and their
 //! background sweeps) and the small operations on it that several of them need (queue a
 //! kind, patch an object, warn once, run the plug-ins). What an event or a pass *decides*
-//! is elsewhere: the watches in [`super::watches`], the workers in [`super::workers`].
+//! is elsewhere: the watches in `watches.rs`, the workers in `workers.rs`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;

@@ -1,7 +1,7 @@
 //! What a volume group is made of, for the reconcilers that act on it: its members' keys,
-//! type and volumes ([`members`], [`unrecorded_members`]), the data control it belongs to
-//! ([`data_control_key`]), the creation of a member owned by the group ([`create_member`])
-//! and the writer of the group's status ([`group_status`]). The group reconciler
+//! type and volumes (`members`, `unrecorded_members`), the data control it belongs to
+//! ([`data_control_key`]), the creation of a member owned by the group (`create_member`)
+//! and the writer of the group's status (`group_status`). The group reconciler
 //! ([`super::group`]) and the replicated-volume steps it calls ([`super::replicated`]) both
 //! use these, so the two import this room and never each other back.
 
