@@ -1,4 +1,5 @@
-//! The liveness clock: an injectable source of "now", so tests can move time without waiting.
+//! The liveness clock: an injectable source of "now", so tests can move time without waiting,
+//! and the two readings of it the rest uses ([`elapsed`], [`unix_seconds`]).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -53,4 +54,9 @@ impl Clock for ManualClock {
 /// Time from `earlier` to `now`, zero when `earlier` is in the future.
 pub fn elapsed(now: Timestamp, earlier: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(earlier)).unwrap_or(Duration::ZERO)
+}
+
+/// Unix seconds of a timestamp (metrics' time gauges).
+pub fn unix_seconds(t: Timestamp) -> f64 {
+    t.as_millisecond() as f64 / 1e3
 }

@@ -181,8 +181,8 @@ impl Error {
     /// `field` (a map key) are redacted.
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::ConfigInvalid {
-            field: crate::config::redact_url_passwords(&field.into()),
-            reason: crate::config::redact_url_passwords(&reason.into()),
+            field: crate::redact::redact_url_passwords(&field.into()),
+            reason: crate::redact::redact_url_passwords(&reason.into()),
         }
     }
 

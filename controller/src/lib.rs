@@ -4,8 +4,9 @@
 //!
 //! Layout: [`config`] (the config file), [`selector`] (label selectors), [`state`] (pure
 //! accounting), [`scheduler`] (pure placement), [`reconcile`] (the reconcilers and the
-//! watch/queue runtime), [`plugin`] and [`metasync`], [`leader`], [`http`], [`metrics`] and
-//! [`run`] (the process minus argument parsing).
+//! watch/queue runtime), [`plugin`] and [`metasync`], [`leader`], [`http`], [`metrics`],
+//! [`redact`] (passwords out of logged text) and [`run`] (the process minus argument
+//! parsing).
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -18,6 +19,7 @@ pub mod metasync;
 pub mod metrics;
 pub mod plugin;
 pub mod reconcile;
+pub mod redact;
 pub mod replicas;
 pub mod run;
 pub mod scheduler;

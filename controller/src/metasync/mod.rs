@@ -9,6 +9,10 @@
 //!   `sslmode` ([`tls`]), the password from the URL or from a Secret, an environment
 //!   variable or a file ([`credentials`]), never shown in logs, errors or `Debug` output.
 //!
+//! [`settings`] is the `metaSync:` section of the config file and its checks (re-exported by
+//! [`crate::config`]); [`pgurl`] reads a PostgreSQL URL as libpq does, for the settings,
+//! [`tls`] and [`postgres`] alike.
+//!
 //! [`row`] is the one place that turns an object into columns and builds the upsert. Unlike
 //! LiteIO, the schema ships with the code (migrations applied in order), rows are keyed by
 //! (cluster, namespace, name) rather than ignoring the namespace, snapshots are mirrored too,
@@ -19,8 +23,10 @@
 //! retries with back-off.
 
 pub mod credentials;
+pub mod pgurl;
 pub mod postgres;
 pub mod row;
+pub mod settings;
 pub mod sqlite;
 pub mod tls;
 
@@ -29,12 +35,12 @@ use std::path::Path;
 use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::config::{MetaSyncConfig, MetaSyncTarget};
 use crate::error::Result;
 use crate::plugin::{Kind, Plugin, PluginObject};
 use crate::state::ObjectKey;
 
 pub use row::{Cell, Row};
+pub use settings::{MetaSyncConfig, MetaSyncTarget};
 
 #[derive(Debug, Clone)]
 enum Backend {

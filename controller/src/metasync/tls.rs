@@ -11,7 +11,8 @@
 //! The CA is a PEM file (`metaSync.caFile` or the URL's `sslrootcert`), read when the
 //! mirror is opened, so a missing or malformed file is a config error at start-up. Even when
 //! the certificate is not checked, the handshake's signatures are: the connection is
-//! encrypted, only the peer is not authenticated.
+//! encrypted, only the peer is not authenticated. [`tls_settings`] checks the CA against
+//! the URL's `sslmode` (config errors naming the field).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use rustls::{
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::postgres::TlsMode;
+use super::pgurl::{PgUrl, TlsMode};
 use crate::error::{Error, Result};
 
 /// The CA file and the config field that named it (messages).
@@ -304,6 +305,32 @@ pub fn ca_file(config_ca: Option<&Path>, url_ca: Option<&Path>) -> Result<Option
             path: p.to_path_buf(),
         })),
         (None, None) => Ok(None),
+    }
+}
+
+/// The CA file of `url` and `metaSync.caFile` (at most one), checked against `sslmode`: a
+/// CA with `disable`/`prefer` (where it would be ignored) and `verify-*` without one are
+/// config errors naming the field.
+pub fn tls_settings(url: &PgUrl, config_ca: Option<&Path>) -> Result<Option<CaFile>> {
+    let ca = ca_file(config_ca, url.root_cert.as_deref())?;
+    match &ca {
+        Some(ca) if matches!(url.tls, TlsMode::Disable | TlsMode::Prefer) => Err(Error::config(
+            ca.field,
+            format!(
+                "a CA is set but sslmode={} does not check certificates: use require, \
+                 verify-ca or verify-full",
+                url.tls.as_str()
+            ),
+        )),
+        None if url.tls.verifies() => Err(Error::config(
+            "metaSync.caFile",
+            format!(
+                "sslmode={} needs the CA that signed the server's certificate: set \
+                 metaSync.caFile or sslrootcert in the URL",
+                url.tls.as_str()
+            ),
+        )),
+        _ => Ok(ca),
     }
 }
 

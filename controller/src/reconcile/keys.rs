@@ -16,16 +16,22 @@
 //! object is gone, so the agent can still delete the Secret while it tears the volume down.
 //! RBAC only lets the controller grant what it holds itself, so its own Role carries the same
 //! verbs on Secrets (it never reads a key).
+//!
+//! At start-up, once the caches are synced, `stale_key_access` queues every node that holds
+//! key access now, so a node whose last volume went while no controller ran loses it.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::ObjectMeta;
 use liteio_api::keys::{labels, managers};
 use liteio_api::naming;
-use tracing::{debug, instrument};
+use tokio::sync::watch;
+use tracing::{debug, instrument, warn};
 
+use super::queue::backoff;
 use super::{Action, Context};
 use crate::error::{Error, Result};
 use crate::state::ObjectKey;
@@ -160,6 +166,35 @@ pub async fn nodes_with_access(ctx: &Context) -> Result<Vec<String>> {
         .filter_map(|n| n.strip_prefix(naming::NODE_KEYS_ROLE_PREFIX))
         .map(str::to_string)
         .collect())
+}
+
+/// Once the caches are synced, queues every node that holds key access now, so that a node
+/// whose last volume went while no controller ran loses it (the volume watch queues the
+/// nodes that have volumes). Retried with back-off until the list succeeds.
+pub(super) async fn stale_key_access(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    if !ctx.wait_synced(&mut shutdown).await {
+        return;
+    }
+    let mut failures = 0;
+    loop {
+        match nodes_with_access(&ctx).await {
+            Ok(nodes) => {
+                for n in nodes {
+                    ctx.enqueue_key_access(&n);
+                }
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = backoff(failures, e.kind());
+                warn!(error = %e.chain(), ?delay, "cannot list the nodes' key access; retrying");
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! (from the group reconciler), moving the assembly off a lost node and reporting health
 //! (from the data-control reconciler). The decisions are pure ([`crate::replicas`]); this
 //! carries them out so that a controller restart between any two steps repeats nothing that
-//! was done and loses nothing that was not.
+//! was done and loses nothing that was not. Called by [`super::group`] only; what it needs of a
+//! group (members, data control, owner, status writer) comes from [`super::members`], never
+//! from the group reconciler back.
 //!
 //! **Replacement** ([`replace_members`], on a fully placed replicated group):
 //! 1. [`replicas::decide`] picks a lost replica (pool down: at once; failed or missing past
@@ -38,7 +40,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::events::EventType;
 use liteio_api::common::{NodeInfo, PoolMode, VolumeStatus};
 use liteio_api::group::{AntstorVolumeGroup, VolumeMeta};
@@ -52,7 +54,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
-use super::group::{data_control_key, group_status, member_key, member_type, owner};
+use super::members::{
+    create_member, data_control_key, group_status, member_key, member_type, unrecorded_members,
+};
 use crate::error::{Error, Result};
 use crate::group_scheduler;
 use crate::replicas::{self, ReplicaView};
@@ -156,24 +160,10 @@ async fn set_replacing(
 /// it, is neither in `spec.volumes` nor replaced nor being deleted.
 fn created_replacement(ctx: &Context, g: &AntstorVolumeGroup) -> Option<VolumeMeta> {
     let ns = g.namespace().unwrap_or_default();
-    let gname = g.name_any();
-    let recorded: BTreeSet<&str> = g
-        .spec
-        .volumes
-        .iter()
-        .map(|m| m.vol_id.name.as_str())
-        .collect();
-    let state = ctx.state();
-    let mut found: Vec<&Arc<AntstorVolume>> = state
-        .volume_keys()
-        .iter()
-        .filter(|k| k.namespace == ns && !recorded.contains(k.name.as_str()))
-        .filter_map(|k| state.volume(k))
+    let mut found: Vec<Arc<AntstorVolume>> = unrecorded_members(ctx, g)
+        .into_iter()
         .filter(|v| {
-            v.metadata.resource_version.is_some()
-                && v.metadata.deletion_timestamp.is_none()
-                && liteio_api::meta::label(&v.metadata, labels::VOL_GROUP_NAME)
-                    == Some(gname.as_str())
+            v.metadata.deletion_timestamp.is_none()
                 && liteio_api::meta::annotation(&v.metadata, ANNO_REPLACED).is_none()
         })
         .collect();
@@ -291,23 +281,13 @@ async fn swap_in_replacement(
     };
     let ns = key.namespace.clone();
     let api: Api<AntstorVolume> = Api::namespaced(ctx.client.clone(), &ns);
-    if placed_now {
-        let mut vol = group_scheduler::member_volume(&g, &new, mtype);
-        vol.metadata.owner_references = Some(vec![owner(&g)]);
-        match api.create(&PostParams::default(), &vol).await {
-            Ok(created) => {
-                info!(member = %new.vol_id.name, node = %new.target_node_name, size = new.size, "replacement member created");
-                ctx.state().upsert_volume(Arc::new(created));
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => {
-                ctx.state().remove_volume(&member_key(&new, &ns));
-                return Err(Error::kube(
-                    format!("create member AntstorVolume {}", new.vol_id.name),
-                    e,
-                ));
-            }
-        }
+    if placed_now
+        && let Err(e) =
+            create_member(ctx, &api, &g, &new, mtype, "replacement member created").await
+    {
+        // The room charged to its pool when it was placed is given back.
+        ctx.state().remove_volume(&member_key(&new, &ns));
+        return Err(e);
     }
     // The old member is marked before the swap, so that after it no pass takes the old
     // member for a replacement still to be adopted.
