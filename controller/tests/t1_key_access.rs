@@ -1,7 +1,7 @@
 //! T1: the controller keeps each storage node's access to its volumes' keys (Role and
 //! RoleBinding `liteio-keys-<node>`) in line with the volumes bound to it, against the
 //! in-process test API server. Whether RBAC then allows what the Role says is asked of a real
-//! kube-apiserver in `cli/tests/t2_rbac.rs`.
+//! kube-apiserver in `tests/deploy/tests/t2_rbac.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -59,7 +59,7 @@ impl Doc {
 
 /// The workspace's deploy/ directory.
 pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
 /// Every `*.yaml` / `*.yml` file under `dir`, sorted.
