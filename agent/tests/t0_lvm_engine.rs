@@ -367,20 +367,49 @@ fn lost_pv_is_pool_unavailable() {
     );
 }
 
+/// `lvcreate` of LV `name` of `bytes` in test-vg: linear, or striped over its two PVs.
+fn lvcreate(name: &str, bytes: u64, striped: bool) -> Vec<String> {
+    let size = format!("{bytes}B");
+    let mut argv = s(&["lvcreate", "-y", "-L", &size]);
+    if striped {
+        argv.extend(s(&["-i", "2", "-I", "128k"]));
+    }
+    argv.extend(s(&["-n", name, "test-vg"]));
+    argv
+}
+
+/// The script of creating LV `name` with `lvcreate` on the VG of fixture `vgs`: the VG read,
+/// the LVs that start linear (`linear`, when the layout rule reads them), the new LV read
+/// (absent), the create, and the new LV read again (`after`).
+fn create_script(
+    vgs: &str,
+    linear: Option<&[&str]>,
+    name: &str,
+    lvcreate: &[String],
+    after: &str,
+) -> Arc<Script> {
+    let mut steps = vec![(cmd::vgs(), ok(&fixture(vgs)))];
+    if let Some(names) = linear {
+        steps.push((cmd::lvs_linear("test-vg"), ok(&linear_json(names))));
+    }
+    steps.extend([
+        (one(name), ok(&fixture("lvs-empty.json"))),
+        (lvcreate.to_vec(), ok("")),
+        (one(name), ok(after)),
+    ]);
+    Script::new(steps)
+}
+
 #[test]
 fn create_linear_rounds_up_to_the_extent() {
     let after = lvs_json(&[("pvc-new", 8 * MIB, "", 0, "linear", 1, "")]);
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-new"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate", "-y", "-L", "8388608B", "-n", "pvc-new", "test-vg",
-            ]),
-            ok(""),
-        ),
-        (one("pvc-new"), ok(&after)),
-    ]);
+    let script = create_script(
+        "vgs-test-vg.json",
+        None,
+        "pvc-new",
+        &lvcreate("pvc-new", 8388608, false),
+        &after,
+    );
     let v = engine(&script)
         .create_volume("pvc-new", 5 * MIB, &VolumeOptions::default())
         .unwrap();
@@ -395,28 +424,13 @@ fn create_linear_rounds_up_to_the_extent() {
 #[test]
 fn create_striped_uses_every_pv() {
     let after = lvs_json(&[("pvc-s", 16 * MIB, "", 0, "striped", 2, "")]);
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-        (cmd::lvs_linear("test-vg"), ok(&linear_json(&[]))),
-        (one("pvc-s"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "16777216B",
-                "-i",
-                "2",
-                "-I",
-                "128k",
-                "-n",
-                "pvc-s",
-                "test-vg",
-            ]),
-            ok(""),
-        ),
-        (one("pvc-s"), ok(&after)),
-    ]);
+    let script = create_script(
+        "vgs-striped-vg.json",
+        Some(&[]),
+        "pvc-s",
+        &lvcreate("pvc-s", 16777216, true),
+        &after,
+    );
     let v = engine(&script)
         .create_volume("pvc-s", 10 * MIB, &VolumeOptions::default())
         .unwrap();
@@ -428,24 +442,13 @@ fn create_striped_uses_every_pv() {
 #[test]
 fn default_layout_is_linear_once_a_linear_lv_exists() {
     let after = lvs_json(&[("pvc-l", 12 * MIB, "", 0, "linear", 1, "")]);
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-        (cmd::lvs_linear("test-vg"), ok(&linear_json(&["old"]))),
-        (one("pvc-l"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "12582912B",
-                "-n",
-                "pvc-l",
-                "test-vg",
-            ]),
-            ok(""),
-        ),
-        (one("pvc-l"), ok(&after)),
-    ]);
+    let script = create_script(
+        "vgs-striped-vg.json",
+        Some(&["old"]),
+        "pvc-l",
+        &lvcreate("pvc-l", 12582912, false),
+        &after,
+    );
     let v = engine(&script)
         .create_volume("pvc-l", 10 * MIB, &VolumeOptions::default())
         .unwrap();
@@ -469,14 +472,9 @@ fn create_on_a_single_pv_vg_reads_only_the_new_lv() {
     // Asked or not, a single-PV VG is linear: the layout rule reads nothing, and the only LV
     // read (before and after lvcreate) is the new one, never the VG's list.
     for layout in [None, Some(LvLayout::Striped)] {
-        let lvcreate = s(&["lvcreate", "-y", "-L", "8388608B", "-n", "pvc-1", "test-vg"]);
+        let lvcreate = lvcreate("pvc-1", 8388608, false);
         let after = lvs_json(&[("pvc-1", 8 * MIB, "", 0, "linear", 1, "")]);
-        let script = Script::new(vec![
-            (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-            (one("pvc-1"), ok(&fixture("lvs-empty.json"))),
-            (lvcreate.clone(), ok("")),
-            (one("pvc-1"), ok(&after)),
-        ]);
+        let script = create_script("vgs-test-vg.json", None, "pvc-1", &lvcreate, &after);
         let opts = VolumeOptions {
             layout,
             ..VolumeOptions::default()
@@ -499,28 +497,8 @@ fn create_on_a_single_pv_vg_reads_only_the_new_lv() {
 
 #[test]
 fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
-    let striped = s(&[
-        "lvcreate",
-        "-y",
-        "-L",
-        "16777216B",
-        "-i",
-        "2",
-        "-I",
-        "128k",
-        "-n",
-        "pvc-2",
-        "test-vg",
-    ]);
-    let linear = s(&[
-        "lvcreate",
-        "-y",
-        "-L",
-        "12582912B",
-        "-n",
-        "pvc-2",
-        "test-vg",
-    ]);
+    let striped = lvcreate("pvc-2", 16777216, true);
+    let linear = lvcreate("pvc-2", 12582912, false);
     let striped_lv = lvs_json(&[("pvc-2", 16 * MIB, "", 0, "striped", 2, "")]);
     let linear_lv = lvs_json(&[("pvc-2", 12 * MIB, "", 0, "linear", 1, "")]);
     // No layout asked: the rule reads the LVs that start linear (none here, then one), and
@@ -529,13 +507,13 @@ fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
         (vec![], &striped, &striped_lv, LvLayout::Striped),
         (vec!["old"], &linear, &linear_lv, LvLayout::Linear),
     ] {
-        let script = Script::new(vec![
-            (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-            (cmd::lvs_linear("test-vg"), ok(&linear_json(&linear_lvs))),
-            (one("pvc-2"), ok(&fixture("lvs-empty.json"))),
-            (lvcreate.clone(), ok("")),
-            (one("pvc-2"), ok(after)),
-        ]);
+        let script = create_script(
+            "vgs-striped-vg.json",
+            Some(linear_lvs.as_slice()),
+            "pvc-2",
+            lvcreate,
+            after,
+        );
         let v = engine(&script)
             .create_volume("pvc-2", 10 * MIB, &VolumeOptions::default())
             .unwrap();
@@ -548,12 +526,7 @@ fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
         (LvLayout::Striped, &striped, &striped_lv),
         (LvLayout::Linear, &linear, &linear_lv),
     ] {
-        let script = Script::new(vec![
-            (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-            (one("pvc-2"), ok(&fixture("lvs-empty.json"))),
-            (lvcreate.clone(), ok("")),
-            (one("pvc-2"), ok(after)),
-        ]);
+        let script = create_script("vgs-striped-vg.json", None, "pvc-2", lvcreate, after);
         let opts = VolumeOptions {
             layout: Some(layout),
             ..VolumeOptions::default()

@@ -18,11 +18,10 @@ use std::time::Duration;
 
 use common::binary::{AgentProc, spawn_agent};
 use common::{Env, MIB, POOL_CAP};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, annotations, finalizers, labels};
 use liteio_api::{AntstorVolume, VolumeStatus};
-use serde_json::json;
 
 const DATA: &str = "pvc-data";
 const DATA_OFFSET: u64 = MIB;
@@ -148,8 +147,26 @@ fn has(v: &AntstorVolume, f: &str) -> bool {
     v.finalizers().iter().any(|x| x == f)
 }
 
-/// Provisioning killed at `point` for a new volume; the restarted agent finishes it.
-async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVolume)) {
+/// What a kill at provisioning `point` leaves of the new volume: (its lvol recorded, its
+/// file made).
+fn left_at(point: &str) -> (bool, bool) {
+    match point {
+        "after-finalizer" => (false, false),
+        "after-create" => (false, true),
+        "after-record" | "before-ready" => (true, true),
+        other => panic!("no provisioning crash point {other}"),
+    }
+}
+
+/// Provisioning killed at `point` for a new volume (within 90 s); the restarted agent
+/// finishes it.
+async fn provisioning_crash(point: &str) {
+    tokio::time::timeout(Duration::from_secs(90), provisioning_crash_at(point))
+        .await
+        .unwrap();
+}
+
+async fn provisioning_crash_at(point: &str) {
     let mut c = Cluster::with_data().await;
     let agent = c.spawn(Some(&format!("{point}:pvc-x")));
     c.api
@@ -163,7 +180,17 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
         has(&v, finalizers::LOGIC_VOLUME),
         "the finalizer comes before the engine volume"
     );
-    check(&c, &v);
+    let (recorded, made) = left_at(point);
+    assert_eq!(
+        v.spec.kernel_lvol.is_some(),
+        recorded,
+        "killed at {point}: the record"
+    );
+    assert_eq!(
+        c.file("pvc-x").exists(),
+        made,
+        "killed at {point}: the create"
+    );
 
     let agent = c.spawn(None);
     let v = c.ready(&agent, "pvc-x").await;
@@ -192,54 +219,22 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_the_finalizer_the_restart_creates_and_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-finalizer", |c, v| {
-            assert!(v.spec.kernel_lvol.is_none());
-            assert!(!c.file("pvc-x").exists(), "killed before the create");
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("after-finalizer").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_create_the_restart_records_and_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-create", |c, v| {
-            assert!(v.spec.kernel_lvol.is_none(), "killed before the record");
-            assert!(c.file("pvc-x").exists(), "killed after the create");
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("after-create").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_the_record_the_restart_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-record", |c, v| {
-            assert!(v.spec.kernel_lvol.is_some());
-            assert!(c.file("pvc-x").exists());
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("after-record").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_before_ready_the_restart_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("before-ready", |c, v| {
-            assert!(v.spec.kernel_lvol.is_some());
-            assert!(c.file("pvc-x").exists());
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("before-ready").await;
 }
 
 /// Killed after the file was made but before it was recorded, and the volume deleted while
@@ -320,30 +315,14 @@ async fn killed_in_the_middle_of_an_expansion_the_restart_finishes_it() {
         let mut c = Cluster::with_data().await;
         let agent = c.spawn(Some(&format!("after-resize:{DATA}")));
         // As the CSI controller asks for it; 20 MiB + 1 rounds to 24 MiB.
-        let patch = json!({"metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: (8 * MIB).to_string()}},
-                           "spec": {"sizeByte": 20 * MIB + 1}});
-        c.api
-            .patch(DATA, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        common::expand(&c.api, DATA, 8 * MIB, 20 * MIB + 1).await;
         agent.expect_crash("after-resize", CONVERGE).await;
         assert_eq!(std::fs::metadata(c.file(DATA)).unwrap().len(), 24 * MIB);
         let v = c.api.get(DATA).await.unwrap();
         assert!(v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE));
 
         let agent = c.spawn(None);
-        let api = c.api.clone();
-        let v = c
-            .converge(&agent, "expansion recorded", || {
-                let api = api.clone();
-                async move {
-                    let v = api.get(DATA).await.unwrap();
-                    (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
-                        && v.phase() == VolumeStatus::Ready)
-                        .then_some(v)
-                }
-            })
-            .await;
+        let v = agent.expansion_recorded(&c.api, DATA, CONVERGE).await;
         assert_eq!(
             v.annotations()
                 .get(annotations::ALLOCATED_BYTES)

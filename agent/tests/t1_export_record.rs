@@ -49,11 +49,7 @@ fn target_of(req: &ExportRequest) -> SpdkTarget {
 
 impl Exporter for Fake {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
-        Box::pin(async {
-            Ok(ExporterHealth::Ok {
-                version: "v26.05".into(),
-            })
-        })
+        healthy("v26.05")
     }
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {

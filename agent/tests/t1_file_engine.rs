@@ -3,40 +3,26 @@
 //! Needs root, `mkfs.xfs` and loop devices; otherwise prints one skip line per test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use common::host::{no_loop_devices, not_root, run};
 use liteio_agent::engine::{ErrorKind, FileEngine, PoolEngine, VolumeOptions};
 
 const MIB: u64 = 1 << 20;
 
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 fn skip_reason() -> Option<String> {
-    if run("id", &["-u"]).ok().as_deref() != Some("0") {
-        return Some("not root".into());
+    if let Some(r) = not_root() {
+        return Some(r);
     }
     if run("mkfs.xfs", &["-V"]).is_err() {
         return Some("mkfs.xfs not installed (xfsprogs)".into());
     }
-    if !Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control".into());
+    if let Some(r) = no_loop_devices() {
+        return Some(r);
     }
     None
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::process::Command;
+use common::host::{no_loop_devices, not_root, run};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,28 +20,9 @@ use liteio_api::{AntstorVolume, VolumeStatus, VolumeType};
 
 const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
 
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 fn skip_reason() -> Option<String> {
-    if run("id", &["-u"]).ok().as_deref() != Some("0") {
-        return Some("not root".into());
-    }
-    if !std::path::Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control".into());
+    if let Some(r) = not_root().or_else(no_loop_devices) {
+        return Some(r);
     }
     if run("losetup", &["--version"]).is_err() {
         return Some("losetup not installed".into());

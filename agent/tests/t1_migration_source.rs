@@ -64,11 +64,7 @@ impl Recorder {
 
 impl Exporter for Recorder {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
-        Box::pin(async {
-            Ok(ExporterHealth::Ok {
-                version: "v26.05".into(),
-            })
-        })
+        healthy("v26.05")
     }
     fn ensure_export<'a>(&'a self, _req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async {

@@ -96,13 +96,33 @@ async fn failures(agent: &liteio_agent::agent::Agent, resource: &str, kind: &str
     .unwrap_or(0.0)
 }
 
+/// Waits until the agent has counted the first failed reconcile of `resource` with error
+/// `kind` (the Warning event is emitted inside the reconcile, before the error handler counts
+/// the failure: seeing the event does not mean the count is there yet); returns the count.
+async fn first_failure_counted(
+    agent: &liteio_agent::agent::Agent,
+    resource: &str,
+    kind: &str,
+    what: &str,
+) -> f64 {
+    eventually(what, Duration::from_secs(5), || async {
+        let n = failures(agent, resource, kind).await;
+        (n >= 1.0).then_some(n)
+    })
+    .await
+}
+
+/// Waits until exactly one Warning event with `reason` is about object `name`.
+async fn one_warning(client: &kube::Client, name: &str, reason: &str, what: &str) {
+    eventually(what, Duration::from_secs(5), || async {
+        (warnings(client, name, reason).await.len() == 1).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
-    if !Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
-    {
+    if common::host::not_root().is_some() {
         println!("SKIP permanent errors: needs root for a tmpfs pool");
         return;
     }
@@ -147,28 +167,20 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         assert!(msg.contains("reflink"), "{msg}");
         assert!(msg.contains("use XFS with reflink=1 or btrfs"), "{msg}");
         assert!(s.finalizers().is_empty(), "nothing was made: no finalizer");
-        eventually("one Warning event", Duration::from_secs(5), || async {
-            (warnings(&env.client, "snap-a", "AntstorSnapshotFailed")
-                .await
-                .len()
-                == 1)
-                .then_some(())
-        })
+        one_warning(
+            &env.client,
+            "snap-a",
+            "AntstorSnapshotFailed",
+            "one Warning event",
+        )
         .await;
 
         // Not retried on a timer. The status write above brings one more pass (the watch
         // delivers the agent's own write); after it, 3 s of the 100 ms back-off would have
         // retried several times.
         let kind = "engine_unsupported";
-        let settled = eventually(
-            "the status write's pass",
-            Duration::from_secs(5),
-            || async {
-                let n = failures(&agent, "antstorsnapshot", kind).await;
-                (n >= 1.0).then_some(n)
-            },
-        )
-        .await;
+        let settled =
+            first_failure_counted(&agent, "antstorsnapshot", kind, "the status write's pass").await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = failures(&agent, "antstorsnapshot", kind).await;
         assert!(after <= 2.0, "retried on a timer: {after} failures");
@@ -238,19 +250,20 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
             "{:?}",
             v.status
         );
-        eventually(
+        one_warning(
+            &env.client,
+            "pvc-spdk",
+            "AntstorVolumeFailed",
             "the volume's Warning event",
-            Duration::from_secs(5),
-            || async {
-                (warnings(&env.client, "pvc-spdk", "AntstorVolumeFailed")
-                    .await
-                    .len()
-                    == 1)
-                    .then_some(())
-            },
         )
         .await;
-        let before = failures(&agent, "antstorvolume", "invalid_object").await;
+        let before = first_failure_counted(
+            &agent,
+            "antstorvolume",
+            "invalid_object",
+            "the volume's failure counted",
+        )
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = failures(&agent, "antstorvolume", "invalid_object").await;
         assert!(

@@ -5,9 +5,9 @@
 
 mod common;
 
+use common::host::run;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -17,22 +17,6 @@ use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
 use liteio_api::{AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, VolumeStatus};
 use serde_json::json;
-
-fn run(p: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(p)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{p}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{p} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// A loop-mounted XFS with reflink; unmounted on drop.
 struct Xfs {

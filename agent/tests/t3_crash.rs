@@ -71,33 +71,14 @@ fn killed_at_every_step_the_spdk_agent_converges_without_orphans_or_data_loss() 
     spdk.stop();
 }
 
+/// Volume `name` as the controller schedules it here, consumed by node-b.
 fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
+    // Serial numbers and aio bdev names are the first 20 hex digits: vary those.
+    common::remote_volume(
         name,
-        AntstorVolumeSpec {
-            // Serial numbers and aio bdev names are the first 20 hex digits: vary those.
-            uuid: format!("{uuid_tail:08x}-5b6a-4978-8a9b-3f2e1d0c5b6a"),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            host_node: Some(NodeInfo {
-                id: "node-b".into(),
-                ..NodeInfo::default()
-            }),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    // What the controller writes when it schedules the volume here.
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+        &format!("{uuid_tail:08x}-5b6a-4978-8a9b-3f2e1d0c5b6a"),
+        size,
+    )
 }
 
 /// The pool engine of a scenario.
@@ -429,26 +410,10 @@ async fn scenario(pool: Pool) {
     // up to 24 MiB.
     let agent = c.spawn(Some(&format!("after-resize:{DATA}")));
     c.ready(&agent, DATA).await;
-    let patch = json!({"metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: (8 * MIB).to_string()}},
-                       "spec": {"sizeByte": 20 * MIB + 1}});
-    c.api
-        .patch(DATA, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
+    common::expand(&c.api, DATA, 8 * MIB, 20 * MIB + 1).await;
     agent.expect_crash("after-resize", CONVERGE).await;
     let agent = c.spawn(None);
-    let api = c.api.clone();
-    let v = agent
-        .converge("expansion recorded", CONVERGE, || {
-            let api = api.clone();
-            async move {
-                let v = api.get(DATA).await.unwrap();
-                (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
-                    && v.phase() == VolumeStatus::Ready)
-                    .then_some(v)
-            }
-        })
-        .await;
+    let v = agent.expansion_recorded(&c.api, DATA, CONVERGE).await;
     assert_eq!(
         v.annotations()
             .get(annotations::ALLOCATED_BYTES)

@@ -36,19 +36,11 @@ fn keys(host: &str, ctrl: Option<&str>) -> HostKeys {
 }
 
 fn spec(nqn: &str, bdev: &str, uuid: &str, port: u16, host: &str, keys: HostKeys) -> SubsystemSpec {
+    let serial: String = uuid.replace('-', "").chars().take(20).collect();
     SubsystemSpec {
-        nqn: nqn.into(),
-        serial: uuid.replace('-', "").chars().take(20).collect(),
-        model: "auth".into(),
-        bdev: bdev.into(),
-        ns_uuid: uuid.into(),
-        address: "127.0.0.1".into(),
-        port,
-        hosts: vec![host.into()],
         secure_channel: keys.psk.is_some(),
-        keyless_hosts: Vec::new(),
-        multipath: None,
         keys,
+        ..common::spdk::local_subsystem(nqn, &serial, "auth", bdev, uuid, port, vec![host.into()])
     }
 }
 

@@ -37,11 +37,7 @@ const REPLICA: u64 = SIZE + 4 * MIB;
 const DATA: usize = 8 << 20;
 
 fn lvol(name: &str) -> SpdkLvol {
-    SpdkLvol {
-        name: name.into(),
-        lvs_name: "mlvs".into(),
-        thin: false,
-    }
+    common::spdk::lvol("mlvs", name)
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -63,18 +59,8 @@ async fn export_replica(
     keys: &VolumeKeys,
 ) -> SpdkTarget {
     exp.ensure_export(&ExportRequest {
-        volume: format!("{DC}-{name}"),
-        uuid: uuid.into(),
-        device: None,
-        lvol: Some(lvol(name)),
-        size_bytes: REPLICA,
-        allowed_hosts: vec![ME.into()],
-        keyless_hosts: Vec::new(),
-        preset: None,
         keys: Some(keys.clone()),
-        path_state: Default::default(),
-        qos: Default::default(),
-        group_member: false,
+        ..common::spdk::lvol_export(&format!("{DC}-{name}"), uuid, lvol(name), REPLICA, &[ME])
     })
     .await
     .unwrap()
@@ -90,23 +76,7 @@ fn words(st: &[ReplicaStatus]) -> Vec<(String, ReplicaState)> {
 
 /// Nothing of the assembly is in SPDK: no raid, subsystem or member controller.
 async fn nothing_left() {
-    assert_eq!(raid::raid_info(DC).await.unwrap(), None, "raid bdev left");
-    assert!(
-        nvmf::find_subsystem(&naming::subsys_nqn(DC_UUID))
-            .await
-            .unwrap()
-            .is_none(),
-        "subsystem left"
-    );
-    let prefix = naming::assembly_controller_prefix(DC);
-    let left: Vec<String> = bdev::list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|b| b.name)
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    assert!(left.is_empty(), "member controllers left: {left:?}");
+    common::spdk::assembly_gone(DC, DC_UUID).await;
 }
 
 #[test]

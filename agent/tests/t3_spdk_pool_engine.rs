@@ -2,19 +2,17 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
 use liteio_agent::engine::{ErrorKind, PoolEngine, VolumeOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions};
+use liteio_agent::spdk::Spdk;
 
 const MIB: u64 = 1 << 20;
 
 #[test]
 fn lvstore_engine_lifecycle_on_an_aio_file() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-engine-trait".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
+    let spdk = Spdk::start(&common::spdk::small("t3-engine-trait")).unwrap();
     let dir = std::env::temp_dir().join(format!("liteio-t3-pe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let base = BaseBdev::Aio {
@@ -125,11 +123,7 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
     // lvstore; the agent restarts SPDK only by restarting the process.)
     let free_before = engine.info().unwrap().free_bytes;
     spdk.stop();
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-engine-trait".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
+    let spdk = Spdk::start(&common::spdk::small("t3-engine-trait")).unwrap();
     let again = SpdkLvsEngine::new("pe-lvs", base, 4 << 20);
     assert_eq!(again.ensure_pool().unwrap().uuid, pool.uuid);
     let mut names: Vec<String> = again

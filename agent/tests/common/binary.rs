@@ -92,23 +92,33 @@ impl AgentProc {
     }
 
     /// Polls `f` every 20 ms until it returns `Some`; after `within` panics with the log.
-    pub async fn converge<T, F, Fut>(&self, what: &str, within: Duration, mut f: F) -> T
+    pub async fn converge<T, F, Fut>(&self, what: &str, within: Duration, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        super::poll(within, f)
+            .await
+            .unwrap_or_else(|| panic!("timed out waiting for {what}:\n{}", self.log()))
+    }
+
+    /// Waits until volume `name`'s expansion is recorded (the CSI label gone) and it is
+    /// ready again; returns it.
+    pub async fn expansion_recorded(
+        &self,
+        api: &kube::Api<liteio_api::AntstorVolume>,
+        name: &str,
+        within: Duration,
+    ) -> liteio_api::AntstorVolume {
+        use kube::ResourceExt;
+        use liteio_api::keys::labels;
+        self.converge("expansion recorded", within, || async {
+            let v = api.get(name).await.unwrap();
+            (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
+                && v.phase() == liteio_api::VolumeStatus::Ready)
+                .then_some(v)
+        })
+        .await
     }
 
     /// Waits until the agent dropped its finalizers of the deleting volume `name`, does the
