@@ -20,12 +20,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::binary::{AgentProc, spawn_agent};
-use common::{HOST_B, MIB, NODE, rpc};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use common::{HOST_B, MIB, rpc};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
-use liteio_api::keys::{self, annotations, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, NodeInfo, VolumeStatus, naming};
+use liteio_api::keys::{self, annotations, finalizers};
+use liteio_api::{AntstorVolume, VolumeStatus, naming};
 use liteio_test_apiserver::TestApiServer;
 use serde_json::{Value, json};
 

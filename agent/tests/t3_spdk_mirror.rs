@@ -17,11 +17,11 @@ use liteio_agent::exporter::{
     MemberSource, UnassembleRequest, UnexportRequest,
 };
 use liteio_agent::spdk::exporter::SpdkExporter;
-use liteio_agent::spdk::nvmf::{self, HostKeys, TcpTransportOptions};
+use liteio_agent::spdk::nvmf::{HostKeys, TcpTransportOptions};
 use liteio_agent::spdk::{bdev, initiator, io, lvol, raid};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::replica::{ReplicaState, ReplicaStatus};
-use liteio_api::{SpdkLvol, SpdkTarget, naming};
+use liteio_api::{SpdkLvol, SpdkTarget};
 
 const MIB: u64 = 1 << 20;
 /// The assembling node's host NQN (the replicas' exports admit it).
