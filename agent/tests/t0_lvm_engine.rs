@@ -378,9 +378,20 @@ fn lvcreate(name: &str, bytes: u64, striped: bool) -> Vec<String> {
     argv
 }
 
-/// The script of creating LV `name` with `lvcreate` on the VG of fixture `vgs`: the VG read,
-/// the LVs that start linear (`linear`, when the layout rule reads them), the new LV read
-/// (absent), the create, and the new LV read again (`after`).
+/// The steps of creating LV `name` on the VG of fixture `vgs` before the create: the VG
+/// read, the LVs that start linear (`linear`, when the layout rule reads them) and the new
+/// LV read (absent).
+fn before_create(vgs: &str, linear: Option<&[&str]>, name: &str) -> Vec<(Vec<String>, CmdOutput)> {
+    let mut steps = vec![(cmd::vgs(), ok(&fixture(vgs)))];
+    if let Some(names) = linear {
+        steps.push((cmd::lvs_linear("test-vg"), ok(&linear_json(names))));
+    }
+    steps.push((one(name), ok(&fixture("lvs-empty.json"))));
+    steps
+}
+
+/// The script of creating LV `name` with `lvcreate` ([`before_create`], the create, and the
+/// new LV read again: `after`).
 fn create_script(
     vgs: &str,
     linear: Option<&[&str]>,
@@ -388,15 +399,8 @@ fn create_script(
     lvcreate: &[String],
     after: &str,
 ) -> Arc<Script> {
-    let mut steps = vec![(cmd::vgs(), ok(&fixture(vgs)))];
-    if let Some(names) = linear {
-        steps.push((cmd::lvs_linear("test-vg"), ok(&linear_json(names))));
-    }
-    steps.extend([
-        (one(name), ok(&fixture("lvs-empty.json"))),
-        (lvcreate.to_vec(), ok("")),
-        (one(name), ok(after)),
-    ]);
+    let mut steps = before_create(vgs, linear, name);
+    steps.extend([(lvcreate.to_vec(), ok("")), (one(name), ok(after))]);
     Script::new(steps)
 }
 
@@ -609,26 +613,15 @@ fn create_existing_is_idempotent_or_a_clear_error() {
 fn create_race_with_already_exists_rechecks_the_size() {
     let mut fail = CmdOutput::fail(5, fixture("lvcreate-already-exists.stderr"));
     fail.stdout.clear();
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-a"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "209715200B",
-                "-n",
-                "pvc-a",
-                "test-vg",
-            ]),
-            fail,
-        ),
+    let mut steps = before_create("vgs-test-vg.json", None, "pvc-a");
+    steps.extend([
+        (lvcreate("pvc-a", 209715200, false), fail),
         (
             one("pvc-a"),
             ok(&select(&fixture("lvs-test-vg.json"), &["pvc-a"])),
         ),
     ]);
+    let script = Script::new(steps);
     let err = engine(&script)
         .create_volume("pvc-a", 200 * MIB, &VolumeOptions::default())
         .unwrap_err();
@@ -638,10 +631,7 @@ fn create_race_with_already_exists_rechecks_the_size() {
 
 #[test]
 fn no_space_is_refused_before_and_by_lvcreate() {
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-big"), ok(&fixture("lvs-empty.json"))),
-    ]);
+    let script = Script::new(before_create("vgs-test-vg.json", None, "pvc-big"));
     let err = engine(&script)
         .create_volume("pvc-big", 1 << 30, &VolumeOptions::default())
         .unwrap_err();
@@ -652,22 +642,12 @@ fn no_space_is_refused_before_and_by_lvcreate() {
         "pool test-vg has 868.0 MiB free, pvc-big needs 1.0 GiB"
     );
 
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-c"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "838860800B",
-                "-n",
-                "pvc-c",
-                "test-vg",
-            ]),
-            CmdOutput::fail(5, fixture("lvcreate-no-space.stderr")),
-        ),
-    ]);
+    let mut steps = before_create("vgs-test-vg.json", None, "pvc-c");
+    steps.push((
+        lvcreate("pvc-c", 838860800, false),
+        CmdOutput::fail(5, fixture("lvcreate-no-space.stderr")),
+    ));
+    let script = Script::new(steps);
     let err = engine(&script)
         .create_volume("pvc-c", 800 * MIB, &VolumeOptions::default())
         .unwrap_err();
@@ -677,17 +657,15 @@ fn no_space_is_refused_before_and_by_lvcreate() {
 
 #[test]
 fn other_lvcreate_failures_carry_argv_and_stderr() {
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-x"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&["lvcreate", "-y", "-L", "4194304B", "-n", "pvc-x", "test-vg"]),
-            CmdOutput::fail(
-                3,
-                "  device-mapper: reload ioctl on (253:3) failed: Invalid argument\n",
-            ),
+    let mut steps = before_create("vgs-test-vg.json", None, "pvc-x");
+    steps.push((
+        lvcreate("pvc-x", 4194304, false),
+        CmdOutput::fail(
+            3,
+            "  device-mapper: reload ioctl on (253:3) failed: Invalid argument\n",
         ),
-    ]);
+    ));
+    let script = Script::new(steps);
     let err = engine(&script)
         .create_volume("pvc-x", 1, &VolumeOptions::default())
         .unwrap_err();

@@ -336,6 +336,24 @@ async fn start_with(
     (env, fake, agent, dapi)
 }
 
+/// An agent with a fresh [`FakeAssembler`], the members in place and data control [`PV`]
+/// of `level` assembled (ready).
+async fn assembled(
+    level: RaidLevel,
+) -> (
+    Env,
+    Arc<FakeAssembler>,
+    liteio_agent::agent::Agent,
+    Api<AntstorDataControl>,
+    AntstorDataControl,
+) {
+    let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
+    members_in_place(&env).await;
+    create_dc(&dapi, PV, PoolMode::SpdkLVStore, level).await;
+    let dc = wait_dc_ready(&dapi, "ready", Duration::from_secs(10)).await;
+    (env, fake, agent, dapi, dc)
+}
+
 /// Creates data control `name` of `engine` at `level`.
 async fn create_dc(api: &Api<AntstorDataControl>, name: &str, engine: PoolMode, level: RaidLevel) {
     api.create(&PostParams::default(), &data_control(name, engine, level))
@@ -680,10 +698,7 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
-        members_in_place(&env).await;
-        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Raid0).await;
-        let dc = wait_dc_ready(&dapi, "ready", Duration::from_secs(10)).await;
+        let (_env, fake, agent, dapi, dc) = assembled(RaidLevel::Raid0).await;
         assert!(fake.removed.lock().unwrap().is_empty());
         // As the controller moves it: the label too, so it leaves this agent's watch (which
         // then reconciles nothing): the sweep of served assemblies finds it.
@@ -774,10 +789,7 @@ async fn a_mirror_moved_here_is_assembled_without_the_replicas_it_cannot_reach()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_lease_fences_the_mirrors_assembled_here_until_it_is_renewed() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
-        members_in_place(&env).await;
-        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Raid1).await;
-        let dc = wait_dc_ready(&dapi, "ready", Duration::from_secs(10)).await;
+        let (env, fake, agent, dapi, dc) = assembled(RaidLevel::Raid1).await;
         assert!(fake.fence_calls.lock().unwrap().is_empty());
         // The Lease's updates fail from now on.
         let faults = fail_lease_updates(&env);
@@ -821,10 +833,7 @@ async fn a_stale_lease_fences_the_mirrors_assembled_here_until_it_is_renewed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_lease_leaves_a_raid0_assembly_serving() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
-        members_in_place(&env).await;
-        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Raid0).await;
-        wait_dc_ready(&dapi, "ready", Duration::from_secs(10)).await;
+        let (env, fake, agent, _dapi, _dc) = assembled(RaidLevel::Raid0).await;
         let faults = fail_lease_updates(&env);
         // Stale for well past the bound (the Lease lasts seconds here): the heartbeat says so.
         let mut hb = agent.heartbeat();

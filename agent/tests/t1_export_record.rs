@@ -24,7 +24,7 @@ use liteio_agent::exporter::{
 use liteio_agent::record::{ExportRecord, RecordingExporter};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::keys;
-use liteio_api::{AntstorVolume, SpdkTarget, naming};
+use liteio_api::{AntstorVolume, SpdkTarget};
 use serde_json::json;
 
 /// Records calls; hands out a target derived from the request (its preset when given).
@@ -35,16 +35,7 @@ struct Fake {
 }
 
 fn target_of(req: &ExportRequest) -> SpdkTarget {
-    req.preset.clone().unwrap_or_else(|| SpdkTarget {
-        bdev_name: naming::aio_bdev_name(&req.uuid),
-        subsys_nqn: naming::subsys_nqn(&req.uuid),
-        svc_id: "4510".into(),
-        sn: naming::serial_number(&req.uuid),
-        trans_type: naming::TRANS_TYPE_TCP.into(),
-        ns_uuid: req.uuid.clone(),
-        address: NODE_IP.into(),
-        addr_fam: naming::ADDR_FAM_IPV4.into(),
-    })
+    req.preset.clone().unwrap_or_else(|| aio_target(&req.uuid))
 }
 
 impl Exporter for Fake {

@@ -7,16 +7,16 @@
 
 mod common;
 
-use common::host::{no_loop_devices, not_root, run};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::host::{no_loop_devices, not_root, run};
 use common::*;
 use kube::Api;
 use kube::api::PostParams;
 use liteio_agent::exporter::NoExporter;
 use liteio_api::keys;
-use liteio_api::{AntstorVolume, VolumeStatus, VolumeType};
+use liteio_api::{AntstorVolume, VolumeType};
 
 const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
 
@@ -64,11 +64,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
         api.create(&PostParams::default(), &volume("pvc-io", UUID, 16 * MIB))
             .await
             .unwrap();
-        let v = eventually("volume ready", Duration::from_secs(5), || async {
-            let v = api.get_opt("pvc-io").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready).then_some(v)
-        })
-        .await;
+        let v = volume_ready(&api, "pvc-io", "volume ready", Duration::from_secs(5)).await;
         let file = v.spec.kernel_lvol.clone().unwrap().dev_path;
 
         // Not attached: no block counters for it (the size is reported).
@@ -111,19 +107,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             ("uuid", UUID),
             ("dev", dev.as_str()),
         ];
-        let before = eventually(
-            "I/O series of the loop device",
-            Duration::from_secs(5),
-            || async {
-                let text = scrape(&agent).await;
-                Some((
-                    metric_value(&text, "liteio_volume_writes_completed_total", &labels)?,
-                    metric_value(&text, "liteio_volume_written_bytes_total", &labels)?,
-                    metric_value(&text, "liteio_volume_reads_completed_total", &labels)?,
-                ))
-            },
-        )
-        .await;
+        let before = io_series(&agent, &labels, "I/O series of the loop device").await;
 
         // 1 MiB of direct writes, then 1 MiB of direct reads, through the loop device.
         let of = format!("of={}", lo.0);
@@ -157,9 +141,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             Duration::from_secs(5),
             || async {
                 let text = scrape(&agent).await;
-                let w = metric_value(&text, "liteio_volume_writes_completed_total", &labels)?;
-                let b = metric_value(&text, "liteio_volume_written_bytes_total", &labels)?;
-                let r = metric_value(&text, "liteio_volume_reads_completed_total", &labels)?;
+                let (w, b, r) = volume_io(&text, &labels)?;
                 (b - before.1 >= MIB as f64 && w > before.0 && r > before.2)
                     .then_some((w, b, r, text))
             },

@@ -16,7 +16,7 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, labels};
 use liteio_api::snapshot::AntstorSnapshotSpec;
-use liteio_api::{AntstorSnapshot, AntstorVolume, VolumeStatus, VolumeType};
+use liteio_api::{AntstorSnapshot, AntstorVolume, VolumeType};
 
 /// A tmpfs mounted at a temporary directory; unmounted on drop.
 struct Tmpfs {
@@ -144,10 +144,7 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         )
         .await
         .unwrap();
-        eventually("pvc-a ready", Duration::from_secs(10), || async {
-            (vols.get("pvc-a").await.unwrap().phase() == VolumeStatus::Ready).then_some(())
-        })
-        .await;
+        volume_ready(&vols, "pvc-a", "pvc-a ready", Duration::from_secs(10)).await;
 
         // A snapshot on a pool without reflinks: the status says why, for good, at once.
         snaps
@@ -279,13 +276,11 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         )
         .await
         .unwrap();
-        let v = eventually(
+        let v = volume_ready(
+            &vols,
+            "pvc-spdk",
             "pvc-spdk ready after the fix",
             Duration::from_secs(10),
-            || async {
-                let v = vols.get("pvc-spdk").await.unwrap();
-                (v.phase() == VolumeStatus::Ready).then_some(v)
-            },
         )
         .await;
         assert!(v.permanent_failure().is_none(), "{:?}", v.status);

@@ -33,11 +33,7 @@ fn vols(env: &Env) -> Api<AntstorVolume> {
 }
 
 async fn wait_ready(api: &Api<AntstorVolume>, name: &str) -> AntstorVolume {
-    eventually("volume ready", Duration::from_secs(5), || async {
-        let v = api.get_opt(name).await.unwrap()?;
-        (v.phase() == VolumeStatus::Ready).then_some(v)
-    })
-    .await
+    volume_ready(api, name, "volume ready", Duration::from_secs(5)).await
 }
 
 /// An agent exporting through `fake`, and the volumes' API.
@@ -173,7 +169,7 @@ async fn volume_lifecycle_provision_expand_delete() {
         let lvol = v.spec.kernel_lvol.clone().unwrap();
         assert_eq!(lvol.name, "pvc-a");
         assert_eq!(std::fs::metadata(&lvol.dev_path).unwrap().len(), 12 * MIB);
-        assert_eq!(v.annotations().get(annotations::ALLOCATED_BYTES).map(String::as_str), Some("12582912"));
+        assert_eq!(common::allocated_bytes(&v), Some("12582912"));
         assert!(v.spec.spdk_target.is_none(), "a local volume is not exported");
         // The pool status follows within 2 s (event-driven, the resync is 10 min here).
         eventually("free space to drop", Duration::from_secs(2), || async {
@@ -300,16 +296,7 @@ impl Exporter for FakeExporter {
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             self.exports.lock().unwrap().push(req.clone());
-            Ok(SpdkTarget {
-                bdev_name: naming::aio_bdev_name(&req.uuid),
-                subsys_nqn: naming::subsys_nqn(&req.uuid),
-                svc_id: "4510".into(),
-                sn: naming::serial_number(&req.uuid),
-                trans_type: naming::TRANS_TYPE_TCP.into(),
-                ns_uuid: req.uuid.clone(),
-                address: NODE_IP.into(),
-                addr_fam: naming::ADDR_FAM_IPV4.into(),
-            })
+            Ok(aio_target(&req.uuid))
         })
     }
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {

@@ -11,7 +11,7 @@ use common::*;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use liteio_api::keys::{self};
-use liteio_api::{AntstorVolume, StoragePool, VolumeStatus};
+use liteio_api::{AntstorVolume, StoragePool};
 
 fn volume(name: &str, size: u64) -> AntstorVolume {
     scheduled_volume(
@@ -58,11 +58,7 @@ async fn failing_volume_backs_off_and_recovers_promptly() {
         api.create(&PostParams::default(), &volume("filler", 700 * MIB))
             .await
             .unwrap();
-        eventually("filler ready", Duration::from_secs(5), || async {
-            let v = api.get_opt("filler").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready).then_some(())
-        })
-        .await;
+        volume_ready(&api, "filler", "filler ready", Duration::from_secs(5)).await;
 
         // 600 MiB do not fit beside the filler in the 1 GiB pool: every attempt fails.
         api.create(&PostParams::default(), &volume("big", 600 * MIB))
@@ -109,11 +105,7 @@ async fn failing_volume_backs_off_and_recovers_promptly() {
         api.delete("filler", &DeleteParams::default())
             .await
             .unwrap();
-        eventually("big ready", Duration::from_secs(10), || async {
-            let v = api.get_opt("big").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready).then_some(())
-        })
-        .await;
+        volume_ready(&api, "big", "big ready", Duration::from_secs(10)).await;
         let recovered = fixed.elapsed();
         assert!(
             recovered < Duration::from_millis(2000),

@@ -19,11 +19,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::binary::{AgentProc, spawn_agent};
+use common::binary::{AgentProc, DATA, DATA_OFFSET, data_pattern, spawn_agent};
 use common::{HOST_B, MIB, rpc};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
+use liteio_agent::spdk::{SpdkOptions, bdev, initiator, io};
 use liteio_api::keys::{self, annotations, finalizers};
 use liteio_api::{AntstorVolume, VolumeStatus, naming};
 use liteio_test_apiserver::TestApiServer;
@@ -31,44 +31,27 @@ use serde_json::{Value, json};
 
 const LVS: &str = "lvs-crash";
 const BASE_AIO: &str = "crash-aio";
-const DATA: &str = "pvc-data";
-const DATA_OFFSET: u64 = MIB;
 /// Limit of one convergence (an agent start includes SPDK's and the lvstore's).
 const CONVERGE: Duration = Duration::from_secs(45);
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..64 * 1024)
-        .map(|i: usize| (i as u8).wrapping_mul(37).wrapping_add(seed))
-        .collect()
+    data_pattern(37, seed)
 }
 
 #[test]
 fn killed_at_every_step_the_spdk_agent_converges_without_orphans_or_data_loss() {
     // The initiator's SPDK polls: keep it off the agent's core. The agent, started many
     // times, gets core 1, which other SPDK tests (core 0) do not lock.
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-crash".into(),
+    let opts = SpdkOptions {
         core_mask: "0x1".into(),
         interrupt_mode: false,
         mem_size_mb: 512,
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(480), async {
-            scenario(Pool::Lvs).await;
-            scenario(Pool::File).await;
-        })
-        .await
-        .expect("timed out");
+        ..common::spdk::small("t3-crash")
+    };
+    common::with_spdk_opts(&opts, Duration::from_secs(480), async {
+        scenario(Pool::Lvs).await;
+        scenario(Pool::File).await;
     });
-    drop(rt);
-    spdk.stop();
 }
 
 /// Volume `name` as the controller schedules it here, consumed by node-b.
@@ -414,12 +397,7 @@ async fn scenario(pool: Pool) {
     agent.expect_crash("after-resize", CONVERGE).await;
     let agent = c.spawn(None);
     let v = agent.expansion_recorded(&c.api, DATA, CONVERGE).await;
-    assert_eq!(
-        v.annotations()
-            .get(annotations::ALLOCATED_BYTES)
-            .map(String::as_str),
-        Some("25165824")
-    );
+    assert_eq!(common::allocated_bytes(&v), Some("25165824"));
     c.converged(&agent).await;
     assert_eq!(c.assert_data_intact(&agent).await, 24 * MIB);
     agent.kill().await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyMember, AssemblyRequest, ExportError, ExportRequest, Exporter,
-    MemberSource, UnassembleRequest,
+    MemberSource,
 };
 use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
@@ -175,13 +175,7 @@ fn an_assembly_is_made_kept_changed_and_removed_and_a_failed_one_leaves_nothing(
         assert_eq!(ss.hosts, [HOST2.to_string()]);
 
         // Removed, twice (idempotent); the members are untouched.
-        let un = UnassembleRequest {
-            name: DC.into(),
-            uuid: DC_UUID.into(),
-            target: Some(t.clone()),
-            members: 2,
-        };
-        exp.remove_assembly(&un).await.unwrap();
+        let un = common::spdk::unassemble(&exp, DC, DC_UUID, t.clone(), 2).await;
         nothing_left().await;
         exp.remove_assembly(&un).await.unwrap();
         assert!(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyMember, AssemblyRequest, ExportError, ExportRequest, Exporter,
-    MemberSource, UnassembleRequest, UnexportRequest,
+    MemberSource, UnexportRequest,
 };
 use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{HostKeys, TcpTransportOptions};
@@ -266,13 +266,7 @@ fn a_mirror_serves_through_the_loss_of_a_replica_and_rebuilds_its_replacement() 
 
         // Removed (the host first): nothing of the assembly is left; the replicas stay.
         initiator::detach("hostc").await.unwrap();
-        let un = UnassembleRequest {
-            name: DC.into(),
-            uuid: DC_UUID.into(),
-            target: Some(t.clone()),
-            members: 2,
-        };
-        exp.remove_assembly(&un).await.unwrap();
+        let un = common::spdk::unassemble(&exp, DC, DC_UUID, t.clone(), 2).await;
         nothing_left().await;
         exp.remove_assembly(&un).await.unwrap();
         assert!(lvol::lvol("mlvs", "r1").await.unwrap().is_some());

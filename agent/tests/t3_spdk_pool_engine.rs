@@ -10,6 +10,18 @@ use liteio_agent::spdk::Spdk;
 
 const MIB: u64 = 1 << 20;
 
+/// The names of the engine's volumes, sorted.
+fn names(engine: &SpdkLvsEngine) -> Vec<String> {
+    let mut names: Vec<String> = engine
+        .list_volumes()
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn lvstore_engine_lifecycle_on_an_aio_file() {
     let spdk = Spdk::start(&common::spdk::small("t3-engine-trait")).unwrap();
@@ -93,14 +105,7 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
         ErrorKind::NotFound
     );
 
-    let mut names: Vec<String> = engine
-        .list_volumes()
-        .unwrap()
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["pvc-a", "pvc-a_snap", "pvc-b", "pvc-thin"]);
+    assert_eq!(names(&engine), ["pvc-a", "pvc-a_snap", "pvc-b", "pvc-thin"]);
     let snap = engine
         .list_volumes()
         .unwrap()
@@ -126,14 +131,7 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
     let spdk = Spdk::start(&common::spdk::small("t3-engine-trait")).unwrap();
     let again = SpdkLvsEngine::new("pe-lvs", base, 4 << 20);
     assert_eq!(again.ensure_pool().unwrap().uuid, pool.uuid);
-    let mut names: Vec<String> = again
-        .list_volumes()
-        .unwrap()
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["pvc-a", "pvc-a_snap"]);
+    assert_eq!(names(&again), ["pvc-a", "pvc-a_snap"]);
     assert_eq!(again.info().unwrap().free_bytes, free_before);
     spdk.stop();
     let _ = std::fs::remove_dir_all(dir);

@@ -8,6 +8,18 @@ use std::time::Duration;
 
 use super::NODE;
 
+/// The volume with data that every crash scenario keeps across the kills.
+pub const DATA: &str = "pvc-data";
+/// Where in [`DATA`] its pattern is written.
+pub const DATA_OFFSET: u64 = super::MIB;
+
+/// The 64 KiB written to [`DATA`]: byte `i` is `i * step + seed` (wrapping).
+pub fn data_pattern(step: u8, seed: u8) -> Vec<u8> {
+    (0..64 * 1024)
+        .map(|i: usize| (i as u8).wrapping_mul(step).wrapping_add(seed))
+        .collect()
+}
+
 /// One `disk-agent` process; killed (SIGKILL) when dropped.
 pub struct AgentProc {
     pub child: tokio::process::Child,

@@ -208,6 +208,44 @@ pub async fn expand(api: &kube::Api<liteio_api::AntstorVolume>, name: &str, from
     .unwrap();
 }
 
+/// Waits (up to `within`) until volume `name` is ready; returns it.
+pub async fn volume_ready(
+    api: &Api<liteio_api::AntstorVolume>,
+    name: &str,
+    what: &str,
+    within: Duration,
+) -> liteio_api::AntstorVolume {
+    eventually(what, within, || async {
+        let v = api.get_opt(name).await.unwrap()?;
+        (v.phase() == liteio_api::VolumeStatus::Ready).then_some(v)
+    })
+    .await
+}
+
+/// The `allocated-bytes` annotation of `v`: the size the engine rounded it to, when it did.
+pub fn allocated_bytes(v: &liteio_api::AntstorVolume) -> Option<&str> {
+    use kube::ResourceExt;
+    v.annotations()
+        .get(keys::annotations::ALLOCATED_BYTES)
+        .map(String::as_str)
+}
+
+/// The target a fake exporter hands out for a file volume `uuid`: its aio bdev, LiteIO's
+/// NQN and serial, [`NODE_IP`]:4510.
+pub fn aio_target(uuid: &str) -> liteio_api::SpdkTarget {
+    use liteio_api::naming;
+    liteio_api::SpdkTarget {
+        bdev_name: naming::aio_bdev_name(uuid),
+        subsys_nqn: naming::subsys_nqn(uuid),
+        svc_id: "4510".into(),
+        sn: naming::serial_number(uuid),
+        trans_type: naming::TRANS_TYPE_TCP.into(),
+        ns_uuid: uuid.into(),
+        address: NODE_IP.into(),
+        addr_fam: naming::ADDR_FAM_IPV4.into(),
+    }
+}
+
 /// Deletes volume `name` and waits until the agent has released it: only the controller's
 /// `in-state` finalizer left (no controller runs in these tests).
 pub async fn delete_and_release(
@@ -403,6 +441,25 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
         got.sort();
         if got == want { v.parse().ok() } else { None }
     })
+}
+
+/// A volume's I/O counters in a scrape, for the series with `labels`: (writes completed,
+/// bytes written, reads completed).
+pub fn volume_io(text: &str, labels: &[(&str, &str)]) -> Option<(f64, f64, f64)> {
+    Some((
+        metric_value(text, "liteio_volume_writes_completed_total", labels)?,
+        metric_value(text, "liteio_volume_written_bytes_total", labels)?,
+        metric_value(text, "liteio_volume_reads_completed_total", labels)?,
+    ))
+}
+
+/// Waits until the agent's `/metrics` has the I/O counters of the series with `labels`
+/// ([`volume_io`]); returns them.
+pub async fn io_series(agent: &Agent, labels: &[(&str, &str)], what: &str) -> (f64, f64, f64) {
+    eventually(what, Duration::from_secs(5), || async {
+        volume_io(&scrape(agent).await, labels)
+    })
+    .await
 }
 
 /// Scrapes the agent's `/metrics`.

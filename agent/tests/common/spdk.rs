@@ -8,7 +8,8 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use liteio_agent::exporter::ExportRequest;
+use liteio_agent::exporter::{ExportRequest, Exporter, UnassembleRequest};
+use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{self, SubsystemSpec};
 use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, raid};
 use liteio_api::{SpdkLvol, naming};
@@ -173,4 +174,23 @@ pub async fn refused_attach(
     );
     println!("refused: {case}: {e}");
     e
+}
+
+/// Removes assembly `dc` (data control `dc_uuid`, served as `target` over `members`
+/// members) through `exp`; returns the request, to remove it again.
+pub async fn unassemble(
+    exp: &SpdkExporter,
+    dc: &str,
+    dc_uuid: &str,
+    target: liteio_api::SpdkTarget,
+    members: usize,
+) -> UnassembleRequest {
+    let un = UnassembleRequest {
+        name: dc.into(),
+        uuid: dc_uuid.into(),
+        target: Some(target),
+        members,
+    };
+    exp.remove_assembly(&un).await.unwrap();
+    un
 }
