@@ -24,7 +24,7 @@ use common::{HOST_B, MIB, rpc};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::spdk::{SpdkOptions, bdev, initiator, io};
-use liteio_api::keys::{self, annotations, finalizers};
+use liteio_api::keys::{self, finalizers};
 use liteio_api::{AntstorVolume, VolumeStatus, naming};
 use liteio_test_apiserver::TestApiServer;
 use serde_json::{Value, json};

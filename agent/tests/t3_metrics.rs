@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, create_exported, delete_and_release, eventually,
-    metric_value, remote_volume, scrape, start_spdk_agent, with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, delete_and_release, eventually, io_series,
+    metric_value, remote_volume, scrape, start_spdk_agent, volume_io, with_spdk,
 };
 use kube::Api;
 use liteio_agent::spdk::stats::RuntimeSource;

@@ -27,6 +27,13 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Loads each secret into the keyring under its name.
+async fn add_keys(keys: &[(&str, &DhchapSecret)]) {
+    for (name, s) in keys {
+        keyring::add_key(name, s.expose()).await.unwrap();
+    }
+}
+
 fn keys(host: &str, ctrl: Option<&str>) -> HostKeys {
     HostKeys {
         dhchap_key: Some(host.into()),
@@ -101,14 +108,13 @@ async fn scenario() {
         DhchapSecret::generate().unwrap(),
         DhchapSecret::generate().unwrap(),
     );
-    for (name, s) in [
+    add_keys(&[
         ("tgt-a-host", &a_host),
         ("tgt-a-ctrl", &a_ctrl),
         ("tgt-b-host", &b_host),
         ("tgt-b-ctrl", &b_ctrl),
-    ] {
-        keyring::add_key(name, s.expose()).await.unwrap();
-    }
+    ])
+    .await;
     // Adding the same secret again is success; a bad name is refused naming the field.
     keyring::add_key("tgt-a-host", a_host.expose())
         .await
@@ -146,14 +152,13 @@ async fn scenario() {
 
     // Host side: its own key names (the same secrets where the host holds the right ones).
     let wrong = DhchapSecret::generate().unwrap();
-    for (name, s) in [
+    add_keys(&[
         ("ini-a-host", &a_host),
         ("ini-a-ctrl", &a_ctrl),
         ("ini-b-host", &b_host),
         ("ini-wrong", &wrong),
-    ] {
-        keyring::add_key(name, s.expose()).await.unwrap();
-    }
+    ])
+    .await;
 
     refused("no key", "r0", port_a, NQN_A, HOST_A, &HostKeys::default()).await;
     refused(
