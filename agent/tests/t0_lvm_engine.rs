@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use liteio_agent::config::LvmPv;
 use liteio_agent::engine::lvm::{cmd, report};
 use liteio_agent::engine::{
-    CmdOutput, CommandRunner, ErrorKind, LvLayout, LvmEngine, PoolEngine, VolumeOptions,
+    CmdOutput, CommandRunner, EngineError, ErrorKind, LvLayout, LvmEngine, PoolEngine, VolumeInfo,
+    VolumeOptions,
 };
 
 const MIB: u64 = 1 << 20;
@@ -378,6 +379,24 @@ fn lvcreate(name: &str, bytes: u64, striped: bool) -> Vec<String> {
     argv
 }
 
+/// Creates volume `name` of `size` bytes with `opts` through the engine running `script`,
+/// which must have run to its end.
+fn created(script: &Arc<Script>, name: &str, size: u64, opts: &VolumeOptions) -> VolumeInfo {
+    let v = engine(script).create_volume(name, size, opts).unwrap();
+    script.assert_done();
+    v
+}
+
+/// The refusal of volume `name` of `size` bytes by the engine running `script`, which must
+/// have run to its end.
+fn refused(script: &Arc<Script>, name: &str, size: u64) -> EngineError {
+    let err = engine(script)
+        .create_volume(name, size, &VolumeOptions::default())
+        .unwrap_err();
+    script.assert_done();
+    err
+}
+
 /// The steps of creating LV `name` on the VG of fixture `vgs` before the create: the VG
 /// read, the LVs that start linear (`linear`, when the layout rule reads them) and the new
 /// LV read (absent).
@@ -414,10 +433,7 @@ fn create_linear_rounds_up_to_the_extent() {
         &lvcreate("pvc-new", 8388608, false),
         &after,
     );
-    let v = engine(&script)
-        .create_volume("pvc-new", 5 * MIB, &VolumeOptions::default())
-        .unwrap();
-    script.assert_done();
+    let v = created(&script, "pvc-new", 5 * MIB, &VolumeOptions::default());
     assert_eq!(v.size_bytes, 8 * MIB);
     assert_eq!(v.uuid.as_deref(), Some("uuid-pvc-new"));
     assert_eq!(v.path, PathBuf::from("/dev/test-vg/pvc-new"));
@@ -435,10 +451,7 @@ fn create_striped_uses_every_pv() {
         &lvcreate("pvc-s", 16777216, true),
         &after,
     );
-    let v = engine(&script)
-        .create_volume("pvc-s", 10 * MIB, &VolumeOptions::default())
-        .unwrap();
-    script.assert_done();
+    let v = created(&script, "pvc-s", 10 * MIB, &VolumeOptions::default());
     assert_eq!(v.size_bytes, 16 * MIB);
     assert_eq!(v.layout, Some(LvLayout::Striped));
 }
@@ -453,10 +466,7 @@ fn default_layout_is_linear_once_a_linear_lv_exists() {
         &lvcreate("pvc-l", 12582912, false),
         &after,
     );
-    let v = engine(&script)
-        .create_volume("pvc-l", 10 * MIB, &VolumeOptions::default())
-        .unwrap();
-    script.assert_done();
+    let v = created(&script, "pvc-l", 10 * MIB, &VolumeOptions::default());
     assert_eq!(v.size_bytes, 12 * MIB);
 }
 
@@ -483,10 +493,7 @@ fn create_on_a_single_pv_vg_reads_only_the_new_lv() {
             layout,
             ..VolumeOptions::default()
         };
-        let v = engine(&script)
-            .create_volume("pvc-1", 8 * MIB, &opts)
-            .unwrap();
-        script.assert_done();
+        let v = created(&script, "pvc-1", 8 * MIB, &opts);
         assert_eq!(v.layout, Some(LvLayout::Linear), "{layout:?}");
         assert_eq!(
             ran(&script),
@@ -518,10 +525,7 @@ fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
             lvcreate,
             after,
         );
-        let v = engine(&script)
-            .create_volume("pvc-2", 10 * MIB, &VolumeOptions::default())
-            .unwrap();
-        script.assert_done();
+        let v = created(&script, "pvc-2", 10 * MIB, &VolumeOptions::default());
         assert_eq!(v.layout, Some(want));
         assert!(!ran(&script).contains(&cmd::lvs("test-vg").join(" ")));
     }
@@ -535,10 +539,7 @@ fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
             layout: Some(layout),
             ..VolumeOptions::default()
         };
-        let v = engine(&script)
-            .create_volume("pvc-2", 10 * MIB, &opts)
-            .unwrap();
-        script.assert_done();
+        let v = created(&script, "pvc-2", 10 * MIB, &opts);
         assert_eq!(v.layout, Some(layout));
     }
 }
@@ -622,20 +623,14 @@ fn create_race_with_already_exists_rechecks_the_size() {
         ),
     ]);
     let script = Script::new(steps);
-    let err = engine(&script)
-        .create_volume("pvc-a", 200 * MIB, &VolumeOptions::default())
-        .unwrap_err();
-    script.assert_done();
+    let err = refused(&script, "pvc-a", 200 * MIB);
     assert_eq!(err.kind(), ErrorKind::AlreadyExistsDifferent);
 }
 
 #[test]
 fn no_space_is_refused_before_and_by_lvcreate() {
     let script = Script::new(before_create("vgs-test-vg.json", None, "pvc-big"));
-    let err = engine(&script)
-        .create_volume("pvc-big", 1 << 30, &VolumeOptions::default())
-        .unwrap_err();
-    script.assert_done();
+    let err = refused(&script, "pvc-big", 1 << 30);
     assert_eq!(err.kind(), ErrorKind::NoSpace);
     assert_eq!(
         err.to_string(),
@@ -648,10 +643,7 @@ fn no_space_is_refused_before_and_by_lvcreate() {
         CmdOutput::fail(5, fixture("lvcreate-no-space.stderr")),
     ));
     let script = Script::new(steps);
-    let err = engine(&script)
-        .create_volume("pvc-c", 800 * MIB, &VolumeOptions::default())
-        .unwrap_err();
-    script.assert_done();
+    let err = refused(&script, "pvc-c", 800 * MIB);
     assert_eq!(err.kind(), ErrorKind::NoSpace);
 }
 

@@ -601,10 +601,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
 
         // Deleted: torn down, then released.
         dapi.delete(PV, &DeleteParams::default()).await.unwrap();
-        eventually("the data control gone", Duration::from_secs(10), || async {
-            dapi.get_opt(PV).await.unwrap().is_none().then_some(())
-        })
-        .await;
+        gone(&dapi, PV, "the data control gone", Duration::from_secs(10)).await;
         let removed = fake.removed.lock().unwrap().clone();
         assert_eq!(removed.len(), 1, "{removed:?}");
         assert_eq!(removed[0].name, PV);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, labels};
 use liteio_api::snapshot::AntstorSnapshotSpec;
@@ -71,18 +71,10 @@ fn snapshot(name: &str, origin: &str) -> AntstorSnapshot {
 
 /// Warning events about object `name` with `reason`.
 async fn warnings(client: &kube::Client, name: &str, reason: &str) -> Vec<Event> {
-    let events: Api<Event> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    events
-        .list(&ListParams::default())
+    events_about(client, name, reason)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                && e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
-        })
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
         .collect()
 }
 
@@ -216,15 +208,7 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
 
         // Deleting it leaves nothing behind (it never got the agent's finalizer).
         snaps.delete("snap-a", &Default::default()).await.unwrap();
-        eventually("snap-a gone", Duration::from_secs(5), || async {
-            snaps
-                .get_opt("snap-a")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        })
-        .await;
+        gone(&snaps, "snap-a", "snap-a gone", Duration::from_secs(5)).await;
 
         // A volume of a type this pool cannot serve: permanent, evented, not retried.
         let mut lvol =

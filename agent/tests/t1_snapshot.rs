@@ -192,15 +192,7 @@ async fn snapshot_create_clone_merge_delete() {
             .delete("snap-1", &DeleteParams::default())
             .await
             .unwrap();
-        eventually("snapshot gone", Duration::from_secs(5), || async {
-            snaps
-                .get_opt("snap-1")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        })
-        .await;
+        gone(&snaps, "snap-1", "snapshot gone", Duration::from_secs(5)).await;
         assert!(!Path::new(&s.spec.kernel_lvol.dev_path).exists());
         agent.shutdown(Duration::from_secs(5)).await;
     })

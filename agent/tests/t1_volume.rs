@@ -212,7 +212,7 @@ async fn volume_lifecycle_provision_expand_delete() {
         api.patch("pvc-a", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}})))
             .await
             .unwrap();
-        eventually("volume gone", Duration::from_secs(2), || async { api.get_opt("pvc-a").await.unwrap().is_none().then_some(()) }).await;
+        gone(&api, "pvc-a", "volume gone", Duration::from_secs(2)).await;
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await
@@ -670,26 +670,14 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         assert_eq!(req.allowed_hosts, vec!["nqn.host-old".to_string()]);
         assert_eq!(req.keyless_hosts, vec!["nqn.host-old".to_string()]);
         assert!(req.keys.is_some(), "the volume's keys are still loaded");
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
         let ev = eventually(
             "ServedWithoutAuthentication event",
             Duration::from_secs(5),
-            || {
-                let events = events.clone();
-                async move {
-                    events
-                        .list(&Default::default())
-                        .await
-                        .unwrap()
-                        .items
-                        .into_iter()
-                        .find(|e| {
-                            e.reason.as_deref() == Some("ServedWithoutAuthentication")
-                                && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                    == Some("pvc-pref-old")
-                        })
-                }
+            || async {
+                events_about(&env.client, "pvc-pref-old", "ServedWithoutAuthentication")
+                    .await
+                    .into_iter()
+                    .next()
             },
         )
         .await;

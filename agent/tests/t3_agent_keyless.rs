@@ -217,19 +217,7 @@ async fn scenario(sock: PathBuf) {
     )
     .await;
     let keys = consumer_keys(&client, &v).await;
-    let names = initiator::attach_tcp_auth(
-        "kp0",
-        "127.0.0.1",
-        pipe_port,
-        &t.subsys_nqn,
-        &host_src,
-        None,
-        &keys,
-    )
-    .await
-    .unwrap();
-    assert_eq!(io::read_at(&names[0], MIB, data.len()).await.unwrap(), data);
-    initiator::detach("kp0").await.unwrap();
+    common::spdk::reads_back("kp0", pipe_port, &t.subsys_nqn, &host_src, &keys, &data).await;
 
     // node-b rebooted into a kernel that can authenticate: only its Node changes, and its
     // entry gets the keys live.

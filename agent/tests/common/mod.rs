@@ -246,6 +246,36 @@ pub fn aio_target(uuid: &str) -> liteio_api::SpdkTarget {
     }
 }
 
+/// Waits (up to `within`) until object `name` of `api` is gone.
+pub async fn gone<K>(api: &Api<K>, name: &str, what: &str, within: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, within, || async {
+        api.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+/// The Events about object `name` with `reason`.
+pub async fn events_about(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    ns_api::<k8s_openapi::api::events::v1::Event>(client)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
 /// Deletes volume `name` and waits until the agent has released it: only the controller's
 /// `in-state` finalizer left (no controller runs in these tests).
 pub async fn delete_and_release(

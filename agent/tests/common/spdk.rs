@@ -194,3 +194,26 @@ pub async fn unassemble(
     exp.remove_assembly(&un).await.unwrap();
     un
 }
+
+/// Attaches to `nqn` on 127.0.0.1:`port` as controller `ctrlr` of `host` with `keys`,
+/// reads `data` back at 1 MiB and detaches.
+pub async fn reads_back(
+    ctrlr: &str,
+    port: u16,
+    nqn: &str,
+    host: &str,
+    keys: &nvmf::HostKeys,
+    data: &[u8],
+) {
+    use liteio_agent::spdk::{initiator, io};
+    let names = initiator::attach_tcp_auth(ctrlr, "127.0.0.1", port, nqn, host, None, keys)
+        .await
+        .unwrap();
+    assert_eq!(
+        io::read_at(&names[0], super::MIB, data.len())
+            .await
+            .unwrap(),
+        data
+    );
+    initiator::detach(ctrlr).await.unwrap();
+}
