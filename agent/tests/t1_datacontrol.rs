@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyRequest, ExportError, ExportFuture, ExportRequest, Exporter,
@@ -308,7 +308,7 @@ async fn wait_message(api: &Api<AntstorDataControl>, name: &str, needle: &str) -
 
 /// The host NQN this agent published on its StoragePool.
 async fn own_nqn(env: &Env) -> String {
-    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    let pools: Api<StoragePool> = ns_api(&env.client);
     eventually("this node's host NQN", Duration::from_secs(5), || async {
         pools
             .get_opt(NODE)
@@ -356,9 +356,7 @@ async fn assembled(
 
 /// Creates data control `name` of `engine` at `level`.
 async fn create_dc(api: &Api<AntstorDataControl>, name: &str, engine: PoolMode, level: RaidLevel) {
-    api.create(&PostParams::default(), &data_control(name, engine, level))
-        .await
-        .unwrap();
+    create(api, &data_control(name, engine, level)).await;
 }
 
 /// Waits (up to `within`) until data control [`PV`] is ready; returns it.
@@ -449,9 +447,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         // The members appear (each change reconciles the data control at once): not ready,
         // then ready, the local one still exported by its own agent.
         for i in 0..3 {
-            vapi.create(&PostParams::default(), &member(i, true))
-                .await
-                .unwrap();
+            create(&vapi, &member(i, true)).await;
         }
         wait_message(
             &dapi,
@@ -524,8 +520,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         assert!(req.preset.is_none());
         // The PV's keys, from its Secret (made here: no CSI in this test).
         let keys = req.keys.clone().expect("keys");
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = ns_api(&env.client);
         let s = secrets.get(&naming::auth_secret(PV)).await.unwrap();
         let stored =
             liteio_api::auth::VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap();
@@ -626,16 +621,12 @@ async fn members_in_place(env: &Env) {
 }
 
 async fn create_group(env: &Env) {
-    let groups: Api<AntstorVolumeGroup> =
-        Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-    groups
-        .create(&PostParams::default(), &group())
-        .await
-        .unwrap();
+    let groups: Api<AntstorVolumeGroup> = ns_api(&env.client);
+    create(&groups, &group()).await;
 }
 
 async fn create_ready_member(vapi: &Api<AntstorVolume>, m: AntstorVolume) {
-    vapi.create(&PostParams::default(), &m).await.unwrap();
+    create(vapi, &m).await;
     set_ready(vapi, &m.name_any()).await;
 }
 

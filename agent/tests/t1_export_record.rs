@@ -131,7 +131,7 @@ fn mode(p: &Path) -> u32 {
 }
 
 async fn secret_keys(client: &kube::Client, v: &AntstorVolume) -> VolumeKeys {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let secrets: Api<Secret> = ns_api(client);
     let s = secrets.get(&v.auth_secret_name()).await.unwrap();
     VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap()
 }

@@ -13,9 +13,7 @@ use std::time::Duration;
 use common::host::{no_loop_devices, not_root, run};
 use common::*;
 use kube::Api;
-use kube::api::PostParams;
 use liteio_agent::exporter::NoExporter;
-use liteio_api::keys;
 use liteio_api::{AntstorVolume, VolumeType};
 
 const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
@@ -60,10 +58,8 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let env = Env::new().await;
         let agent = env.start_agent().await;
-        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        api.create(&PostParams::default(), &volume("pvc-io", UUID, 16 * MIB))
-            .await
-            .unwrap();
+        let api: Api<AntstorVolume> = ns_api(&env.client);
+        create(&api, &volume("pvc-io", UUID, 16 * MIB)).await;
         let v = volume_ready(&api, "pvc-io", "volume ready", Duration::from_secs(5)).await;
         let file = v.spec.kernel_lvol.clone().unwrap().dev_path;
 
@@ -178,7 +174,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
         // error of its kind.
         let mut bad = volume("pvc-bad", "5d1f6c2a-8e3b-4a7c-9d10-0000000000bb", 16 * MIB);
         bad.spec.type_ = Some(VolumeType::SpdkLVol);
-        api.create(&PostParams::default(), &bad).await.unwrap();
+        create(&api, &bad).await;
         let errs = [
             ("node", NODE),
             ("resource", "antstorvolume"),
@@ -258,13 +254,11 @@ async fn promtool_has_nothing_to_say_about_the_agents_metrics() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let env = Env::new().await;
         let agent = env.start_agent().await;
-        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        api.create(&PostParams::default(), &volume("pvc-p", UUID, 16 * MIB))
-            .await
-            .unwrap();
+        let api: Api<AntstorVolume> = ns_api(&env.client);
+        create(&api, &volume("pvc-p", UUID, 16 * MIB)).await;
         let mut bad = volume("pvc-bad", "5d1f6c2a-8e3b-4a7c-9d10-0000000000bb", 16 * MIB);
         bad.spec.type_ = Some(VolumeType::SpdkLVol);
-        api.create(&PostParams::default(), &bad).await.unwrap();
+        create(&api, &bad).await;
         let text = eventually(
             "a provisioned volume and a refused one",
             Duration::from_secs(5),

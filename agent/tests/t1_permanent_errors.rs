@@ -127,9 +127,8 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         // Retries start at 100 ms: a failure retried on a timer would run again ~5 times in
         // the 3 s watched below.
         let agent = env.start_agent().await;
-        let vols: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let snaps: Api<AntstorSnapshot> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let vols: Api<AntstorVolume> = ns_api(&env.client);
+        let snaps: Api<AntstorSnapshot> = ns_api(&env.client);
         vols.create(
             &PostParams::default(),
             &scheduled_volume("pvc-a", "0b9d1f3c-6a2e-4c1d-9f0a-00000000000a", 16 * MIB),
@@ -139,10 +138,7 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         volume_ready(&vols, "pvc-a", "pvc-a ready", Duration::from_secs(10)).await;
 
         // A snapshot on a pool without reflinks: the status says why, for good, at once.
-        snaps
-            .create(&PostParams::default(), &snapshot("snap-a", "pvc-a"))
-            .await
-            .unwrap();
+        create(&snaps, &snapshot("snap-a", "pvc-a")).await;
         let s = eventually(
             "snap-a failed for good",
             Duration::from_secs(10),
@@ -214,7 +210,7 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         let mut lvol =
             scheduled_volume("pvc-spdk", "0b9d1f3c-6a2e-4c1d-9f0a-00000000000c", 16 * MIB);
         lvol.spec.type_ = Some(VolumeType::SpdkLVol);
-        vols.create(&PostParams::default(), &lvol).await.unwrap();
+        create(&vols, &lvol).await;
         let v = eventually(
             "pvc-spdk failed for good",
             Duration::from_secs(10),

@@ -27,7 +27,7 @@ async fn pool_object_is_registered_within_two_seconds() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let env = Env::new().await;
         let agent = env.start_agent().await;
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let pools: Api<StoragePool> = ns_api(&env.client);
         let pool = eventually(
             "a StoragePool with status",
             Duration::from_secs(2),
@@ -138,7 +138,7 @@ async fn existing_host_nqn_and_foreign_labels_are_kept() {
         )
         .unwrap();
         let agent = env.start_agent().await;
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let pools: Api<StoragePool> = ns_api(&env.client);
         eventually("pool", Duration::from_secs(2), || async {
             pools.get_opt(NODE).await.unwrap()
         })

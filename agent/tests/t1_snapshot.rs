@@ -117,12 +117,9 @@ async fn snapshot_create_clone_merge_delete() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let env = Env::with_pool_dir(Some(&xfs.mount())).await;
         let agent = env.start_agent().await;
-        let vols: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let snaps: Api<AntstorSnapshot> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        vols.create(&PostParams::default(), &volume("pvc-o", 8 * MIB))
-            .await
-            .unwrap();
+        let vols: Api<AntstorVolume> = ns_api(&env.client);
+        let snaps: Api<AntstorSnapshot> = ns_api(&env.client);
+        create(&vols, &volume("pvc-o", 8 * MIB)).await;
         let v = volume_ready(&vols, "pvc-o", "origin ready", Duration::from_secs(5)).await;
         let origin = PathBuf::from(&v.spec.kernel_lvol.as_ref().unwrap().dev_path);
         std::fs::write(&origin, b"first").unwrap();
@@ -162,7 +159,7 @@ async fn snapshot_create_clone_merge_delete() {
             labels::VOLUME_SOURCE_SNAP_NS.into(),
             keys::DEFAULT_NAMESPACE.into(),
         );
-        vols.create(&PostParams::default(), &c).await.unwrap();
+        create(&vols, &c).await;
         let c = volume_ready(&vols, "pvc-c", "clone ready", Duration::from_secs(5)).await;
         assert_eq!(
             content(Path::new(&c.spec.kernel_lvol.as_ref().unwrap().dev_path)),

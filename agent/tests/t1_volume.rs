@@ -140,11 +140,11 @@ async fn host_node(env: &Env, node: &str, can: Option<&str>) {
             ),
         ])
     });
-    nodes.create(&PostParams::default(), &n).await.unwrap();
+    create(&nodes, &n).await;
 }
 
 async fn free_bytes(env: &Env) -> u64 {
-    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    let pools: Api<StoragePool> = ns_api(&env.client);
     pools
         .get_opt(NODE)
         .await
@@ -162,7 +162,7 @@ async fn volume_lifecycle_provision_expand_delete() {
         let free0 = free_bytes(&env).await;
 
         // 10 MiB + 1 byte: the file engine rounds to 12 MiB and says so.
-        api.create(&PostParams::default(), &volume("pvc-a", 10 * MIB + 1)).await.unwrap();
+        create(&api, &volume("pvc-a", 10 * MIB + 1)).await;
         let v = wait_ready(&api, "pvc-a").await;
         assert_eq!(v.spec.type_, Some(VolumeType::KernelLVol));
         assert_eq!(v.finalizers(), &[finalizers::IN_STATE.to_string(), finalizers::LOGIC_VOLUME.to_string()]);
@@ -227,13 +227,13 @@ async fn waits_for_in_state_and_refuses_bad_objects() {
         let api = vols(&env);
         let mut v = volume("pvc-wait", 8 * MIB);
         v.metadata.finalizers = None;
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let mut bad = volume("pvc-tiny", 1000);
         bad.spec.uuid = "tiny".into();
-        api.create(&PostParams::default(), &bad).await.unwrap();
+        create(&api, &bad).await;
         let mut wrong = volume("pvc-spdk", 8 * MIB);
         wrong.spec.type_ = Some(VolumeType::SpdkLVol);
-        api.create(&PostParams::default(), &wrong).await.unwrap();
+        create(&api, &wrong).await;
         let msg = |name: &'static str, needle: &'static str| {
             let api = api.clone();
             async move {
@@ -320,7 +320,7 @@ async fn ready_only_once_the_nodes_exports_listen_again() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let (env, fake, agent, api) = start_with(FakeExporter::default()).await;
         let v = hosted_by(volume("pvc-gate", 8 * MIB), "node-b");
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-gate").await;
         assert!(has_target_finalizer(&v));
         let addr = agent.metrics_addr().unwrap();
@@ -373,7 +373,7 @@ async fn remote_volume_is_exported_to_the_host_only() {
         .await;
 
         let v = hosted_by(volume("pvc-r", 8 * MIB), "node-b");
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-r").await;
         assert!(has_target_finalizer(&v));
         let t = v.spec.spdk_target.clone().unwrap();
@@ -404,7 +404,7 @@ async fn remote_volume_without_a_target_says_so() {
         let agent = env.start_agent().await;
         let api = vols(&env);
         let v = hosted_by(volume("pvc-nt", 8 * MIB), "node-b");
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let v = wait_message(&api, "message", "pvc-nt", "no target").await;
         assert_eq!(v.phase(), VolumeStatus::Creating);
         assert!(!has_target_finalizer(&v));
@@ -420,9 +420,7 @@ async fn restart_recreates_nothing_and_loses_nothing() {
         let env = Env::new().await;
         let agent = env.start_agent().await;
         let api = vols(&env);
-        api.create(&PostParams::default(), &volume("pvc-k", 8 * MIB))
-            .await
-            .unwrap();
+        create(&api, &volume("pvc-k", 8 * MIB)).await;
         let v = wait_ready(&api, "pvc-k").await;
         let path = v.spec.kernel_lvol.as_ref().unwrap().dev_path.clone();
         agent.shutdown(Duration::from_secs(5)).await;
@@ -532,7 +530,7 @@ async fn consumer_host_changes_move_the_export() {
         };
 
         let v = hosted_by(volume("pvc-m", 8 * MIB), "node-b");
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-m").await;
         let target = v.spec.spdk_target.clone().unwrap();
         assert_eq!(last_allowed(), Some(vec!["nqn.node-b".to_string()]));
@@ -596,9 +594,7 @@ async fn a_volume_expanded_before_it_was_recorded_is_grown_not_stuck() {
             .unwrap();
         let agent = env.start_agent().await;
         let api = vols(&env);
-        api.create(&PostParams::default(), &volume("pvc-race", 12 * MIB))
-            .await
-            .unwrap();
+        create(&api, &volume("pvc-race", 12 * MIB)).await;
         let v = wait_ready(&api, "pvc-race").await;
         let info = env
             .engine()
@@ -762,7 +758,7 @@ async fn a_nodes_capability_change_reaches_the_export_without_a_volume_change() 
 
         let mut v = hosted_by(volume("pvc-late", 8 * MIB), "node-late");
         v.spec.host_auth = Some(liteio_api::host_auth::HostAuthPolicy::Preferred);
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-late").await;
         assert!(!lists_hosts_without_auth(&v));
         let req = last_export();

@@ -246,6 +246,14 @@ pub fn aio_target(uuid: &str) -> liteio_api::SpdkTarget {
     }
 }
 
+/// Creates `obj` through `api`; returns it as stored.
+pub async fn create<K>(api: &Api<K>, obj: &K) -> K
+where
+    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), obj).await.unwrap()
+}
+
 /// Waits (up to `within`) until object `name` of `api` is gone.
 pub async fn gone<K>(api: &Api<K>, name: &str, what: &str, within: Duration)
 where
