@@ -1,7 +1,21 @@
-//! Shared helpers of the agent's T1 tests: a test API server with the `obnvmf` namespace and
-//! a Node, an agent over a file-engine pool in a temp dir, and condition polling.
-//! `binary`: the `disk-agent` binary as a child process; `host`: host commands and skip
-//! reasons; `spdk`: what the tests that drive SPDK in this process share.
+//! Shared helpers of the agent's integration tests (one place per concept, so that a test
+//! file holds only what it proves):
+//!
+//! - the cluster: a test API server with the `obnvmf` namespace and a Node (`Env`,
+//!   `test_cluster`), objects as the controller leaves them (`scheduled_volume`,
+//!   `remote_volume`, `hosted_by`, `host_pool`, `consumer_pool`), `create`, `ns_api`;
+//! - the agent: over a file-engine pool in a temp dir (`Env::start_agent*`) or over SPDK
+//!   (`start_spdk_agent*`), with test timings (`test_options`); a fake exporter's `healthy`
+//!   and `aio_target`;
+//! - waiting: `eventually` / `poll` (never a bare sleep), `volume_ready`, `create_exported`,
+//!   `gone`, `delete_and_release`, `expand`;
+//! - observing: `scrape`, `metric_value`, `volume_io` / `io_series`, `http_get`,
+//!   `events_about`, `allocated_bytes`;
+//! - ports: `free_port`, `free_port_on`, `free_range`.
+//!
+//! Rooms of their own: `binary` (the `disk-agent` binary as a child process, for the crash
+//! tests), `host` (host commands and the skip reasons of tests that need root or loop
+//! devices), `spdk` (what the tests that drive SPDK in this process share).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 pub mod binary;
