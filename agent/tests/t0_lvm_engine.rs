@@ -724,15 +724,14 @@ fn resize_grows_only() {
         (one("pvc-a"), ok(&grown)),
     ]);
     let e = engine(&script);
-    assert_eq!(
-        e.resize_volume("pvc-a", 197 * MIB).unwrap().size_bytes,
-        200 * MIB
-    );
-    // Same size: nothing runs.
-    assert_eq!(
-        e.resize_volume("pvc-a", 200 * MIB).unwrap().size_bytes,
-        200 * MIB
-    );
+    // Rounded up to the extent; then the same size: nothing runs.
+    for (ask, want) in [(197 * MIB, 200 * MIB), (200 * MIB, 200 * MIB)] {
+        assert_eq!(
+            e.resize_volume("pvc-a", ask).unwrap().size_bytes,
+            want,
+            "{ask}"
+        );
+    }
     let err = e.resize_volume("pvc-a", 100 * MIB).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(
