@@ -18,6 +18,13 @@ fn err(yaml: &str) -> ConfigError {
     Config::from_yaml(yaml).expect_err("config accepted")
 }
 
+/// `yaml` is refused, naming `field`; returns the error.
+fn refused(yaml: &str, field: &str) -> ConfigError {
+    let e = err(yaml);
+    assert_eq!(e.field(), Some(field), "{e}");
+    e
+}
+
 const MINIMAL_FILE: &str =
     "storage:\n  pooling: {name: p, mode: File}\n  file: {path: /srv/pool}\n";
 
@@ -127,20 +134,24 @@ fn huge_dir_is_taken_with_hugepages_only() {
         Some(std::path::Path::new("/dev/hugepages"))
     );
     assert_eq!(cfg.spdk.mem_size_mib(), Some(256));
-    let e = err(&format!(
-        "{MINIMAL_FILE}spdk: {{noHuge: true, hugeDir: /dev/hugepages}}\n"
-    ));
-    assert_eq!(e.field(), Some("spdk.hugeDir"));
+    let e = refused(
+        &format!("{MINIMAL_FILE}spdk: {{noHuge: true, hugeDir: /dev/hugepages}}\n"),
+        "spdk.hugeDir",
+    );
     assert!(e.to_string().contains("noHuge"), "{e}");
-    let e = err(&format!("{MINIMAL_FILE}spdk: {{hugeDir: hugepages}}\n"));
-    assert_eq!(e.field(), Some("spdk.hugeDir"));
+    let e = refused(
+        &format!("{MINIMAL_FILE}spdk: {{hugeDir: hugepages}}\n"),
+        "spdk.hugeDir",
+    );
     assert!(e.to_string().contains("absolute"), "{e}");
 }
 
 #[test]
 fn unknown_mode_lists_the_allowed_values() {
-    let e = err("storage:\n  pooling: {name: tank, mode: Zfs}\n");
-    assert_eq!(e.field(), Some("storage.pooling.mode"));
+    let e = refused(
+        "storage:\n  pooling: {name: tank, mode: Zfs}\n",
+        "storage.pooling.mode",
+    );
     let msg = e.to_string();
     assert!(
         msg.starts_with(
@@ -165,14 +176,16 @@ fn unknown_bdev_type_lists_the_allowed_values() {
 #[test]
 fn unknown_keys_are_refused_with_their_path() {
     // LiteIO's own unit test used a `file:` key that its Go structs silently ignored.
-    let e = err(
+    let e = refused(
         "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {devicePath: /dev/xxx, size: 1234, file: /tmp/xxx}\n",
+        "storage.pvs[0].file",
     );
-    assert_eq!(e.field(), Some("storage.pvs[0].file"));
     assert!(e.to_string().contains("unknown field `file`"), "{e}");
 
-    let e = err(&format!("{MINIMAL_FILE}heartbeat: {{intervall: 5s}}\n"));
-    assert_eq!(e.field(), Some("heartbeat.intervall"));
+    refused(
+        &format!("{MINIMAL_FILE}heartbeat: {{intervall: 5s}}\n"),
+        "heartbeat.intervall",
+    );
 }
 
 #[test]
@@ -186,10 +199,10 @@ fn liteio_node_info_is_accepted() {
 
 #[test]
 fn port_range_is_checked() {
-    let e = err(&format!(
-        "{MINIMAL_FILE}nvmf: {{portRange: {{start: 4610, end: 4510}}}}\n"
-    ));
-    assert_eq!(e.field(), Some("nvmf.portRange"));
+    let e = refused(
+        &format!("{MINIMAL_FILE}nvmf: {{portRange: {{start: 4610, end: 4510}}}}\n"),
+        "nvmf.portRange",
+    );
     assert!(e.to_string().contains("start must be <= end"), "{e}");
 
     let e = err(&format!(
@@ -199,10 +212,10 @@ fn port_range_is_checked() {
         e.to_string(),
         "nvmf.portRange.start: 0 is outside 1..=65535"
     );
-    let e = err(&format!(
-        "{MINIMAL_FILE}nvmf: {{portRange: {{start: 4510, end: 70000}}}}\n"
-    ));
-    assert_eq!(e.field(), Some("nvmf.portRange.end"));
+    refused(
+        &format!("{MINIMAL_FILE}nvmf: {{portRange: {{start: 4510, end: 70000}}}}\n"),
+        "nvmf.portRange.end",
+    );
     // A single port is a valid range.
     Config::from_yaml(&format!(
         "{MINIMAL_FILE}nvmf: {{portRange: {{start: 4510, end: 4510}}}}\n"
@@ -219,8 +232,10 @@ fn heartbeat_duration_must_exceed_interval() {
         e.to_string(),
         "heartbeat.duration: 1m must exceed heartbeat.interval (1m)"
     );
-    let e = err(&format!("{MINIMAL_FILE}heartbeat: {{interval: soon}}\n"));
-    assert_eq!(e.field(), Some("heartbeat.interval"));
+    refused(
+        &format!("{MINIMAL_FILE}heartbeat: {{interval: soon}}\n"),
+        "heartbeat.interval",
+    );
     let ok = Config::from_yaml(&format!(
         "{MINIMAL_FILE}heartbeat: {{interval: 500ms, duration: 2}}\n"
     ))
@@ -231,38 +246,54 @@ fn heartbeat_duration_must_exceed_interval() {
 
 #[test]
 fn mode_specific_fields_are_required() {
-    let e = err("storage:\n  pooling: {name: p, mode: File}\n");
-    assert_eq!(e.field(), Some("storage.file.path"));
-    let e = err("storage:\n  pooling: {name: p, mode: File}\n  file: {path: rel/dir}\n");
-    assert_eq!(e.field(), Some("storage.file.path"));
-    let e = err("storage:\n  pooling: {name: l, mode: SpdkLVStore}\n");
-    assert_eq!(e.field(), Some("storage.bdev"));
-    let e = err(
+    refused(
+        "storage:\n  pooling: {name: p, mode: File}\n",
+        "storage.file.path",
+    );
+    refused(
+        "storage:\n  pooling: {name: p, mode: File}\n  file: {path: rel/dir}\n",
+        "storage.file.path",
+    );
+    refused(
+        "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n",
+        "storage.bdev",
+    );
+    refused(
         "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: aioBdev, name: b}\n",
+        "storage.bdev.filePath",
     );
-    assert_eq!(e.field(), Some("storage.bdev.filePath"));
-    let e = err(
+    refused(
         "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: memBdev, name: m, size: 1000}\n",
+        "storage.bdev.size",
     );
-    assert_eq!(e.field(), Some("storage.bdev.size"));
-    let e = err(
+    refused(
         "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: raidBdev, name: antstor_raid0}\n",
+        "spdk.nvmePciAddresses",
     );
-    assert_eq!(e.field(), Some("spdk.nvmePciAddresses"), "{e}");
     Config::from_yaml(
         "storage:\n  pooling: {name: l, mode: SpdkLVStore}\n  bdev: {type: raidBdev, name: antstor_raid0}\nspdk: {nvmePciAddresses: ['0000:01:00.0', '0000:02:00.0']}\n",
     )
     .expect("a raidBdev pool with its devices");
-    let e = err("storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {size: 10}\n");
-    assert_eq!(e.field(), Some("storage.pvs[0].filePath"));
-    let e = err("storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f}\n");
-    assert_eq!(e.field(), Some("storage.pvs[0].size"));
-    let e = err("storage:\n  pooling: {name: 'bad vg', mode: KernelLVM}\n");
-    assert_eq!(e.field(), Some("storage.pooling.name"));
-    let e = err("storage:\n  pooling: {name: '', mode: KernelLVM}\n");
-    assert_eq!(e.field(), Some("storage.pooling.name"));
-    let e = err("storage:\n  pooling: {mode: KernelLVM}\n");
-    assert_eq!(e.field(), Some("storage.pooling"));
+    refused(
+        "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {size: 10}\n",
+        "storage.pvs[0].filePath",
+    );
+    refused(
+        "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f}\n",
+        "storage.pvs[0].size",
+    );
+    refused(
+        "storage:\n  pooling: {name: 'bad vg', mode: KernelLVM}\n",
+        "storage.pooling.name",
+    );
+    refused(
+        "storage:\n  pooling: {name: '', mode: KernelLVM}\n",
+        "storage.pooling.name",
+    );
+    let e = refused(
+        "storage:\n  pooling: {mode: KernelLVM}\n",
+        "storage.pooling",
+    );
     assert!(e.to_string().contains("missing field `name`"), "{e}");
 }
 
@@ -273,14 +304,14 @@ fn sizes_accept_quantities() {
     )
     .unwrap();
     assert_eq!(cfg.storage.pvs[0].size, 1 << 30);
-    let e = err(
+    refused(
         "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f, size: lots}\n",
+        "storage.pvs[0].size",
     );
-    assert_eq!(e.field(), Some("storage.pvs[0].size"));
-    let e = err(
+    refused(
         "storage:\n  pooling: {name: vg, mode: KernelLVM}\n  pvs:\n  - {filePath: /f, size: -5}\n",
+        "storage.pvs[0].size",
     );
-    assert_eq!(e.field(), Some("storage.pvs[0].size"));
 }
 
 #[test]
@@ -317,15 +348,15 @@ fn spdk_options_are_checked() {
         let e = err(&format!("{MINIMAL_FILE}spdk: {spdk}\n"));
         assert_eq!(e.field(), Some(field), "{spdk}: {e}");
     }
-    let e = err(&format!(
-        "{MINIMAL_FILE}metrics: {{listenAddress: nowhere}}\n"
-    ));
-    assert_eq!(e.field(), Some("metrics.listenAddress"));
+    refused(
+        &format!("{MINIMAL_FILE}metrics: {{listenAddress: nowhere}}\n"),
+        "metrics.listenAddress",
+    );
     // The export record holds keys: a relative path would land wherever the agent started.
-    let e = err(&format!(
-        "{MINIMAL_FILE}nvmf: {{exportRecordDir: exports}}\n"
-    ));
-    assert_eq!(e.field(), Some("nvmf.exportRecordDir"), "{e}");
+    refused(
+        &format!("{MINIMAL_FILE}nvmf: {{exportRecordDir: exports}}\n"),
+        "nvmf.exportRecordDir",
+    );
     assert!(
         Config::from_yaml(MINIMAL_FILE)
             .unwrap()
@@ -393,15 +424,19 @@ fn timeouts_have_defaults_and_refuse_zero() {
             "{field}"
         );
     }
-    let e = err(&format!("{MINIMAL_FILE}timeouts: {{nvmeTransport: 1ms}}\n"));
-    assert_eq!(e.field(), Some("timeouts.nvmeTransport"));
+    let e = refused(
+        &format!("{MINIMAL_FILE}timeouts: {{nvmeTransport: 1ms}}\n"),
+        "timeouts.nvmeTransport",
+    );
     assert!(e.to_string().contains("from 2ms"), "{e}");
-    let e = err(&format!(
-        "{MINIMAL_FILE}timeouts: {{spdkRequest: forever}}\n"
-    ));
-    assert_eq!(e.field(), Some("timeouts.spdkRequest"));
-    let e = err(&format!("{MINIMAL_FILE}timeouts: {{api: 1s}}\n"));
-    assert_eq!(e.field(), Some("timeouts.api"));
+    refused(
+        &format!("{MINIMAL_FILE}timeouts: {{spdkRequest: forever}}\n"),
+        "timeouts.spdkRequest",
+    );
+    refused(
+        &format!("{MINIMAL_FILE}timeouts: {{api: 1s}}\n"),
+        "timeouts.api",
+    );
 }
 
 #[test]

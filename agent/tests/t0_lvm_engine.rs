@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use liteio_agent::config::LvmPv;
 use liteio_agent::engine::lvm::{cmd, report};
 use liteio_agent::engine::{
-    CmdOutput, CommandRunner, ErrorKind, LvLayout, LvmEngine, PoolEngine, VolumeOptions,
+    CmdOutput, CommandRunner, EngineError, ErrorKind, LvLayout, LvmEngine, PoolEngine, VolumeInfo,
+    VolumeOptions,
 };
 
 const MIB: u64 = 1 << 20;
@@ -367,24 +368,72 @@ fn lost_pv_is_pool_unavailable() {
     );
 }
 
+/// `lvcreate` of LV `name` of `bytes` in test-vg: linear, or striped over its two PVs.
+fn lvcreate(name: &str, bytes: u64, striped: bool) -> Vec<String> {
+    let size = format!("{bytes}B");
+    let mut argv = s(&["lvcreate", "-y", "-L", &size]);
+    if striped {
+        argv.extend(s(&["-i", "2", "-I", "128k"]));
+    }
+    argv.extend(s(&["-n", name, "test-vg"]));
+    argv
+}
+
+/// Creates volume `name` of `size` bytes with `opts` through the engine running `script`,
+/// which must have run to its end.
+fn created(script: &Arc<Script>, name: &str, size: u64, opts: &VolumeOptions) -> VolumeInfo {
+    let v = engine(script).create_volume(name, size, opts).unwrap();
+    script.assert_done();
+    v
+}
+
+/// The refusal of volume `name` of `size` bytes by the engine running `script`, which must
+/// have run to its end.
+fn refused(script: &Arc<Script>, name: &str, size: u64) -> EngineError {
+    let err = engine(script)
+        .create_volume(name, size, &VolumeOptions::default())
+        .unwrap_err();
+    script.assert_done();
+    err
+}
+
+/// The steps of creating LV `name` on the VG of fixture `vgs` before the create: the VG
+/// read, the LVs that start linear (`linear`, when the layout rule reads them) and the new
+/// LV read (absent).
+fn before_create(vgs: &str, linear: Option<&[&str]>, name: &str) -> Vec<(Vec<String>, CmdOutput)> {
+    let mut steps = vec![(cmd::vgs(), ok(&fixture(vgs)))];
+    if let Some(names) = linear {
+        steps.push((cmd::lvs_linear("test-vg"), ok(&linear_json(names))));
+    }
+    steps.push((one(name), ok(&fixture("lvs-empty.json"))));
+    steps
+}
+
+/// The script of creating LV `name` with `lvcreate` ([`before_create`], the create, and the
+/// new LV read again: `after`).
+fn create_script(
+    vgs: &str,
+    linear: Option<&[&str]>,
+    name: &str,
+    lvcreate: &[String],
+    after: &str,
+) -> Arc<Script> {
+    let mut steps = before_create(vgs, linear, name);
+    steps.extend([(lvcreate.to_vec(), ok("")), (one(name), ok(after))]);
+    Script::new(steps)
+}
+
 #[test]
 fn create_linear_rounds_up_to_the_extent() {
     let after = lvs_json(&[("pvc-new", 8 * MIB, "", 0, "linear", 1, "")]);
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-new"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate", "-y", "-L", "8388608B", "-n", "pvc-new", "test-vg",
-            ]),
-            ok(""),
-        ),
-        (one("pvc-new"), ok(&after)),
-    ]);
-    let v = engine(&script)
-        .create_volume("pvc-new", 5 * MIB, &VolumeOptions::default())
-        .unwrap();
-    script.assert_done();
+    let script = create_script(
+        "vgs-test-vg.json",
+        None,
+        "pvc-new",
+        &lvcreate("pvc-new", 8388608, false),
+        &after,
+    );
+    let v = created(&script, "pvc-new", 5 * MIB, &VolumeOptions::default());
     assert_eq!(v.size_bytes, 8 * MIB);
     assert_eq!(v.uuid.as_deref(), Some("uuid-pvc-new"));
     assert_eq!(v.path, PathBuf::from("/dev/test-vg/pvc-new"));
@@ -395,32 +444,14 @@ fn create_linear_rounds_up_to_the_extent() {
 #[test]
 fn create_striped_uses_every_pv() {
     let after = lvs_json(&[("pvc-s", 16 * MIB, "", 0, "striped", 2, "")]);
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-        (cmd::lvs_linear("test-vg"), ok(&linear_json(&[]))),
-        (one("pvc-s"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "16777216B",
-                "-i",
-                "2",
-                "-I",
-                "128k",
-                "-n",
-                "pvc-s",
-                "test-vg",
-            ]),
-            ok(""),
-        ),
-        (one("pvc-s"), ok(&after)),
-    ]);
-    let v = engine(&script)
-        .create_volume("pvc-s", 10 * MIB, &VolumeOptions::default())
-        .unwrap();
-    script.assert_done();
+    let script = create_script(
+        "vgs-striped-vg.json",
+        Some(&[]),
+        "pvc-s",
+        &lvcreate("pvc-s", 16777216, true),
+        &after,
+    );
+    let v = created(&script, "pvc-s", 10 * MIB, &VolumeOptions::default());
     assert_eq!(v.size_bytes, 16 * MIB);
     assert_eq!(v.layout, Some(LvLayout::Striped));
 }
@@ -428,28 +459,14 @@ fn create_striped_uses_every_pv() {
 #[test]
 fn default_layout_is_linear_once_a_linear_lv_exists() {
     let after = lvs_json(&[("pvc-l", 12 * MIB, "", 0, "linear", 1, "")]);
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-        (cmd::lvs_linear("test-vg"), ok(&linear_json(&["old"]))),
-        (one("pvc-l"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "12582912B",
-                "-n",
-                "pvc-l",
-                "test-vg",
-            ]),
-            ok(""),
-        ),
-        (one("pvc-l"), ok(&after)),
-    ]);
-    let v = engine(&script)
-        .create_volume("pvc-l", 10 * MIB, &VolumeOptions::default())
-        .unwrap();
-    script.assert_done();
+    let script = create_script(
+        "vgs-striped-vg.json",
+        Some(&["old"]),
+        "pvc-l",
+        &lvcreate("pvc-l", 12582912, false),
+        &after,
+    );
+    let v = created(&script, "pvc-l", 10 * MIB, &VolumeOptions::default());
     assert_eq!(v.size_bytes, 12 * MIB);
 }
 
@@ -469,22 +486,14 @@ fn create_on_a_single_pv_vg_reads_only_the_new_lv() {
     // Asked or not, a single-PV VG is linear: the layout rule reads nothing, and the only LV
     // read (before and after lvcreate) is the new one, never the VG's list.
     for layout in [None, Some(LvLayout::Striped)] {
-        let lvcreate = s(&["lvcreate", "-y", "-L", "8388608B", "-n", "pvc-1", "test-vg"]);
+        let lvcreate = lvcreate("pvc-1", 8388608, false);
         let after = lvs_json(&[("pvc-1", 8 * MIB, "", 0, "linear", 1, "")]);
-        let script = Script::new(vec![
-            (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-            (one("pvc-1"), ok(&fixture("lvs-empty.json"))),
-            (lvcreate.clone(), ok("")),
-            (one("pvc-1"), ok(&after)),
-        ]);
+        let script = create_script("vgs-test-vg.json", None, "pvc-1", &lvcreate, &after);
         let opts = VolumeOptions {
             layout,
             ..VolumeOptions::default()
         };
-        let v = engine(&script)
-            .create_volume("pvc-1", 8 * MIB, &opts)
-            .unwrap();
-        script.assert_done();
+        let v = created(&script, "pvc-1", 8 * MIB, &opts);
         assert_eq!(v.layout, Some(LvLayout::Linear), "{layout:?}");
         assert_eq!(
             ran(&script),
@@ -499,28 +508,8 @@ fn create_on_a_single_pv_vg_reads_only_the_new_lv() {
 
 #[test]
 fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
-    let striped = s(&[
-        "lvcreate",
-        "-y",
-        "-L",
-        "16777216B",
-        "-i",
-        "2",
-        "-I",
-        "128k",
-        "-n",
-        "pvc-2",
-        "test-vg",
-    ]);
-    let linear = s(&[
-        "lvcreate",
-        "-y",
-        "-L",
-        "12582912B",
-        "-n",
-        "pvc-2",
-        "test-vg",
-    ]);
+    let striped = lvcreate("pvc-2", 16777216, true);
+    let linear = lvcreate("pvc-2", 12582912, false);
     let striped_lv = lvs_json(&[("pvc-2", 16 * MIB, "", 0, "striped", 2, "")]);
     let linear_lv = lvs_json(&[("pvc-2", 12 * MIB, "", 0, "linear", 1, "")]);
     // No layout asked: the rule reads the LVs that start linear (none here, then one), and
@@ -529,17 +518,14 @@ fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
         (vec![], &striped, &striped_lv, LvLayout::Striped),
         (vec!["old"], &linear, &linear_lv, LvLayout::Linear),
     ] {
-        let script = Script::new(vec![
-            (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-            (cmd::lvs_linear("test-vg"), ok(&linear_json(&linear_lvs))),
-            (one("pvc-2"), ok(&fixture("lvs-empty.json"))),
-            (lvcreate.clone(), ok("")),
-            (one("pvc-2"), ok(after)),
-        ]);
-        let v = engine(&script)
-            .create_volume("pvc-2", 10 * MIB, &VolumeOptions::default())
-            .unwrap();
-        script.assert_done();
+        let script = create_script(
+            "vgs-striped-vg.json",
+            Some(linear_lvs.as_slice()),
+            "pvc-2",
+            lvcreate,
+            after,
+        );
+        let v = created(&script, "pvc-2", 10 * MIB, &VolumeOptions::default());
         assert_eq!(v.layout, Some(want));
         assert!(!ran(&script).contains(&cmd::lvs("test-vg").join(" ")));
     }
@@ -548,20 +534,12 @@ fn create_on_a_multi_pv_vg_reads_the_linear_lvs_only_without_a_layout() {
         (LvLayout::Striped, &striped, &striped_lv),
         (LvLayout::Linear, &linear, &linear_lv),
     ] {
-        let script = Script::new(vec![
-            (cmd::vgs(), ok(&fixture("vgs-striped-vg.json"))),
-            (one("pvc-2"), ok(&fixture("lvs-empty.json"))),
-            (lvcreate.clone(), ok("")),
-            (one("pvc-2"), ok(after)),
-        ]);
+        let script = create_script("vgs-striped-vg.json", None, "pvc-2", lvcreate, after);
         let opts = VolumeOptions {
             layout: Some(layout),
             ..VolumeOptions::default()
         };
-        let v = engine(&script)
-            .create_volume("pvc-2", 10 * MIB, &opts)
-            .unwrap();
-        script.assert_done();
+        let v = created(&script, "pvc-2", 10 * MIB, &opts);
         assert_eq!(v.layout, Some(layout));
     }
 }
@@ -636,85 +614,50 @@ fn create_existing_is_idempotent_or_a_clear_error() {
 fn create_race_with_already_exists_rechecks_the_size() {
     let mut fail = CmdOutput::fail(5, fixture("lvcreate-already-exists.stderr"));
     fail.stdout.clear();
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-a"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "209715200B",
-                "-n",
-                "pvc-a",
-                "test-vg",
-            ]),
-            fail,
-        ),
+    let mut steps = before_create("vgs-test-vg.json", None, "pvc-a");
+    steps.extend([
+        (lvcreate("pvc-a", 209715200, false), fail),
         (
             one("pvc-a"),
             ok(&select(&fixture("lvs-test-vg.json"), &["pvc-a"])),
         ),
     ]);
-    let err = engine(&script)
-        .create_volume("pvc-a", 200 * MIB, &VolumeOptions::default())
-        .unwrap_err();
-    script.assert_done();
+    let script = Script::new(steps);
+    let err = refused(&script, "pvc-a", 200 * MIB);
     assert_eq!(err.kind(), ErrorKind::AlreadyExistsDifferent);
 }
 
 #[test]
 fn no_space_is_refused_before_and_by_lvcreate() {
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-big"), ok(&fixture("lvs-empty.json"))),
-    ]);
-    let err = engine(&script)
-        .create_volume("pvc-big", 1 << 30, &VolumeOptions::default())
-        .unwrap_err();
-    script.assert_done();
+    let script = Script::new(before_create("vgs-test-vg.json", None, "pvc-big"));
+    let err = refused(&script, "pvc-big", 1 << 30);
     assert_eq!(err.kind(), ErrorKind::NoSpace);
     assert_eq!(
         err.to_string(),
         "pool test-vg has 868.0 MiB free, pvc-big needs 1.0 GiB"
     );
 
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-c"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&[
-                "lvcreate",
-                "-y",
-                "-L",
-                "838860800B",
-                "-n",
-                "pvc-c",
-                "test-vg",
-            ]),
-            CmdOutput::fail(5, fixture("lvcreate-no-space.stderr")),
-        ),
-    ]);
-    let err = engine(&script)
-        .create_volume("pvc-c", 800 * MIB, &VolumeOptions::default())
-        .unwrap_err();
-    script.assert_done();
+    let mut steps = before_create("vgs-test-vg.json", None, "pvc-c");
+    steps.push((
+        lvcreate("pvc-c", 838860800, false),
+        CmdOutput::fail(5, fixture("lvcreate-no-space.stderr")),
+    ));
+    let script = Script::new(steps);
+    let err = refused(&script, "pvc-c", 800 * MIB);
     assert_eq!(err.kind(), ErrorKind::NoSpace);
 }
 
 #[test]
 fn other_lvcreate_failures_carry_argv_and_stderr() {
-    let script = Script::new(vec![
-        (cmd::vgs(), ok(&fixture("vgs-test-vg.json"))),
-        (one("pvc-x"), ok(&fixture("lvs-empty.json"))),
-        (
-            s(&["lvcreate", "-y", "-L", "4194304B", "-n", "pvc-x", "test-vg"]),
-            CmdOutput::fail(
-                3,
-                "  device-mapper: reload ioctl on (253:3) failed: Invalid argument\n",
-            ),
+    let mut steps = before_create("vgs-test-vg.json", None, "pvc-x");
+    steps.push((
+        lvcreate("pvc-x", 4194304, false),
+        CmdOutput::fail(
+            3,
+            "  device-mapper: reload ioctl on (253:3) failed: Invalid argument\n",
         ),
-    ]);
+    ));
+    let script = Script::new(steps);
     let err = engine(&script)
         .create_volume("pvc-x", 1, &VolumeOptions::default())
         .unwrap_err();
@@ -781,15 +724,14 @@ fn resize_grows_only() {
         (one("pvc-a"), ok(&grown)),
     ]);
     let e = engine(&script);
-    assert_eq!(
-        e.resize_volume("pvc-a", 197 * MIB).unwrap().size_bytes,
-        200 * MIB
-    );
-    // Same size: nothing runs.
-    assert_eq!(
-        e.resize_volume("pvc-a", 200 * MIB).unwrap().size_bytes,
-        200 * MIB
-    );
+    // Rounded up to the extent; then the same size: nothing runs.
+    for (ask, want) in [(197 * MIB, 200 * MIB), (200 * MIB, 200 * MIB)] {
+        assert_eq!(
+            e.resize_volume("pvc-a", ask).unwrap().size_bytes,
+            want,
+            "{ask}"
+        );
+    }
     let err = e.resize_volume("pvc-a", 100 * MIB).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(

@@ -16,23 +16,18 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::binary::{AgentProc, spawn_agent};
+use common::binary::{AgentProc, DATA, DATA_OFFSET, data_pattern, spawn_agent};
 use common::{Env, MIB, POOL_CAP};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
-use liteio_api::keys::{self, annotations, finalizers, labels};
+use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::{AntstorVolume, VolumeStatus};
-use serde_json::json;
 
-const DATA: &str = "pvc-data";
-const DATA_OFFSET: u64 = MIB;
 /// Limit of one convergence; the binary retries failed reconciles every second.
 const CONVERGE: Duration = Duration::from_secs(20);
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..64 * 1024)
-        .map(|i: usize| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
+    data_pattern(29, seed)
 }
 
 fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
@@ -120,14 +115,34 @@ impl Cluster {
     async fn with_data() -> Self {
         let mut c = Self::new().await;
         let agent = c.spawn(None);
-        c.api
-            .create(&PostParams::default(), &volume(DATA, 1, 8 * MIB))
-            .await
-            .unwrap();
+        c.create(DATA, 1, 8 * MIB).await;
         c.ready(&agent, DATA).await;
         write_pattern(&c.file(DATA), 1);
         agent.kill().await;
         c
+    }
+
+    /// Creates volume `name` (UUID tail `tail`) of `size` bytes.
+    async fn create(&self, name: &str, tail: u32, size: u64) {
+        self.api
+            .create(&PostParams::default(), &volume(name, tail, size))
+            .await
+            .unwrap();
+    }
+
+    async fn delete(&self, name: &str) {
+        self.api
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// The end of every scenario: the pool holds `names` only, the data volume's bytes are
+    /// intact, and the agent is killed.
+    async fn end(&self, agent: AgentProc, names: &[&str]) {
+        self.assert_pool_holds(names);
+        self.assert_data_intact();
+        agent.kill().await;
     }
 
     fn assert_data_intact(&self) {
@@ -148,14 +163,29 @@ fn has(v: &AntstorVolume, f: &str) -> bool {
     v.finalizers().iter().any(|x| x == f)
 }
 
-/// Provisioning killed at `point` for a new volume; the restarted agent finishes it.
-async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVolume)) {
-    let mut c = Cluster::with_data().await;
-    let agent = c.spawn(Some(&format!("{point}:pvc-x")));
-    c.api
-        .create(&PostParams::default(), &volume("pvc-x", 2, 10 * MIB + 1))
+/// What a kill at provisioning `point` leaves of the new volume: (its lvol recorded, its
+/// file made).
+fn left_at(point: &str) -> (bool, bool) {
+    match point {
+        "after-finalizer" => (false, false),
+        "after-create" => (false, true),
+        "after-record" | "before-ready" => (true, true),
+        other => panic!("no provisioning crash point {other}"),
+    }
+}
+
+/// Provisioning killed at `point` for a new volume (within 90 s); the restarted agent
+/// finishes it.
+async fn provisioning_crash(point: &str) {
+    tokio::time::timeout(Duration::from_secs(90), provisioning_crash_at(point))
         .await
         .unwrap();
+}
+
+async fn provisioning_crash_at(point: &str) {
+    let mut c = Cluster::with_data().await;
+    let agent = c.spawn(Some(&format!("{point}:pvc-x")));
+    c.create("pvc-x", 2, 10 * MIB + 1).await;
     agent.expect_crash(point, CONVERGE).await;
     let v = c.api.get("pvc-x").await.unwrap();
     assert_ne!(v.phase(), VolumeStatus::Ready, "killed before ready");
@@ -163,7 +193,17 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
         has(&v, finalizers::LOGIC_VOLUME),
         "the finalizer comes before the engine volume"
     );
-    check(&c, &v);
+    let (recorded, made) = left_at(point);
+    assert_eq!(
+        v.spec.kernel_lvol.is_some(),
+        recorded,
+        "killed at {point}: the record"
+    );
+    assert_eq!(
+        c.file("pvc-x").exists(),
+        made,
+        "killed at {point}: the create"
+    );
 
     let agent = c.spawn(None);
     let v = c.ready(&agent, "pvc-x").await;
@@ -178,68 +218,29 @@ async fn provisioning_crash(point: &str, check: impl FnOnce(&Cluster, &AntstorVo
         v.spec.kernel_lvol.as_ref().map(|l| l.name.as_str()),
         Some("pvc-x")
     );
-    assert_eq!(
-        v.annotations()
-            .get(annotations::ALLOCATED_BYTES)
-            .map(String::as_str),
-        Some("12582912")
-    );
+    assert_eq!(common::allocated_bytes(&v), Some("12582912"));
     assert_eq!(std::fs::metadata(c.file("pvc-x")).unwrap().len(), 12 * MIB);
-    c.assert_pool_holds(&[DATA, "pvc-x"]);
-    c.assert_data_intact();
-    agent.kill().await;
+    c.end(agent, &[DATA, "pvc-x"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_the_finalizer_the_restart_creates_and_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-finalizer", |c, v| {
-            assert!(v.spec.kernel_lvol.is_none());
-            assert!(!c.file("pvc-x").exists(), "killed before the create");
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("after-finalizer").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_create_the_restart_records_and_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-create", |c, v| {
-            assert!(v.spec.kernel_lvol.is_none(), "killed before the record");
-            assert!(c.file("pvc-x").exists(), "killed after the create");
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("after-create").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_the_record_the_restart_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("after-record", |c, v| {
-            assert!(v.spec.kernel_lvol.is_some());
-            assert!(c.file("pvc-x").exists());
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("after-record").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_before_ready_the_restart_readies_the_volume() {
-    tokio::time::timeout(Duration::from_secs(90), async {
-        provisioning_crash("before-ready", |c, v| {
-            assert!(v.spec.kernel_lvol.is_some());
-            assert!(c.file("pvc-x").exists());
-        })
-        .await;
-    })
-    .await
-    .unwrap();
+    provisioning_crash("before-ready").await;
 }
 
 /// Killed after the file was made but before it was recorded, and the volume deleted while
@@ -250,20 +251,14 @@ async fn killed_after_create_then_deleted_while_down_leaves_no_file() {
     tokio::time::timeout(Duration::from_secs(90), async {
         let mut c = Cluster::with_data().await;
         let agent = c.spawn(Some("after-create:pvc-x"));
-        c.api
-            .create(&PostParams::default(), &volume("pvc-x", 2, 8 * MIB))
-            .await
-            .unwrap();
+        c.create("pvc-x", 2, 8 * MIB).await;
         agent.expect_crash("after-create", CONVERGE).await;
         assert!(c.file("pvc-x").exists());
         assert!(has(
             &c.api.get("pvc-x").await.unwrap(),
             finalizers::LOGIC_VOLUME
         ));
-        c.api
-            .delete("pvc-x", &DeleteParams::default())
-            .await
-            .unwrap();
+        c.delete("pvc-x").await;
 
         let agent = c.spawn(None);
         c.finish_delete(&agent, "pvc-x").await;
@@ -271,9 +266,7 @@ async fn killed_after_create_then_deleted_while_down_leaves_no_file() {
             (!c.file("pvc-x").exists()).then_some(())
         })
         .await;
-        c.assert_pool_holds(&[DATA]);
-        c.assert_data_intact();
-        agent.kill().await;
+        c.end(agent, &[DATA]).await;
     })
     .await
     .unwrap();
@@ -284,18 +277,12 @@ async fn killed_in_the_middle_of_a_deletion_the_restart_finishes_it() {
     tokio::time::timeout(Duration::from_secs(90), async {
         let mut c = Cluster::with_data().await;
         let agent = c.spawn(None);
-        c.api
-            .create(&PostParams::default(), &volume("pvc-x", 2, 8 * MIB))
-            .await
-            .unwrap();
+        c.create("pvc-x", 2, 8 * MIB).await;
         c.ready(&agent, "pvc-x").await;
         agent.kill().await;
 
         let agent = c.spawn(Some("after-delete:pvc-x"));
-        c.api
-            .delete("pvc-x", &DeleteParams::default())
-            .await
-            .unwrap();
+        c.delete("pvc-x").await;
         agent.expect_crash("after-delete", CONVERGE).await;
         let v = c.api.get("pvc-x").await.unwrap();
         assert!(
@@ -306,9 +293,7 @@ async fn killed_in_the_middle_of_a_deletion_the_restart_finishes_it() {
 
         let agent = c.spawn(None);
         c.finish_delete(&agent, "pvc-x").await;
-        c.assert_pool_holds(&[DATA]);
-        c.assert_data_intact();
-        agent.kill().await;
+        c.end(agent, &[DATA]).await;
     })
     .await
     .unwrap();
@@ -320,40 +305,17 @@ async fn killed_in_the_middle_of_an_expansion_the_restart_finishes_it() {
         let mut c = Cluster::with_data().await;
         let agent = c.spawn(Some(&format!("after-resize:{DATA}")));
         // As the CSI controller asks for it; 20 MiB + 1 rounds to 24 MiB.
-        let patch = json!({"metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: (8 * MIB).to_string()}},
-                           "spec": {"sizeByte": 20 * MIB + 1}});
-        c.api
-            .patch(DATA, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        common::expand(&c.api, DATA, 8 * MIB, 20 * MIB + 1).await;
         agent.expect_crash("after-resize", CONVERGE).await;
         assert_eq!(std::fs::metadata(c.file(DATA)).unwrap().len(), 24 * MIB);
         let v = c.api.get(DATA).await.unwrap();
         assert!(v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE));
 
         let agent = c.spawn(None);
-        let api = c.api.clone();
-        let v = c
-            .converge(&agent, "expansion recorded", || {
-                let api = api.clone();
-                async move {
-                    let v = api.get(DATA).await.unwrap();
-                    (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
-                        && v.phase() == VolumeStatus::Ready)
-                        .then_some(v)
-                }
-            })
-            .await;
-        assert_eq!(
-            v.annotations()
-                .get(annotations::ALLOCATED_BYTES)
-                .map(String::as_str),
-            Some("25165824")
-        );
+        let v = agent.expansion_recorded(&c.api, DATA, CONVERGE).await;
+        assert_eq!(common::allocated_bytes(&v), Some("25165824"));
         assert_eq!(std::fs::metadata(c.file(DATA)).unwrap().len(), 24 * MIB);
-        c.assert_pool_holds(&[DATA]);
-        c.assert_data_intact();
-        agent.kill().await;
+        c.end(agent, &[DATA]).await;
     })
     .await
     .unwrap();

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyRequest, ExportError, ExportFuture, ExportRequest, Exporter,
@@ -70,11 +70,7 @@ fn target_of(req: &AssemblyRequest) -> SpdkTarget {
 
 impl Exporter for FakeAssembler {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
-        Box::pin(async {
-            Ok(ExporterHealth::Ok {
-                version: "v24.01".into(),
-            })
-        })
+        healthy("v24.01")
     }
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
@@ -312,7 +308,7 @@ async fn wait_message(api: &Api<AntstorDataControl>, name: &str, needle: &str) -
 
 /// The host NQN this agent published on its StoragePool.
 async fn own_nqn(env: &Env) -> String {
-    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    let pools: Api<StoragePool> = ns_api(&env.client);
     eventually("this node's host NQN", Duration::from_secs(5), || async {
         pools
             .get_opt(NODE)
@@ -324,42 +320,123 @@ async fn own_nqn(env: &Env) -> String {
     .await
 }
 
-/// Some node's StoragePool publishing `nqn`.
-async fn host_pool(env: &Env, node: &str, nqn: &str) {
-    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-    let mut p = StoragePool::new(node, Default::default());
-    p.metadata.annotations = Some(BTreeMap::from([(
-        annotations::HOST_NQN.to_string(),
-        nqn.to_string(),
-    )]));
-    p.spec.node_info.id = node.into();
-    p.spec.kernel_lvm.name = "vg".into();
-    pools.create(&PostParams::default(), &p).await.unwrap();
+/// An agent whose exporter is `fake`, and the data-control API.
+async fn start_with(
+    fake: FakeAssembler,
+) -> (
+    Env,
+    Arc<FakeAssembler>,
+    liteio_agent::agent::Agent,
+    Api<AntstorDataControl>,
+) {
+    let env = Env::new().await;
+    let fake = Arc::new(fake);
+    let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+    let dapi = dcs(&env);
+    (env, fake, agent, dapi)
+}
+
+/// An agent with a fresh [`FakeAssembler`], the members in place and data control [`PV`]
+/// of `level` assembled (ready).
+async fn assembled(
+    level: RaidLevel,
+) -> (
+    Env,
+    Arc<FakeAssembler>,
+    liteio_agent::agent::Agent,
+    Api<AntstorDataControl>,
+    AntstorDataControl,
+) {
+    let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
+    members_in_place(&env).await;
+    create_dc(&dapi, PV, PoolMode::SpdkLVStore, level).await;
+    let dc = wait_dc_ready(&dapi, "ready", Duration::from_secs(10)).await;
+    (env, fake, agent, dapi, dc)
+}
+
+/// Creates data control `name` of `engine` at `level`.
+async fn create_dc(api: &Api<AntstorDataControl>, name: &str, engine: PoolMode, level: RaidLevel) {
+    create(api, &data_control(name, engine, level)).await;
+}
+
+/// Waits (up to `within`) until data control [`PV`] is ready; returns it.
+async fn wait_dc_ready(
+    api: &Api<AntstorDataControl>,
+    what: &str,
+    within: Duration,
+) -> AntstorDataControl {
+    eventually(what, within, || async {
+        let dc = api.get(PV).await.unwrap();
+        (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(dc)
+    })
+    .await
+}
+
+fn has_assembly_finalizer(dc: &AntstorDataControl) -> bool {
+    dc.finalizers().contains(&finalizers::ASSEMBLY.to_string())
+}
+
+/// Moves data control [`PV`] to `node` as the controller does: the label and the spec.
+async fn move_to(api: &Api<AntstorDataControl>, node: &str) {
+    api.patch(
+        PV,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"labels": {labels::TARGET_NODE_ID: node}},
+            "spec": {"targetNodeId": node},
+        })),
+    )
+    .await
+    .unwrap();
+}
+
+/// The node's Lease updates fail from now on (until the faults are cleared).
+fn fail_lease_updates(env: &Env) -> liteio_test_apiserver::Faults {
+    let faults = env.server.faults();
+    faults.fail_next(
+        1_000_000,
+        liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
+        500,
+        "InternalError",
+    );
+    faults
+}
+
+/// Waits until the assembly of data control `uuid` is fenced.
+async fn wait_fenced(fake: &FakeAssembler, uuid: &str, what: &str) {
+    eventually(what, Duration::from_secs(20), || async {
+        fake.fenced.lock().unwrap().contains(uuid).then_some(())
+    })
+    .await;
+}
+
+/// Waits (up to 20 s) for the first assembly removed.
+async fn first_removed(fake: &FakeAssembler, what: &str) -> UnassembleRequest {
+    eventually(what, Duration::from_secs(20), || async {
+        fake.removed.lock().unwrap().first().cloned()
+    })
+    .await
+}
+
+/// Waits (up to `within`) until more than `before` assemblies were asked for.
+async fn more_calls_than(fake: &FakeAssembler, before: usize, what: &str, within: Duration) {
+    eventually(what, within, || async {
+        (fake.calls() > before).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
         consumer_pool(&env.client).await;
-        let (dapi, vapi) = (dcs(&env), vols(&env));
-        let groups: Api<AntstorVolumeGroup> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let vapi = vols(&env);
 
         // The data control before its group: it waits and says for what.
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Linear),
-        )
-        .await
-        .unwrap();
+        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Linear).await;
         wait_message(&dapi, PV, "waiting for AntstorVolumeGroup pvc-multi").await;
-        groups
-            .create(&PostParams::default(), &group())
-            .await
-            .unwrap();
+        create_group(&env).await;
         wait_message(
             &dapi,
             PV,
@@ -370,9 +447,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         // The members appear (each change reconciles the data control at once): not ready,
         // then ready, the local one still exported by its own agent.
         for i in 0..3 {
-            vapi.create(&PostParams::default(), &member(i, true))
-                .await
-                .unwrap();
+            create(&vapi, &member(i, true)).await;
         }
         wait_message(
             &dapi,
@@ -394,14 +469,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
             0,
             "nothing is assembled before every member is in place"
         );
-        assert!(
-            !dapi
-                .get(PV)
-                .await
-                .unwrap()
-                .finalizers()
-                .contains(&finalizers::ASSEMBLY.to_string())
-        );
+        assert!(!has_assembly_finalizer(&dapi.get(PV).await.unwrap()));
 
         // Its agent withdraws the export: assembled.
         vapi.patch(
@@ -411,18 +479,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         )
         .await
         .unwrap();
-        let dc = eventually(
-            "the data control ready",
-            Duration::from_secs(10),
-            || async {
-                let dc = dapi.get(PV).await.unwrap();
-                dc.status
-                    .as_ref()
-                    .is_some_and(|s| s.status == Some(VolumeStatus::Ready))
-                    .then_some(dc)
-            },
-        )
-        .await;
+        let dc = wait_dc_ready(&dapi, "the data control ready", Duration::from_secs(10)).await;
         // The first assembly (the pass that follows the agent's own last write re-asserts it).
         let req = fake.assemblies.lock().unwrap()[0].clone();
         assert_eq!(req.name, PV);
@@ -463,8 +520,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         assert!(req.preset.is_none());
         // The PV's keys, from its Secret (made here: no CSI in this test).
         let keys = req.keys.clone().expect("keys");
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = ns_api(&env.client);
         let s = secrets.get(&naming::auth_secret(PV)).await.unwrap();
         let stored =
             liteio_api::auth::VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap();
@@ -473,7 +529,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         let st = dc.status.clone().unwrap();
         assert_eq!(st.spdk_target, Some(target_of(&req)));
         assert!(st.message.is_empty(), "{}", st.message);
-        assert!(dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()));
+        assert!(has_assembly_finalizer(&dc));
         assert_eq!(
             dc.annotations()
                 .get(annotations::EXPORTED_TO)
@@ -494,10 +550,11 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
             )
             .await
             .unwrap();
-        eventually(
+        more_calls_than(
+            &fake,
+            before,
             "the pass after the touch",
             Duration::from_secs(5),
-            || async { (fake.calls() > before).then_some(()) },
         )
         .await;
         let after = dapi.get(PV).await.unwrap();
@@ -513,7 +570,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
         );
 
         // A new host: the export admits it instead.
-        host_pool(&env, "node-c", "nqn.test:host-c").await;
+        host_pool(&env.client, "node-c", "nqn.test:host-c").await;
         dapi.patch(
             PV,
             &PatchParams::default(),
@@ -539,10 +596,7 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
 
         // Deleted: torn down, then released.
         dapi.delete(PV, &DeleteParams::default()).await.unwrap();
-        eventually("the data control gone", Duration::from_secs(10), || async {
-            dapi.get_opt(PV).await.unwrap().is_none().then_some(())
-        })
-        .await;
+        gone(&dapi, PV, "the data control gone", Duration::from_secs(10)).await;
         let removed = fake.removed.lock().unwrap().clone();
         assert_eq!(removed.len(), 1, "{removed:?}");
         assert_eq!(removed[0].name, PV);
@@ -559,36 +613,33 @@ async fn assembles_the_members_in_order_for_the_host_and_tears_down_on_delete() 
 /// unexported).
 async fn members_in_place(env: &Env) {
     consumer_pool(&env.client).await;
-    let groups: Api<AntstorVolumeGroup> =
-        Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-    groups
-        .create(&PostParams::default(), &group())
-        .await
-        .unwrap();
+    create_group(env).await;
     let vapi = vols(env);
-    for (i, (name, _, _)) in MEMBERS.iter().enumerate() {
-        vapi.create(&PostParams::default(), &member(i, i != 1))
-            .await
-            .unwrap();
-        set_ready(&vapi, name).await;
+    for i in 0..MEMBERS.len() {
+        create_ready_member(&vapi, member(i, i != 1)).await;
     }
+}
+
+async fn create_group(env: &Env) {
+    let groups: Api<AntstorVolumeGroup> = ns_api(&env.client);
+    create(&groups, &group()).await;
+}
+
+async fn create_ready_member(vapi: &Api<AntstorVolume>, m: AntstorVolume) {
+    create(vapi, &m).await;
+    set_ready(vapi, &m.name_any()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        fake.fail.store(2, Ordering::SeqCst);
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let (env, fake, agent, dapi) = start_with(FakeAssembler {
+            fail: AtomicUsize::new(2),
+            ..FakeAssembler::default()
+        })
+        .await;
         members_in_place(&env).await;
-        let dapi = dcs(&env);
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid0),
-        )
-        .await
-        .unwrap();
+        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Raid0).await;
         // The object as it was when the failure was reported (a later read may find it
         // ready already: the third attempt follows within a fraction of a second).
         let dc = eventually(
@@ -614,18 +665,9 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
         );
         // The finalizer comes before anything is built: a half-made assembly is torn down on
         // deletion even after a crash.
-        assert!(dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()));
+        assert!(has_assembly_finalizer(&dc));
         // Retried with back-off until it succeeds.
-        let dc = eventually(
-            "ready after the retries",
-            Duration::from_secs(10),
-            || async {
-                let dc = dapi.get(PV).await.unwrap();
-                (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready))
-                    .then_some(dc)
-            },
-        )
-        .await;
+        let dc = wait_dc_ready(&dapi, "ready after the retries", Duration::from_secs(10)).await;
         assert!(fake.calls() >= 3, "two failures, then success");
         assert_eq!(fake.last().unwrap().level, AssemblyLevel::Raid0);
         assert!(dc.status.as_ref().unwrap().message.is_empty());
@@ -636,10 +678,11 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
         // recorded target.
         let before = fake.calls();
         let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        eventually(
+        more_calls_than(
+            &fake,
+            before,
             "the assembly re-asserted",
             Duration::from_secs(10),
-            || async { (fake.calls() > before).then_some(()) },
         )
         .await;
         assert_eq!(fake.last().unwrap().preset, Some(target));
@@ -656,60 +699,26 @@ async fn a_failed_assembly_is_reported_and_retried_and_a_restart_reasserts_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        members_in_place(&env).await;
-        let dapi = dcs(&env);
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid0),
-        )
-        .await
-        .unwrap();
-        let dc = eventually("ready", Duration::from_secs(10), || async {
-            let dc = dapi.get(PV).await.unwrap();
-            (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(dc)
-        })
-        .await;
+        let (_env, fake, agent, dapi, dc) = assembled(RaidLevel::Raid0).await;
         assert!(fake.removed.lock().unwrap().is_empty());
         // As the controller moves it: the label too, so it leaves this agent's watch (which
         // then reconciles nothing): the sweep of served assemblies finds it.
-        dapi.patch(
-            PV,
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": {"labels": {labels::TARGET_NODE_ID: "node-y"}},
-                "spec": {"targetNodeId": "node-y"},
-            })),
-        )
-        .await
-        .unwrap();
-        let removed = eventually("torn down here", Duration::from_secs(20), || async {
-            fake.removed.lock().unwrap().first().cloned()
-        })
-        .await;
+        move_to(&dapi, "node-y").await;
+        let removed = first_removed(&fake, "torn down here").await;
         assert_eq!(removed.name, PV);
         assert_eq!(removed.uuid, dc.spec.uuid);
         assert_eq!(removed.members, MEMBERS.len());
         assert!(!fake.serves(&naming::subsys_nqn(&dc.spec.uuid)));
-        let dc = dapi.get(PV).await.unwrap();
-        assert!(dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()));
+        assert!(has_assembly_finalizer(&dapi.get(PV).await.unwrap()));
         // Moved back: assembled here again, and nothing more was removed meanwhile.
         let calls = fake.calls();
-        dapi.patch(
-            PV,
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": {"labels": {labels::TARGET_NODE_ID: NODE}},
-                "spec": {"targetNodeId": NODE},
-            })),
+        move_to(&dapi, NODE).await;
+        more_calls_than(
+            &fake,
+            calls,
+            "assembled here again",
+            Duration::from_secs(10),
         )
-        .await
-        .unwrap();
-        eventually("assembled here again", Duration::from_secs(10), || async {
-            (fake.calls() > calls).then_some(())
-        })
         .await;
         assert_eq!(fake.removed.lock().unwrap().len(), 1);
         assert!(fake.serves(&naming::subsys_nqn(&dc.spec.uuid)));
@@ -726,39 +735,22 @@ async fn an_assembly_that_moved_to_another_node_is_torn_down_here() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_moved_here_is_assembled_without_the_replicas_it_cannot_reach() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
         consumer_pool(&env.client).await;
-        let groups: Api<AntstorVolumeGroup> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        groups
-            .create(&PostParams::default(), &group())
-            .await
-            .unwrap();
+        create_group(&env).await;
         // Member 0 (on node-x, the old assembling node) is not exported to this node.
         let vapi = vols(&env);
-        for (i, (name, _, _)) in MEMBERS.iter().enumerate().skip(1) {
-            vapi.create(&PostParams::default(), &member(i, i != 1))
-                .await
-                .unwrap();
-            set_ready(&vapi, name).await;
+        for i in 1..MEMBERS.len() {
+            create_ready_member(&vapi, member(i, i != 1)).await;
         }
         let mut lone = member(0, true);
         lone.metadata.annotations.as_mut().unwrap().insert(
             annotations::EXPORTED_TO.to_string(),
             "node-x".to_string(),
         );
-        vapi.create(&PostParams::default(), &lone).await.unwrap();
-        set_ready(&vapi, MEMBERS[0].0).await;
-        let dapi = dcs(&env);
+        create_ready_member(&vapi, lone).await;
         // Not moved: a new mirror waits for every replica.
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid1),
-        )
-        .await
-        .unwrap();
+        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Raid1).await;
         let msg = wait_message(&dapi, PV, MEMBERS[0].0).await;
         assert!(msg.contains("to be exported to this node"), "{msg}");
         assert_eq!(fake.calls(), 0);
@@ -798,39 +790,11 @@ async fn a_mirror_moved_here_is_assembled_without_the_replicas_it_cannot_reach()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_lease_fences_the_mirrors_assembled_here_until_it_is_renewed() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        members_in_place(&env).await;
-        let dapi = dcs(&env);
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid1),
-        )
-        .await
-        .unwrap();
-        let dc = eventually("ready", Duration::from_secs(10), || async {
-            let dc = dapi.get(PV).await.unwrap();
-            (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(dc)
-        })
-        .await;
+        let (env, fake, agent, dapi, dc) = assembled(RaidLevel::Raid1).await;
         assert!(fake.fence_calls.lock().unwrap().is_empty());
         // The Lease's updates fail from now on.
-        let faults = env.server.faults();
-        faults.fail_next(
-            1_000_000,
-            liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
-            500,
-            "InternalError",
-        );
-        eventually("fenced", Duration::from_secs(20), || async {
-            fake.fenced
-                .lock()
-                .unwrap()
-                .contains(&dc.spec.uuid)
-                .then_some(())
-        })
-        .await;
+        let faults = fail_lease_updates(&env);
+        wait_fenced(&fake, &dc.spec.uuid, "fenced").await;
         assert!(agent.heartbeat().borrow().consecutive_failures > 0);
         // Renewed again: released.
         faults.clear();
@@ -847,35 +811,11 @@ async fn a_stale_lease_fences_the_mirrors_assembled_here_until_it_is_renewed() {
         }
         // Stale again, and the controller moves the assembly meanwhile: once the Lease is
         // renewed the fenced assembly is torn down, never released.
-        faults.fail_next(
-            1_000_000,
-            liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
-            500,
-            "InternalError",
-        );
-        eventually("fenced again", Duration::from_secs(20), || async {
-            fake.fenced
-                .lock()
-                .unwrap()
-                .contains(&dc.spec.uuid)
-                .then_some(())
-        })
-        .await;
-        dapi.patch(
-            PV,
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": {"labels": {labels::TARGET_NODE_ID: "node-y"}},
-                "spec": {"targetNodeId": "node-y"},
-            })),
-        )
-        .await
-        .unwrap();
+        let faults = fail_lease_updates(&env);
+        wait_fenced(&fake, &dc.spec.uuid, "fenced again").await;
+        move_to(&dapi, "node-y").await;
         faults.clear();
-        let removed = eventually("torn down", Duration::from_secs(20), || async {
-            fake.removed.lock().unwrap().first().cloned()
-        })
-        .await;
+        let removed = first_removed(&fake, "torn down").await;
         assert_eq!(removed.uuid, dc.spec.uuid);
         let calls = fake.fence_calls.lock().unwrap().clone();
         assert_eq!(
@@ -894,29 +834,8 @@ async fn a_stale_lease_fences_the_mirrors_assembled_here_until_it_is_renewed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_lease_leaves_a_raid0_assembly_serving() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        members_in_place(&env).await;
-        let dapi = dcs(&env);
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid0),
-        )
-        .await
-        .unwrap();
-        eventually("ready", Duration::from_secs(10), || async {
-            let dc = dapi.get(PV).await.unwrap();
-            (dc.status.as_ref().and_then(|s| s.status) == Some(VolumeStatus::Ready)).then_some(())
-        })
-        .await;
-        let faults = env.server.faults();
-        faults.fail_next(
-            1_000_000,
-            liteio_test_apiserver::Matcher::new(liteio_test_apiserver::Verb::Update, "leases"),
-            500,
-            "InternalError",
-        );
+        let (env, fake, agent, _dapi, _dc) = assembled(RaidLevel::Raid0).await;
+        let faults = fail_lease_updates(&env);
         // Stale for well past the bound (the Lease lasts seconds here): the heartbeat says so.
         let mut hb = agent.heartbeat();
         hb.wait_for(|s| s.consecutive_failures >= 5).await.unwrap();
@@ -943,28 +862,15 @@ async fn without_spdk_it_refuses_with_a_message_and_kernel_lvm_is_left_to_the_ho
         let agent = env.start_agent().await;
         members_in_place(&env).await;
         let dapi = dcs(&env);
-        dapi.create(
-            &PostParams::default(),
-            &data_control("pvc-lvm", PoolMode::KernelLVM, RaidLevel::Linear),
-        )
-        .await
-        .unwrap();
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Linear),
-        )
-        .await
-        .unwrap();
+        create_dc(&dapi, "pvc-lvm", PoolMode::KernelLVM, RaidLevel::Linear).await;
+        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Linear).await;
         let msg = wait_message(&dapi, PV, "has no SPDK").await;
         assert!(
             msg.contains("multi-disk volume pvc-multi (engine SpdkLVStore) is assembled in SPDK"),
             "{msg}"
         );
         let dc = dapi.get(PV).await.unwrap();
-        assert!(
-            !dc.finalizers().contains(&finalizers::ASSEMBLY.to_string()),
-            "nothing was built"
-        );
+        assert!(!has_assembly_finalizer(&dc), "nothing was built");
         // The KernelLVM data control of this node (its host) got nothing from the agent.
         let lvm = dapi.get("pvc-lvm").await.unwrap();
         assert!(lvm.status.is_none(), "{:?}", lvm.status);
@@ -978,17 +884,9 @@ async fn without_spdk_it_refuses_with_a_message_and_kernel_lvm_is_left_to_the_ho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raid_level_that_is_not_assembled_is_refused_by_name() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeAssembler::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+        let (env, fake, agent, dapi) = start_with(FakeAssembler::default()).await;
         members_in_place(&env).await;
-        let dapi = dcs(&env);
-        dapi.create(
-            &PostParams::default(),
-            &data_control(PV, PoolMode::SpdkLVStore, RaidLevel::Raid5),
-        )
-        .await
-        .unwrap();
+        create_dc(&dapi, PV, PoolMode::SpdkLVStore, RaidLevel::Raid5).await;
         let msg = wait_message(&dapi, PV, "spec.raid.level").await;
         assert!(
             msg.contains("raid5 is not assembled (linear, raid0 and raid1 are)"),

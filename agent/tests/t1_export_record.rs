@@ -24,7 +24,7 @@ use liteio_agent::exporter::{
 use liteio_agent::record::{ExportRecord, RecordingExporter};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::keys;
-use liteio_api::{AntstorVolume, SpdkTarget, naming};
+use liteio_api::{AntstorVolume, SpdkTarget};
 use serde_json::json;
 
 /// Records calls; hands out a target derived from the request (its preset when given).
@@ -35,25 +35,12 @@ struct Fake {
 }
 
 fn target_of(req: &ExportRequest) -> SpdkTarget {
-    req.preset.clone().unwrap_or_else(|| SpdkTarget {
-        bdev_name: naming::aio_bdev_name(&req.uuid),
-        subsys_nqn: naming::subsys_nqn(&req.uuid),
-        svc_id: "4510".into(),
-        sn: naming::serial_number(&req.uuid),
-        trans_type: naming::TRANS_TYPE_TCP.into(),
-        ns_uuid: req.uuid.clone(),
-        address: NODE_IP.into(),
-        addr_fam: naming::ADDR_FAM_IPV4.into(),
-    })
+    req.preset.clone().unwrap_or_else(|| aio_target(&req.uuid))
 }
 
 impl Exporter for Fake {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
-        Box::pin(async {
-            Ok(ExporterHealth::Ok {
-                version: "v26.05".into(),
-            })
-        })
+        healthy("v26.05")
     }
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
@@ -144,7 +131,7 @@ fn mode(p: &Path) -> u32 {
 }
 
 async fn secret_keys(client: &kube::Client, v: &AntstorVolume) -> VolumeKeys {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
+    let secrets: Api<Secret> = ns_api(client);
     let s = secrets.get(&v.auth_secret_name()).await.unwrap();
     VolumeKeys::from_secret_data(s.data.as_ref().unwrap()).unwrap()
 }

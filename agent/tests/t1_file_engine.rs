@@ -3,40 +3,26 @@
 //! Needs root, `mkfs.xfs` and loop devices; otherwise prints one skip line per test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use common::host::{no_loop_devices, not_root, run};
 use liteio_agent::engine::{ErrorKind, FileEngine, PoolEngine, VolumeOptions};
 
 const MIB: u64 = 1 << 20;
 
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 fn skip_reason() -> Option<String> {
-    if run("id", &["-u"]).ok().as_deref() != Some("0") {
-        return Some("not root".into());
+    if let Some(r) = not_root() {
+        return Some(r);
     }
     if run("mkfs.xfs", &["-V"]).is_err() {
         return Some("mkfs.xfs not installed (xfsprogs)".into());
     }
-    if !Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control".into());
+    if let Some(r) = no_loop_devices() {
+        return Some(r);
     }
     None
 }
@@ -319,14 +305,14 @@ fn create_resize_delete_are_idempotent_and_rounded() {
         "pool small has 24.0 MiB free, pvc-2 needs 28.0 MiB"
     );
 
-    assert_eq!(
-        e.resize_volume("pvc-1", 10 * MIB).unwrap().size_bytes,
-        12 * MIB
-    );
-    assert_eq!(
-        e.resize_volume("pvc-1", 12 * MIB).unwrap().size_bytes,
-        12 * MIB
-    );
+    // Rounded up to the 4 MiB unit; the same size again changes nothing.
+    for (ask, want) in [(10 * MIB, 12 * MIB), (12 * MIB, 12 * MIB)] {
+        assert_eq!(
+            e.resize_volume("pvc-1", ask).unwrap().size_bytes,
+            want,
+            "{ask}"
+        );
+    }
     let err = e.resize_volume("pvc-1", 4 * MIB).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(

@@ -57,7 +57,18 @@ async fn lease_is_created_owned_by_the_pool_and_renewed() {
     .unwrap();
 }
 
+/// Lease updates failing with `code` (`reason`) are retried, and renewals resume (within
+/// 30 s).
 async fn survives_failed_updates(code: u16, reason: &str) {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        survives_failed_updates_in_time(code, reason),
+    )
+    .await
+    .unwrap();
+}
+
+async fn survives_failed_updates_in_time(code: u16, reason: &str) {
     let (env, agent, api, t0) = setup().await;
     let faults = env.server.faults();
     let before = faults.requests(Verb::Get, "leases");
@@ -82,22 +93,12 @@ async fn survives_failed_updates(code: u16, reason: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicts_are_retried_with_a_fresh_lease() {
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        survives_failed_updates(409, "Conflict"),
-    )
-    .await
-    .unwrap();
+    survives_failed_updates(409, "Conflict").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_retried() {
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        survives_failed_updates(500, "InternalError"),
-    )
-    .await
-    .unwrap();
+    survives_failed_updates(500, "InternalError").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,41 +7,20 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::host::{no_loop_devices, not_root, run};
 use common::*;
 use kube::Api;
-use kube::api::PostParams;
 use liteio_agent::exporter::NoExporter;
-use liteio_api::keys;
-use liteio_api::{AntstorVolume, VolumeStatus, VolumeType};
+use liteio_api::{AntstorVolume, VolumeType};
 
 const UUID: &str = "5d1f6c2a-8e3b-4a7c-9d10-0000000000aa";
 
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 fn skip_reason() -> Option<String> {
-    if run("id", &["-u"]).ok().as_deref() != Some("0") {
-        return Some("not root".into());
-    }
-    if !std::path::Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control".into());
+    if let Some(r) = not_root().or_else(no_loop_devices) {
+        return Some(r);
     }
     if run("losetup", &["--version"]).is_err() {
         return Some("losetup not installed".into());
@@ -79,15 +58,9 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let env = Env::new().await;
         let agent = env.start_agent().await;
-        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        api.create(&PostParams::default(), &volume("pvc-io", UUID, 16 * MIB))
-            .await
-            .unwrap();
-        let v = eventually("volume ready", Duration::from_secs(5), || async {
-            let v = api.get_opt("pvc-io").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready).then_some(v)
-        })
-        .await;
+        let api: Api<AntstorVolume> = ns_api(&env.client);
+        create(&api, &volume("pvc-io", UUID, 16 * MIB)).await;
+        let v = volume_ready(&api, "pvc-io", "volume ready", Duration::from_secs(5)).await;
         let file = v.spec.kernel_lvol.clone().unwrap().dev_path;
 
         // Not attached: no block counters for it (the size is reported).
@@ -130,19 +103,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             ("uuid", UUID),
             ("dev", dev.as_str()),
         ];
-        let before = eventually(
-            "I/O series of the loop device",
-            Duration::from_secs(5),
-            || async {
-                let text = scrape(&agent).await;
-                Some((
-                    metric_value(&text, "liteio_volume_writes_completed_total", &labels)?,
-                    metric_value(&text, "liteio_volume_written_bytes_total", &labels)?,
-                    metric_value(&text, "liteio_volume_reads_completed_total", &labels)?,
-                ))
-            },
-        )
-        .await;
+        let before = io_series(&agent, &labels, "I/O series of the loop device").await;
 
         // 1 MiB of direct writes, then 1 MiB of direct reads, through the loop device.
         let of = format!("of={}", lo.0);
@@ -176,9 +137,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
             Duration::from_secs(5),
             || async {
                 let text = scrape(&agent).await;
-                let w = metric_value(&text, "liteio_volume_writes_completed_total", &labels)?;
-                let b = metric_value(&text, "liteio_volume_written_bytes_total", &labels)?;
-                let r = metric_value(&text, "liteio_volume_reads_completed_total", &labels)?;
+                let (w, b, r) = volume_io(&text, &labels)?;
                 (b - before.1 >= MIB as f64 && w > before.0 && r > before.2)
                     .then_some((w, b, r, text))
             },
@@ -215,7 +174,7 @@ async fn block_io_heartbeat_age_and_reconcile_errors_are_exported() {
         // error of its kind.
         let mut bad = volume("pvc-bad", "5d1f6c2a-8e3b-4a7c-9d10-0000000000bb", 16 * MIB);
         bad.spec.type_ = Some(VolumeType::SpdkLVol);
-        api.create(&PostParams::default(), &bad).await.unwrap();
+        create(&api, &bad).await;
         let errs = [
             ("node", NODE),
             ("resource", "antstorvolume"),
@@ -295,13 +254,11 @@ async fn promtool_has_nothing_to_say_about_the_agents_metrics() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let env = Env::new().await;
         let agent = env.start_agent().await;
-        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        api.create(&PostParams::default(), &volume("pvc-p", UUID, 16 * MIB))
-            .await
-            .unwrap();
+        let api: Api<AntstorVolume> = ns_api(&env.client);
+        create(&api, &volume("pvc-p", UUID, 16 * MIB)).await;
         let mut bad = volume("pvc-bad", "5d1f6c2a-8e3b-4a7c-9d10-0000000000bb", 16 * MIB);
         bad.spec.type_ = Some(VolumeType::SpdkLVol);
-        api.create(&PostParams::default(), &bad).await.unwrap();
+        create(&api, &bad).await;
         let text = eventually(
             "a provisioned volume and a refused one",
             Duration::from_secs(5),

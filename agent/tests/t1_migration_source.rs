@@ -64,11 +64,7 @@ impl Recorder {
 
 impl Exporter for Recorder {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
-        Box::pin(async {
-            Ok(ExporterHealth::Ok {
-                version: "v26.05".into(),
-            })
-        })
+        healthy("v26.05")
     }
     fn ensure_export<'a>(&'a self, _req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async {
@@ -204,8 +200,8 @@ async fn setup() -> Setup {
     let env = Env::new().await;
     let rec = Arc::new(Recorder::new());
     let agent = env.start_agent_with(rec.clone(), |_| {}).await;
-    let vols: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-    let migs: Api<VolumeMigration> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    let vols: Api<AntstorVolume> = ns_api(&env.client);
+    let migs: Api<VolumeMigration> = ns_api(&env.client);
     let pp = PostParams::default();
     vols.create(&pp, &vol("pvc-s", NODE, target("10.0.0.11", "4420"), &[]))
         .await

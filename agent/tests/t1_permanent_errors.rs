@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, labels};
 use liteio_api::snapshot::AntstorSnapshotSpec;
-use liteio_api::{AntstorSnapshot, AntstorVolume, VolumeStatus, VolumeType};
+use liteio_api::{AntstorSnapshot, AntstorVolume, VolumeType};
 
 /// A tmpfs mounted at a temporary directory; unmounted on drop.
 struct Tmpfs {
@@ -71,18 +71,10 @@ fn snapshot(name: &str, origin: &str) -> AntstorSnapshot {
 
 /// Warning events about object `name` with `reason`.
 async fn warnings(client: &kube::Client, name: &str, reason: &str) -> Vec<Event> {
-    let events: Api<Event> = Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    events
-        .list(&ListParams::default())
+    events_about(client, name, reason)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                && e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
-        })
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
         .collect()
 }
 
@@ -96,13 +88,33 @@ async fn failures(agent: &liteio_agent::agent::Agent, resource: &str, kind: &str
     .unwrap_or(0.0)
 }
 
+/// Waits until the agent has counted the first failed reconcile of `resource` with error
+/// `kind` (the Warning event is emitted inside the reconcile, before the error handler counts
+/// the failure: seeing the event does not mean the count is there yet); returns the count.
+async fn first_failure_counted(
+    agent: &liteio_agent::agent::Agent,
+    resource: &str,
+    kind: &str,
+    what: &str,
+) -> f64 {
+    eventually(what, Duration::from_secs(5), || async {
+        let n = failures(agent, resource, kind).await;
+        (n >= 1.0).then_some(n)
+    })
+    .await
+}
+
+/// Waits until exactly one Warning event with `reason` is about object `name`.
+async fn one_warning(client: &kube::Client, name: &str, reason: &str, what: &str) {
+    eventually(what, Duration::from_secs(5), || async {
+        (warnings(client, name, reason).await.len() == 1).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
-    if !Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
-    {
+    if common::host::not_root().is_some() {
         println!("SKIP permanent errors: needs root for a tmpfs pool");
         return;
     }
@@ -115,25 +127,18 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         // Retries start at 100 ms: a failure retried on a timer would run again ~5 times in
         // the 3 s watched below.
         let agent = env.start_agent().await;
-        let vols: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let snaps: Api<AntstorSnapshot> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let vols: Api<AntstorVolume> = ns_api(&env.client);
+        let snaps: Api<AntstorSnapshot> = ns_api(&env.client);
         vols.create(
             &PostParams::default(),
             &scheduled_volume("pvc-a", "0b9d1f3c-6a2e-4c1d-9f0a-00000000000a", 16 * MIB),
         )
         .await
         .unwrap();
-        eventually("pvc-a ready", Duration::from_secs(10), || async {
-            (vols.get("pvc-a").await.unwrap().phase() == VolumeStatus::Ready).then_some(())
-        })
-        .await;
+        volume_ready(&vols, "pvc-a", "pvc-a ready", Duration::from_secs(10)).await;
 
         // A snapshot on a pool without reflinks: the status says why, for good, at once.
-        snaps
-            .create(&PostParams::default(), &snapshot("snap-a", "pvc-a"))
-            .await
-            .unwrap();
+        create(&snaps, &snapshot("snap-a", "pvc-a")).await;
         let s = eventually(
             "snap-a failed for good",
             Duration::from_secs(10),
@@ -147,28 +152,20 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         assert!(msg.contains("reflink"), "{msg}");
         assert!(msg.contains("use XFS with reflink=1 or btrfs"), "{msg}");
         assert!(s.finalizers().is_empty(), "nothing was made: no finalizer");
-        eventually("one Warning event", Duration::from_secs(5), || async {
-            (warnings(&env.client, "snap-a", "AntstorSnapshotFailed")
-                .await
-                .len()
-                == 1)
-                .then_some(())
-        })
+        one_warning(
+            &env.client,
+            "snap-a",
+            "AntstorSnapshotFailed",
+            "one Warning event",
+        )
         .await;
 
         // Not retried on a timer. The status write above brings one more pass (the watch
         // delivers the agent's own write); after it, 3 s of the 100 ms back-off would have
         // retried several times.
         let kind = "engine_unsupported";
-        let settled = eventually(
-            "the status write's pass",
-            Duration::from_secs(5),
-            || async {
-                let n = failures(&agent, "antstorsnapshot", kind).await;
-                (n >= 1.0).then_some(n)
-            },
-        )
-        .await;
+        let settled =
+            first_failure_counted(&agent, "antstorsnapshot", kind, "the status write's pass").await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = failures(&agent, "antstorsnapshot", kind).await;
         assert!(after <= 2.0, "retried on a timer: {after} failures");
@@ -207,21 +204,13 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
 
         // Deleting it leaves nothing behind (it never got the agent's finalizer).
         snaps.delete("snap-a", &Default::default()).await.unwrap();
-        eventually("snap-a gone", Duration::from_secs(5), || async {
-            snaps
-                .get_opt("snap-a")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        })
-        .await;
+        gone(&snaps, "snap-a", "snap-a gone", Duration::from_secs(5)).await;
 
         // A volume of a type this pool cannot serve: permanent, evented, not retried.
         let mut lvol =
             scheduled_volume("pvc-spdk", "0b9d1f3c-6a2e-4c1d-9f0a-00000000000c", 16 * MIB);
         lvol.spec.type_ = Some(VolumeType::SpdkLVol);
-        vols.create(&PostParams::default(), &lvol).await.unwrap();
+        create(&vols, &lvol).await;
         let v = eventually(
             "pvc-spdk failed for good",
             Duration::from_secs(10),
@@ -238,19 +227,20 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
             "{:?}",
             v.status
         );
-        eventually(
+        one_warning(
+            &env.client,
+            "pvc-spdk",
+            "AntstorVolumeFailed",
             "the volume's Warning event",
-            Duration::from_secs(5),
-            || async {
-                (warnings(&env.client, "pvc-spdk", "AntstorVolumeFailed")
-                    .await
-                    .len()
-                    == 1)
-                    .then_some(())
-            },
         )
         .await;
-        let before = failures(&agent, "antstorvolume", "invalid_object").await;
+        let before = first_failure_counted(
+            &agent,
+            "antstorvolume",
+            "invalid_object",
+            "the volume's failure counted",
+        )
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = failures(&agent, "antstorvolume", "invalid_object").await;
         assert!(
@@ -266,13 +256,11 @@ async fn permanent_errors_are_reported_once_and_wait_for_a_change() {
         )
         .await
         .unwrap();
-        let v = eventually(
+        let v = volume_ready(
+            &vols,
+            "pvc-spdk",
             "pvc-spdk ready after the fix",
             Duration::from_secs(10),
-            || async {
-                let v = vols.get("pvc-spdk").await.unwrap();
-                (v.phase() == VolumeStatus::Ready).then_some(v)
-            },
         )
         .await;
         assert!(v.permanent_failure().is_none(), "{:?}", v.status);

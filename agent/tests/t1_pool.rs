@@ -12,12 +12,22 @@ use liteio_api::keys::{self, annotations, labels};
 use liteio_api::pool::{ConditionStatus, PoolConditionType, PoolStatus};
 use liteio_api::{StoragePool, naming, size};
 
+/// Label `key` of `pool` (which has labels).
+fn label<'a>(pool: &'a StoragePool, key: &str) -> Option<&'a str> {
+    pool.metadata
+        .labels
+        .as_ref()
+        .unwrap()
+        .get(key)
+        .map(String::as_str)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_object_is_registered_within_two_seconds() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let env = Env::new().await;
         let agent = env.start_agent().await;
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let pools: Api<StoragePool> = ns_api(&env.client);
         let pool = eventually(
             "a StoragePool with status",
             Duration::from_secs(2),
@@ -55,15 +65,7 @@ async fn pool_object_is_registered_within_two_seconds() {
             Some("rack-7")
         );
         // Metadata.
-        assert_eq!(
-            pool.metadata
-                .labels
-                .as_ref()
-                .unwrap()
-                .get(labels::NODE_SN)
-                .map(String::as_str),
-            Some(NODE)
-        );
+        assert_eq!(label(&pool, labels::NODE_SN), Some(NODE));
         let nqn = naming::host_nqn(NODE);
         assert_eq!(pool.host_nqn(), Some(nqn.as_str()));
         assert_eq!(
@@ -136,7 +138,7 @@ async fn existing_host_nqn_and_foreign_labels_are_kept() {
         )
         .unwrap();
         let agent = env.start_agent().await;
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let pools: Api<StoragePool> = ns_api(&env.client);
         eventually("pool", Duration::from_secs(2), || async {
             pools.get_opt(NODE).await.unwrap()
         })
@@ -159,15 +161,7 @@ async fn existing_host_nqn_and_foreign_labels_are_kept() {
             (p.host_nqn() == Some("nqn.2014-08.org.nvmexpress:uuid:abc")).then_some(p)
         })
         .await;
-        assert_eq!(
-            p.metadata
-                .labels
-                .as_ref()
-                .unwrap()
-                .get(labels::POOL_SCHEDULING_STATUS)
-                .map(String::as_str),
-            Some("locked")
-        );
+        assert_eq!(label(&p, labels::POOL_SCHEDULING_STATUS), Some("locked"));
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await

@@ -7,32 +7,16 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
+use common::host::run;
 use common::*;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use liteio_api::keys::{self, finalizers, labels};
 use liteio_api::snapshot::{SnapshotStatusName, SnapshotVolType};
-use liteio_api::{AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume, VolumeStatus};
+use liteio_api::{AntstorSnapshot, AntstorSnapshotSpec, AntstorVolume};
 use serde_json::json;
-
-fn run(p: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(p)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{p}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{p} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// A loop-mounted XFS with reflink; unmounted on drop.
 struct Xfs {
@@ -103,6 +87,20 @@ fn snapshot(name: &str, origin: &str, size: i64) -> AntstorSnapshot {
     s
 }
 
+/// Waits (up to 5 s) until snapshot `name` is in `state`; returns it.
+async fn snapshot_in(
+    snaps: &Api<AntstorSnapshot>,
+    name: &str,
+    state: SnapshotStatusName,
+    what: &str,
+) -> AntstorSnapshot {
+    eventually(what, Duration::from_secs(5), || async {
+        let s = snaps.get(name).await.unwrap();
+        (s.status.as_ref().map(|x| x.status) == Some(state)).then_some(s)
+    })
+    .await
+}
+
 fn content(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap()[..5].to_vec()
 }
@@ -119,17 +117,10 @@ async fn snapshot_create_clone_merge_delete() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let env = Env::with_pool_dir(Some(&xfs.mount())).await;
         let agent = env.start_agent().await;
-        let vols: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let snaps: Api<AntstorSnapshot> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        vols.create(&PostParams::default(), &volume("pvc-o", 8 * MIB))
-            .await
-            .unwrap();
-        let v = eventually("origin ready", Duration::from_secs(5), || async {
-            let v = vols.get("pvc-o").await.unwrap();
-            (v.phase() == VolumeStatus::Ready).then_some(v)
-        })
-        .await;
+        let vols: Api<AntstorVolume> = ns_api(&env.client);
+        let snaps: Api<AntstorSnapshot> = ns_api(&env.client);
+        create(&vols, &volume("pvc-o", 8 * MIB)).await;
+        let v = volume_ready(&vols, "pvc-o", "origin ready", Duration::from_secs(5)).await;
         let origin = PathBuf::from(&v.spec.kernel_lvol.as_ref().unwrap().dev_path);
         std::fs::write(&origin, b"first").unwrap();
         std::fs::OpenOptions::new()
@@ -146,10 +137,12 @@ async fn snapshot_create_clone_merge_delete() {
             )
             .await
             .unwrap();
-        let s = eventually("snapshot ready", Duration::from_secs(5), || async {
-            let s = snaps.get("snap-1").await.unwrap();
-            (s.status.as_ref().map(|x| x.status) == Some(SnapshotStatusName::Ready)).then_some(s)
-        })
+        let s = snapshot_in(
+            &snaps,
+            "snap-1",
+            SnapshotStatusName::Ready,
+            "snapshot ready",
+        )
         .await;
         assert!(s.finalizers().contains(&finalizers::SNAPSHOT.to_string()));
         assert_eq!(s.spec.kernel_lvol.name, "pvc-o_snap");
@@ -166,12 +159,8 @@ async fn snapshot_create_clone_merge_delete() {
             labels::VOLUME_SOURCE_SNAP_NS.into(),
             keys::DEFAULT_NAMESPACE.into(),
         );
-        vols.create(&PostParams::default(), &c).await.unwrap();
-        let c = eventually("clone ready", Duration::from_secs(5), || async {
-            let v = vols.get("pvc-c").await.unwrap();
-            (v.phase() == VolumeStatus::Ready).then_some(v)
-        })
-        .await;
+        create(&vols, &c).await;
+        let c = volume_ready(&vols, "pvc-c", "clone ready", Duration::from_secs(5)).await;
         assert_eq!(
             content(Path::new(&c.spec.kernel_lvol.as_ref().unwrap().dev_path)),
             b"first"
@@ -191,11 +180,7 @@ async fn snapshot_create_clone_merge_delete() {
             .patch("snap-1", &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
-        let s = eventually("merged", Duration::from_secs(5), || async {
-            let s = snaps.get("snap-1").await.unwrap();
-            (s.status.as_ref().map(|x| x.status) == Some(SnapshotStatusName::Merged)).then_some(s)
-        })
-        .await;
+        let s = snapshot_in(&snaps, "snap-1", SnapshotStatusName::Merged, "merged").await;
         assert!(s.labels().contains_key(labels::MERGE_FINISH_TIMESTAMP));
         assert_eq!(content(&origin), b"first");
 
@@ -204,15 +189,7 @@ async fn snapshot_create_clone_merge_delete() {
             .delete("snap-1", &DeleteParams::default())
             .await
             .unwrap();
-        eventually("snapshot gone", Duration::from_secs(5), || async {
-            snaps
-                .get_opt("snap-1")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        })
-        .await;
+        gone(&snaps, "snap-1", "snapshot gone", Duration::from_secs(5)).await;
         assert!(!Path::new(&s.spec.kernel_lvol.dev_path).exists());
         agent.shutdown(Duration::from_secs(5)).await;
     })

@@ -17,9 +17,7 @@ use liteio_agent::exporter::{
     ExportFuture, ExportRequest, Exporter, ExporterHealth, UnexportRequest,
 };
 use liteio_api::keys::{self, annotations, finalizers, labels};
-use liteio_api::{
-    AntstorVolume, NodeInfo, SpdkTarget, StoragePool, VolumeStatus, VolumeType, naming,
-};
+use liteio_api::{AntstorVolume, SpdkTarget, StoragePool, VolumeStatus, VolumeType, naming};
 use serde_json::json;
 
 fn volume(name: &str, size: u64) -> AntstorVolume {
@@ -35,15 +33,118 @@ fn vols(env: &Env) -> Api<AntstorVolume> {
 }
 
 async fn wait_ready(api: &Api<AntstorVolume>, name: &str) -> AntstorVolume {
-    eventually("volume ready", Duration::from_secs(5), || async {
-        let v = api.get_opt(name).await.unwrap()?;
-        (v.phase() == VolumeStatus::Ready).then_some(v)
+    volume_ready(api, name, "volume ready", Duration::from_secs(5)).await
+}
+
+/// An agent exporting through `fake`, and the volumes' API.
+async fn start_with(
+    fake: FakeExporter,
+) -> (
+    Env,
+    Arc<FakeExporter>,
+    liteio_agent::agent::Agent,
+    Api<AntstorVolume>,
+) {
+    let env = Env::new().await;
+    let fake = Arc::new(fake);
+    let agent = env.start_agent_with(fake.clone(), |_| {}).await;
+    let api = vols(&env);
+    (env, fake, agent, api)
+}
+
+/// A [`FakeExporter`] whose exports need keys.
+fn authenticating() -> FakeExporter {
+    FakeExporter {
+        auth: true,
+        ..FakeExporter::default()
+    }
+}
+
+/// Waits until `/readyz` answers with `code`.
+async fn wait_readyz(addr: std::net::SocketAddr, what: &str, code: &str) {
+    eventually(what, Duration::from_secs(5), || async {
+        let (status, _) = http_get(addr, "/readyz").await;
+        status.contains(code).then_some(())
+    })
+    .await;
+}
+
+/// Waits until `/metrics` shows `needle`.
+async fn wait_metrics(addr: std::net::SocketAddr, what: &str, needle: &str) {
+    eventually(what, Duration::from_secs(3), || async {
+        let (_, m) = http_get(addr, "/metrics").await;
+        m.contains(needle).then_some(())
+    })
+    .await;
+}
+
+/// Waits until volume `name`'s `status.message` says `needle`; returns the volume.
+async fn wait_message(
+    api: &Api<AntstorVolume>,
+    what: &str,
+    name: &str,
+    needle: &str,
+) -> AntstorVolume {
+    eventually(what, Duration::from_secs(3), || async {
+        let v = api.get(name).await.unwrap();
+        v.status
+            .as_ref()
+            .is_some_and(|s| s.message.contains(needle))
+            .then_some(v)
     })
     .await
 }
 
+/// Waits until volume `name` lists `want` as its hosts without authentication.
+async fn wait_hosts_without_auth(
+    api: &Api<AntstorVolume>,
+    name: &str,
+    want: Option<&str>,
+) -> AntstorVolume {
+    eventually(
+        &format!("hosts-without-auth of {name} to be {want:?}"),
+        Duration::from_secs(5),
+        || async {
+            let v = api.get(name).await.unwrap();
+            (v.annotations()
+                .get(annotations::HOSTS_WITHOUT_AUTH)
+                .map(String::as_str)
+                == want)
+                .then_some(v)
+        },
+    )
+    .await
+}
+
+fn lists_hosts_without_auth(v: &AntstorVolume) -> bool {
+    v.annotations()
+        .contains_key(annotations::HOSTS_WITHOUT_AUTH)
+}
+
+fn has_target_finalizer(v: &AntstorVolume) -> bool {
+    v.finalizers()
+        .contains(&finalizers::SPDK_TARGET.to_string())
+}
+
+/// A consuming node's Node; `can`: what its kernel says it can authenticate with.
+async fn host_node(env: &Env, node: &str, can: Option<&str>) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let mut n = k8s_openapi::api::core::v1::Node::default();
+    n.metadata.name = Some(node.into());
+    n.metadata.annotations = can.map(|can| {
+        BTreeMap::from([
+            (annotations::NODE_HOST_AUTH.to_string(), can.to_string()),
+            (
+                annotations::NODE_KERNEL_RELEASE.to_string(),
+                "6.1.0-57-amd64".to_string(),
+            ),
+        ])
+    });
+    create(&nodes, &n).await;
+}
+
 async fn free_bytes(env: &Env) -> u64 {
-    let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+    let pools: Api<StoragePool> = ns_api(&env.client);
     pools
         .get_opt(NODE)
         .await
@@ -61,14 +162,14 @@ async fn volume_lifecycle_provision_expand_delete() {
         let free0 = free_bytes(&env).await;
 
         // 10 MiB + 1 byte: the file engine rounds to 12 MiB and says so.
-        api.create(&PostParams::default(), &volume("pvc-a", 10 * MIB + 1)).await.unwrap();
+        create(&api, &volume("pvc-a", 10 * MIB + 1)).await;
         let v = wait_ready(&api, "pvc-a").await;
         assert_eq!(v.spec.type_, Some(VolumeType::KernelLVol));
         assert_eq!(v.finalizers(), &[finalizers::IN_STATE.to_string(), finalizers::LOGIC_VOLUME.to_string()]);
         let lvol = v.spec.kernel_lvol.clone().unwrap();
         assert_eq!(lvol.name, "pvc-a");
         assert_eq!(std::fs::metadata(&lvol.dev_path).unwrap().len(), 12 * MIB);
-        assert_eq!(v.annotations().get(annotations::ALLOCATED_BYTES).map(String::as_str), Some("12582912"));
+        assert_eq!(common::allocated_bytes(&v), Some("12582912"));
         assert!(v.spec.spdk_target.is_none(), "a local volume is not exported");
         // The pool status follows within 2 s (event-driven, the resync is 10 min here).
         eventually("free space to drop", Duration::from_secs(2), || async {
@@ -111,7 +212,7 @@ async fn volume_lifecycle_provision_expand_delete() {
         api.patch("pvc-a", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}})))
             .await
             .unwrap();
-        eventually("volume gone", Duration::from_secs(2), || async { api.get_opt("pvc-a").await.unwrap().is_none().then_some(()) }).await;
+        gone(&api, "pvc-a", "volume gone", Duration::from_secs(2)).await;
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await
@@ -126,13 +227,13 @@ async fn waits_for_in_state_and_refuses_bad_objects() {
         let api = vols(&env);
         let mut v = volume("pvc-wait", 8 * MIB);
         v.metadata.finalizers = None;
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let mut bad = volume("pvc-tiny", 1000);
         bad.spec.uuid = "tiny".into();
-        api.create(&PostParams::default(), &bad).await.unwrap();
+        create(&api, &bad).await;
         let mut wrong = volume("pvc-spdk", 8 * MIB);
         wrong.spec.type_ = Some(VolumeType::SpdkLVol);
-        api.create(&PostParams::default(), &wrong).await.unwrap();
+        create(&api, &wrong).await;
         let msg = |name: &'static str, needle: &'static str| {
             let api = api.clone();
             async move {
@@ -174,27 +275,28 @@ struct FakeExporter {
     closed: AtomicBool,
 }
 
+impl FakeExporter {
+    /// The last export asked for volume `name`.
+    fn last_export_of(&self, name: &str) -> ExportRequest {
+        self.exports
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|r| r.volume == name)
+            .cloned()
+            .unwrap()
+    }
+}
+
 impl Exporter for FakeExporter {
     fn health(&self) -> ExportFuture<'_, ExporterHealth> {
-        Box::pin(async {
-            Ok(ExporterHealth::Ok {
-                version: "v24.01".into(),
-            })
-        })
+        healthy("v24.01")
     }
     fn ensure_export<'a>(&'a self, req: &'a ExportRequest) -> ExportFuture<'a, SpdkTarget> {
         Box::pin(async move {
             self.exports.lock().unwrap().push(req.clone());
-            Ok(SpdkTarget {
-                bdev_name: naming::aio_bdev_name(&req.uuid),
-                subsys_nqn: naming::subsys_nqn(&req.uuid),
-                svc_id: "4510".into(),
-                sn: naming::serial_number(&req.uuid),
-                trans_type: naming::TRANS_TYPE_TCP.into(),
-                ns_uuid: req.uuid.clone(),
-                address: NODE_IP.into(),
-                addr_fam: naming::ADDR_FAM_IPV4.into(),
-            })
+            Ok(aio_target(&req.uuid))
         })
     }
     fn remove_export<'a>(&'a self, req: &'a UnexportRequest) -> ExportFuture<'a, ()> {
@@ -216,31 +318,13 @@ impl Exporter for FakeExporter {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_only_once_the_nodes_exports_listen_again() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeExporter::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        let api = vols(&env);
-        let mut v = volume("pvc-gate", 8 * MIB);
-        v.spec.host_node = Some(NodeInfo {
-            id: "node-b".into(),
-            ..NodeInfo::default()
-        });
-        api.create(&PostParams::default(), &v).await.unwrap();
+        let (env, fake, agent, api) = start_with(FakeExporter::default()).await;
+        let v = hosted_by(volume("pvc-gate", 8 * MIB), "node-b");
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-gate").await;
-        assert!(
-            v.finalizers()
-                .contains(&finalizers::SPDK_TARGET.to_string())
-        );
+        assert!(has_target_finalizer(&v));
         let addr = agent.metrics_addr().unwrap();
-        eventually(
-            "ready with the export listening",
-            Duration::from_secs(5),
-            || async {
-                let (status, _) = http_get(addr, "/readyz").await;
-                status.contains("200").then_some(())
-            },
-        )
-        .await;
+        wait_readyz(addr, "ready with the export listening", "200").await;
         agent.shutdown(Duration::from_secs(5)).await;
 
         // The target comes back without the export: registered, but not ready.
@@ -268,15 +352,7 @@ async fn ready_only_once_the_nodes_exports_listen_again() {
         );
 
         fake.closed.store(false, Ordering::SeqCst);
-        eventually(
-            "ready once the export listens",
-            Duration::from_secs(5),
-            || async {
-                let (status, _) = http_get(addr, "/readyz").await;
-                status.contains("200").then_some(())
-            },
-        )
-        .await;
+        wait_readyz(addr, "ready once the export listens", "200").await;
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await
@@ -286,40 +362,20 @@ async fn ready_only_once_the_nodes_exports_listen_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_volume_is_exported_to_the_host_only() {
     tokio::time::timeout(Duration::from_secs(30), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeExporter::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        let api = vols(&env);
+        let (env, fake, agent, api) = start_with(FakeExporter::default()).await;
         // The consuming host's pool publishes its host NQN.
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let mut host_pool = StoragePool::new("node-b", Default::default());
-        host_pool.metadata.annotations = Some(BTreeMap::from([(
-            annotations::HOST_NQN.to_string(),
-            "nqn.host-b".to_string(),
-        )]));
-        host_pool.spec.node_info.id = "node-b".into();
-        host_pool.spec.kernel_lvm.name = "vg".into();
-        pools
-            .create(&PostParams::default(), &host_pool)
-            .await
-            .unwrap();
+        host_pool(&env.client, "node-b", "nqn.host-b").await;
+        let pools: Api<StoragePool> = ns_api(&env.client);
         eventually("tgt-version annotation", Duration::from_secs(2), || async {
             let p = pools.get_opt(NODE).await.unwrap()?;
             p.annotations().get(annotations::TGT_VERSION).cloned()
         })
         .await;
 
-        let mut v = volume("pvc-r", 8 * MIB);
-        v.spec.host_node = Some(NodeInfo {
-            id: "node-b".into(),
-            ..NodeInfo::default()
-        });
-        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = hosted_by(volume("pvc-r", 8 * MIB), "node-b");
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-r").await;
-        assert!(
-            v.finalizers()
-                .contains(&finalizers::SPDK_TARGET.to_string())
-        );
+        assert!(has_target_finalizer(&v));
         let t = v.spec.spdk_target.clone().unwrap();
         assert_eq!(t.subsys_nqn, naming::subsys_nqn(&v.spec.uuid));
         let req = fake.exports.lock().unwrap().last().cloned().unwrap();
@@ -347,25 +403,11 @@ async fn remote_volume_without_a_target_says_so() {
         let env = Env::new().await;
         let agent = env.start_agent().await;
         let api = vols(&env);
-        let mut v = volume("pvc-nt", 8 * MIB);
-        v.spec.host_node = Some(NodeInfo {
-            id: "node-b".into(),
-            ..NodeInfo::default()
-        });
-        api.create(&PostParams::default(), &v).await.unwrap();
-        let v = eventually("message", Duration::from_secs(3), || async {
-            let v = api.get("pvc-nt").await.unwrap();
-            v.status
-                .as_ref()
-                .is_some_and(|s| s.message.contains("no target"))
-                .then_some(v)
-        })
-        .await;
+        let v = hosted_by(volume("pvc-nt", 8 * MIB), "node-b");
+        create(&api, &v).await;
+        let v = wait_message(&api, "message", "pvc-nt", "no target").await;
         assert_eq!(v.phase(), VolumeStatus::Creating);
-        assert!(
-            !v.finalizers()
-                .contains(&finalizers::SPDK_TARGET.to_string())
-        );
+        assert!(!has_target_finalizer(&v));
         agent.shutdown(Duration::from_secs(5)).await;
     })
     .await
@@ -378,9 +420,7 @@ async fn restart_recreates_nothing_and_loses_nothing() {
         let env = Env::new().await;
         let agent = env.start_agent().await;
         let api = vols(&env);
-        api.create(&PostParams::default(), &volume("pvc-k", 8 * MIB))
-            .await
-            .unwrap();
+        create(&api, &volume("pvc-k", 8 * MIB)).await;
         let v = wait_ready(&api, "pvc-k").await;
         let path = v.spec.kernel_lvol.as_ref().unwrap().dev_path.clone();
         agent.shutdown(Duration::from_secs(5)).await;
@@ -402,17 +442,17 @@ async fn restart_recreates_nothing_and_loses_nothing() {
 
         let agent = env.start_agent().await;
         let addr = agent.metrics_addr().unwrap();
-        eventually("orphan reported", Duration::from_secs(3), || async {
-            let (_, m) = http_get(addr, "/metrics").await;
-            m.contains("liteio_orphan_objects{kind=\"volume\",node=\"node-1\"} 1")
-                .then_some(())
-        })
+        wait_metrics(
+            addr,
+            "orphan reported",
+            "liteio_orphan_objects{kind=\"volume\",node=\"node-1\"} 1",
+        )
         .await;
-        eventually("volume counted again", Duration::from_secs(3), || async {
-            let (_, m) = http_get(addr, "/metrics").await;
-            m.contains("liteio_pool_volumes{node=\"node-1\"} 1")
-                .then_some(())
-        })
+        wait_metrics(
+            addr,
+            "volume counted again",
+            "liteio_pool_volumes{node=\"node-1\"} 1",
+        )
         .await;
         let v = api.get("pvc-k").await.unwrap();
         assert_eq!(
@@ -427,14 +467,7 @@ async fn restart_recreates_nothing_and_loses_nothing() {
         agent.shutdown(Duration::from_secs(5)).await;
         std::fs::remove_file(&path).unwrap();
         let agent = env.start_agent().await;
-        eventually("missing-volume message", Duration::from_secs(3), || async {
-            let v = api.get("pvc-k").await.unwrap();
-            v.status
-                .as_ref()
-                .is_some_and(|s| s.message.contains("not recreating"))
-                .then_some(())
-        })
-        .await;
+        wait_message(&api, "missing-volume message", "pvc-k", "not recreating").await;
         assert!(!std::path::Path::new(&path).exists());
         agent.shutdown(Duration::from_secs(5)).await;
     })
@@ -475,20 +508,9 @@ async fn orphans_are_collected_only_when_enabled_after_the_grace_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_host_changes_move_the_export() {
     tokio::time::timeout(Duration::from_secs(30), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeExporter::default());
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        let api = vols(&env);
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let (env, fake, agent, api) = start_with(FakeExporter::default()).await;
         for host in ["node-b", "node-c"] {
-            let mut p = StoragePool::new(host, Default::default());
-            p.metadata.annotations = Some(BTreeMap::from([(
-                annotations::HOST_NQN.to_string(),
-                format!("nqn.{host}"),
-            )]));
-            p.spec.node_info.id = host.into();
-            p.spec.kernel_lvm.name = "vg".into();
-            pools.create(&PostParams::default(), &p).await.unwrap();
+            host_pool(&env.client, host, &format!("nqn.{host}")).await;
         }
         let set_host = |host: &'static str| {
             let api = api.clone();
@@ -507,12 +529,8 @@ async fn consumer_host_changes_move_the_export() {
                 .map(|r| r.allowed_hosts.clone())
         };
 
-        let mut v = volume("pvc-m", 8 * MIB);
-        v.spec.host_node = Some(NodeInfo {
-            id: "node-b".into(),
-            ..NodeInfo::default()
-        });
-        api.create(&PostParams::default(), &v).await.unwrap();
+        let v = hosted_by(volume("pvc-m", 8 * MIB), "node-b");
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-m").await;
         let target = v.spec.spdk_target.clone().unwrap();
         assert_eq!(last_allowed(), Some(vec!["nqn.node-b".to_string()]));
@@ -534,11 +552,7 @@ async fn consumer_host_changes_move_the_export() {
         set_host(NODE).await;
         let v = eventually("export withdrawn", Duration::from_secs(5), || async {
             let v = api.get("pvc-m").await.unwrap();
-            (v.spec.spdk_target.is_none()
-                && !v
-                    .finalizers()
-                    .contains(&finalizers::SPDK_TARGET.to_string()))
-            .then_some(v)
+            (v.spec.spdk_target.is_none() && !has_target_finalizer(&v)).then_some(v)
         })
         .await;
         assert_eq!(v.phase(), VolumeStatus::Ready);
@@ -550,9 +564,7 @@ async fn consumer_host_changes_move_the_export() {
         set_host("node-b").await;
         let v = eventually("exported again", Duration::from_secs(5), || async {
             let v = api.get("pvc-m").await.unwrap();
-            v.finalizers()
-                .contains(&finalizers::SPDK_TARGET.to_string())
-                .then_some(v)
+            has_target_finalizer(&v).then_some(v)
         })
         .await;
         assert!(fake.exports.lock().unwrap().len() > exports_before);
@@ -582,9 +594,7 @@ async fn a_volume_expanded_before_it_was_recorded_is_grown_not_stuck() {
             .unwrap();
         let agent = env.start_agent().await;
         let api = vols(&env);
-        api.create(&PostParams::default(), &volume("pvc-race", 12 * MIB))
-            .await
-            .unwrap();
+        create(&api, &volume("pvc-race", 12 * MIB)).await;
         let v = wait_ready(&api, "pvc-race").await;
         let info = env
             .engine()
@@ -611,57 +621,20 @@ async fn a_volume_expanded_before_it_was_recorded_is_grown_not_stuck() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeExporter {
-            auth: true,
-            ..FakeExporter::default()
-        });
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        let api = vols(&env);
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+        let (env, fake, agent, api) = start_with(authenticating()).await;
         for (node, nqn, can) in [
             ("node-old", "nqn.host-old", "none"),
             ("node-new", "nqn.host-new", "dhchap,tls"),
         ] {
-            let mut p = StoragePool::new(node, Default::default());
-            p.metadata.annotations = Some(BTreeMap::from([(
-                annotations::HOST_NQN.to_string(),
-                nqn.to_string(),
-            )]));
-            p.spec.node_info.id = node.into();
-            p.spec.kernel_lvm.name = "vg".into();
-            pools.create(&PostParams::default(), &p).await.unwrap();
-            let mut n = k8s_openapi::api::core::v1::Node::default();
-            n.metadata.name = Some(node.into());
-            n.metadata.annotations = Some(BTreeMap::from([
-                (annotations::NODE_HOST_AUTH.to_string(), can.to_string()),
-                (
-                    annotations::NODE_KERNEL_RELEASE.to_string(),
-                    "6.1.0-57-amd64".to_string(),
-                ),
-            ]));
-            nodes.create(&PostParams::default(), &n).await.unwrap();
+            host_pool(&env.client, node, nqn).await;
+            host_node(&env, node, Some(can)).await;
         }
         let export_of = |name: &'static str| {
             let fake = fake.clone();
-            move || {
-                fake.exports
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .rev()
-                    .find(|r| r.volume == name)
-                    .cloned()
-                    .unwrap()
-            }
+            move || fake.last_export_of(name)
         };
         let make = |name: &'static str, node: &str, policy: Option<&str>| {
-            let mut v = volume(name, 8 * MIB);
-            v.spec.host_node = Some(NodeInfo {
-                id: node.into(),
-                ..NodeInfo::default()
-            });
+            let mut v = hosted_by(volume(name, 8 * MIB), node);
             v.spec.host_auth =
                 policy.map(|p| liteio_api::host_auth::HostAuthPolicy::parse("test", p).unwrap());
             v
@@ -693,26 +666,14 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         assert_eq!(req.allowed_hosts, vec!["nqn.host-old".to_string()]);
         assert_eq!(req.keyless_hosts, vec!["nqn.host-old".to_string()]);
         assert!(req.keys.is_some(), "the volume's keys are still loaded");
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
         let ev = eventually(
             "ServedWithoutAuthentication event",
             Duration::from_secs(5),
-            || {
-                let events = events.clone();
-                async move {
-                    events
-                        .list(&Default::default())
-                        .await
-                        .unwrap()
-                        .items
-                        .into_iter()
-                        .find(|e| {
-                            e.reason.as_deref() == Some("ServedWithoutAuthentication")
-                                && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                    == Some("pvc-pref-old")
-                        })
-                }
+            || async {
+                events_about(&env.client, "pvc-pref-old", "ServedWithoutAuthentication")
+                    .await
+                    .into_iter()
+                    .next()
             },
         )
         .await;
@@ -735,10 +696,7 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         .await
         .unwrap();
         let v = wait_ready(&api, "pvc-req-old").await;
-        assert!(
-            !v.annotations()
-                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
-        );
+        assert!(!lists_hosts_without_auth(&v));
         let req = export_of("pvc-req-old")();
         assert!(req.keyless_hosts.is_empty() && req.keys.is_some());
         // From here on the agent's Node watch has listed the Nodes: the exports read the
@@ -757,10 +715,7 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         .await
         .unwrap();
         let v = wait_ready(&api, "pvc-pref-new").await;
-        assert!(
-            !v.annotations()
-                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
-        );
+        assert!(!lists_hosts_without_auth(&v));
         assert!(export_of("pvc-pref-new")().keyless_hosts.is_empty());
         // none, a host that can: NQN-only, with a Normal event.
         api.create(
@@ -770,22 +725,7 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
         .await
         .unwrap();
         wait_ready(&api, "pvc-none-new").await;
-        eventually(
-            "hosts-without-auth of pvc-none-new",
-            Duration::from_secs(5),
-            || {
-                let api = api.clone();
-                async move {
-                    let v = api.get("pvc-none-new").await.unwrap();
-                    (v.annotations()
-                        .get(annotations::HOSTS_WITHOUT_AUTH)
-                        .map(String::as_str)
-                        == Some("nqn.host-new"))
-                    .then_some(())
-                }
-            },
-        )
-        .await;
+        wait_hosts_without_auth(&api, "pvc-none-new", Some("nqn.host-new")).await;
         assert_eq!(
             export_of("pvc-none-new")().keyless_hosts,
             vec!["nqn.host-new".to_string()]
@@ -809,50 +749,18 @@ async fn preferred_admits_only_the_host_that_cannot_authenticate_without_keys() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_capability_change_reaches_the_export_without_a_volume_change() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let env = Env::new().await;
-        let fake = Arc::new(FakeExporter {
-            auth: true,
-            ..FakeExporter::default()
-        });
-        let agent = env.start_agent_with(fake.clone(), |_| {}).await;
-        let api = vols(&env);
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let (env, fake, agent, api) = start_with(authenticating()).await;
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
-        let mut p = StoragePool::new("node-late", Default::default());
-        p.metadata.annotations = Some(BTreeMap::from([(
-            annotations::HOST_NQN.to_string(),
-            "nqn.host-late".to_string(),
-        )]));
-        p.spec.node_info.id = "node-late".into();
-        p.spec.kernel_lvm.name = "vg".into();
-        pools.create(&PostParams::default(), &p).await.unwrap();
+        host_pool(&env.client, "node-late", "nqn.host-late").await;
         // The host's Node, before its CSI node has said anything.
-        let mut n = k8s_openapi::api::core::v1::Node::default();
-        n.metadata.name = Some("node-late".into());
-        nodes.create(&PostParams::default(), &n).await.unwrap();
-        let last_export = || {
-            fake.exports
-                .lock()
-                .unwrap()
-                .iter()
-                .rev()
-                .find(|r| r.volume == "pvc-late")
-                .cloned()
-                .unwrap()
-        };
+        host_node(&env, "node-late", None).await;
+        let last_export = || fake.last_export_of("pvc-late");
 
-        let mut v = volume("pvc-late", 8 * MIB);
-        v.spec.host_node = Some(NodeInfo {
-            id: "node-late".into(),
-            ..NodeInfo::default()
-        });
+        let mut v = hosted_by(volume("pvc-late", 8 * MIB), "node-late");
         v.spec.host_auth = Some(liteio_api::host_auth::HostAuthPolicy::Preferred);
-        api.create(&PostParams::default(), &v).await.unwrap();
+        create(&api, &v).await;
         let v = wait_ready(&api, "pvc-late").await;
-        assert!(
-            !v.annotations()
-                .contains_key(annotations::HOSTS_WITHOUT_AUTH)
-        );
+        assert!(!lists_hosts_without_auth(&v));
         let req = last_export();
         assert_eq!(req.allowed_hosts, vec!["nqn.host-late".to_string()]);
         assert!(req.keyless_hosts.is_empty() && req.keys.is_some());
@@ -871,24 +779,7 @@ async fn a_nodes_capability_change_reaches_the_export_without_a_volume_change() 
                     .unwrap();
             }
         };
-        let listed = |want: Option<&'static str>| {
-            let api = api.clone();
-            async move {
-                eventually(
-                    &format!("hosts-without-auth to be {want:?}"),
-                    Duration::from_secs(5),
-                    || async {
-                        let v = api.get("pvc-late").await.unwrap();
-                        (v.annotations()
-                            .get(annotations::HOSTS_WITHOUT_AUTH)
-                            .map(String::as_str)
-                            == want)
-                            .then_some(v)
-                    },
-                )
-                .await
-            }
-        };
+        let listed = |want: Option<&'static str>| wait_hosts_without_auth(&api, "pvc-late", want);
 
         // The kernel cannot authenticate: only the Node changed.
         set_capability("none").await;

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
-use liteio_api::keys::{self};
-use liteio_api::{AntstorVolume, StoragePool, VolumeStatus};
+use kube::api::DeleteParams;
+use liteio_api::{AntstorVolume, StoragePool};
 
 fn volume(name: &str, size: u64) -> AntstorVolume {
     scheduled_volume(
@@ -49,25 +48,17 @@ async fn failing_volume_backs_off_and_recovers_promptly() {
                 },
             )
             .await;
-        let api: Api<AntstorVolume> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
-        let pools: Api<StoragePool> = Api::namespaced(env.client.clone(), keys::DEFAULT_NAMESPACE);
+        let api: Api<AntstorVolume> = ns_api(&env.client);
+        let pools: Api<StoragePool> = ns_api(&env.client);
         eventually("pool", Duration::from_secs(5), || async {
             pools.get_opt(NODE).await.unwrap().map(|_| ())
         })
         .await;
-        api.create(&PostParams::default(), &volume("filler", 700 * MIB))
-            .await
-            .unwrap();
-        eventually("filler ready", Duration::from_secs(5), || async {
-            let v = api.get_opt("filler").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready).then_some(())
-        })
-        .await;
+        create(&api, &volume("filler", 700 * MIB)).await;
+        volume_ready(&api, "filler", "filler ready", Duration::from_secs(5)).await;
 
         // 600 MiB do not fit beside the filler in the 1 GiB pool: every attempt fails.
-        api.create(&PostParams::default(), &volume("big", 600 * MIB))
-            .await
-            .unwrap();
+        create(&api, &volume("big", 600 * MIB)).await;
         // Observe the failures until six were seen (every 100 ms this would take 0.6 s;
         // with back-off 0.1 + 0.2 + 0.4 + 0.8 + 1.6 ≈ 3 s).
         let mut seen: Vec<(f64, Instant)> = Vec::new();
@@ -109,11 +100,7 @@ async fn failing_volume_backs_off_and_recovers_promptly() {
         api.delete("filler", &DeleteParams::default())
             .await
             .unwrap();
-        eventually("big ready", Duration::from_secs(10), || async {
-            let v = api.get_opt("big").await.unwrap()?;
-            (v.phase() == VolumeStatus::Ready).then_some(())
-        })
-        .await;
+        volume_ready(&api, "big", "big ready", Duration::from_secs(10)).await;
         let recovered = fixed.elapsed();
         assert!(
             recovered < Duration::from_millis(2000),

@@ -45,15 +45,7 @@ async fn host_keys(tag: &str, keys: &VolumeKeys) -> HostKeys {
 }
 
 async fn refused(ctrlr: &str, port: u16, nqn: &str, keys: &HostKeys, case: &str) {
-    let e = initiator::attach_tcp_auth(ctrlr, "127.0.0.1", port, nqn, HOST_B, None, keys)
-        .await
-        .expect_err(case)
-        .to_string();
-    assert!(
-        !e.contains("File exists"),
-        "{case}: refused before authenticating: {e}"
-    );
-    println!("refused: {case}: {e}");
+    common::spdk::refused_attach(ctrlr, port, nqn, HOST_B, keys, case).await;
 }
 
 async fn scenario() {
@@ -167,19 +159,7 @@ async fn scenario() {
         "the stale keys after rotation",
     )
     .await;
-    let names = initiator::attach_tcp_auth(
-        "k1",
-        "127.0.0.1",
-        port,
-        &t.subsys_nqn,
-        HOST_B,
-        None,
-        &rotated,
-    )
-    .await
-    .unwrap();
-    assert_eq!(io::read_at(&names[0], MIB, data.len()).await.unwrap(), data);
-    initiator::detach("k1").await.unwrap();
+    common::spdk::reads_back("k1", port, &t.subsys_nqn, HOST_B, &rotated, &data).await;
 
     // A volume that asks for TLS (the CSI controller annotates it from the StorageClass's
     // nvmfTls): its Secret gets a PSK and its listener takes TLS only.

@@ -81,19 +81,11 @@ async fn set_capability(client: &Client, node: &str, can: &str) {
 
 /// Attaches as `host` with `keys` and expects the target to refuse.
 async fn refused(ctrlr: &str, port: u16, nqn: &str, host: &str, keys: &HostKeys, case: &str) {
-    let e = initiator::attach_tcp_auth(ctrlr, "127.0.0.1", port, nqn, host, None, keys)
-        .await
-        .expect_err(case)
-        .to_string();
-    assert!(
-        !e.contains("File exists"),
-        "{case}: refused before authenticating: {e}"
-    );
+    common::spdk::refused_attach(ctrlr, port, nqn, host, keys, case).await;
     assert!(
         bdev::get(&format!("{ctrlr}n1")).await.unwrap().is_none(),
         "{case}: a refused attach left a bdev"
     );
-    println!("refused: {case}: {e}");
 }
 
 async fn scenario(sock: PathBuf) {
@@ -225,19 +217,7 @@ async fn scenario(sock: PathBuf) {
     )
     .await;
     let keys = consumer_keys(&client, &v).await;
-    let names = initiator::attach_tcp_auth(
-        "kp0",
-        "127.0.0.1",
-        pipe_port,
-        &t.subsys_nqn,
-        &host_src,
-        None,
-        &keys,
-    )
-    .await
-    .unwrap();
-    assert_eq!(io::read_at(&names[0], MIB, data.len()).await.unwrap(), data);
-    initiator::detach("kp0").await.unwrap();
+    common::spdk::reads_back("kp0", pipe_port, &t.subsys_nqn, &host_src, &keys, &data).await;
 
     // node-b rebooted into a kernel that can authenticate: only its Node changes, and its
     // entry gets the keys live.

@@ -19,85 +19,49 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::binary::{AgentProc, spawn_agent};
-use common::{HOST_B, MIB, NODE, rpc};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use common::binary::{AgentProc, DATA, DATA_OFFSET, data_pattern, spawn_agent};
+use common::{HOST_B, MIB, rpc};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, initiator, io};
-use liteio_api::keys::{self, annotations, finalizers, labels};
-use liteio_api::{AntstorVolume, AntstorVolumeSpec, NodeInfo, VolumeStatus, naming};
+use liteio_agent::spdk::{SpdkOptions, bdev, initiator, io};
+use liteio_api::keys::{self, finalizers};
+use liteio_api::{AntstorVolume, VolumeStatus, naming};
 use liteio_test_apiserver::TestApiServer;
 use serde_json::{Value, json};
 
 const LVS: &str = "lvs-crash";
 const BASE_AIO: &str = "crash-aio";
-const DATA: &str = "pvc-data";
-const DATA_OFFSET: u64 = MIB;
 /// Limit of one convergence (an agent start includes SPDK's and the lvstore's).
 const CONVERGE: Duration = Duration::from_secs(45);
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..64 * 1024)
-        .map(|i: usize| (i as u8).wrapping_mul(37).wrapping_add(seed))
-        .collect()
+    data_pattern(37, seed)
 }
 
 #[test]
 fn killed_at_every_step_the_spdk_agent_converges_without_orphans_or_data_loss() {
     // The initiator's SPDK polls: keep it off the agent's core. The agent, started many
     // times, gets core 1, which other SPDK tests (core 0) do not lock.
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-crash".into(),
+    let opts = SpdkOptions {
         core_mask: "0x1".into(),
         interrupt_mode: false,
         mem_size_mb: 512,
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(480), async {
-            scenario(Pool::Lvs).await;
-            scenario(Pool::File).await;
-        })
-        .await
-        .expect("timed out");
+        ..common::spdk::small("t3-crash")
+    };
+    common::with_spdk_opts(&opts, Duration::from_secs(480), async {
+        scenario(Pool::Lvs).await;
+        scenario(Pool::File).await;
     });
-    drop(rt);
-    spdk.stop();
 }
 
+/// Volume `name` as the controller schedules it here, consumed by node-b.
 fn volume(name: &str, uuid_tail: u32, size: u64) -> AntstorVolume {
-    let mut v = AntstorVolume::new(
+    // Serial numbers and aio bdev names are the first 20 hex digits: vary those.
+    common::remote_volume(
         name,
-        AntstorVolumeSpec {
-            // Serial numbers and aio bdev names are the first 20 hex digits: vary those.
-            uuid: format!("{uuid_tail:08x}-5b6a-4978-8a9b-3f2e1d0c5b6a"),
-            size_byte: size,
-            target_node_id: NODE.into(),
-            host_node: Some(NodeInfo {
-                id: "node-b".into(),
-                ..NodeInfo::default()
-            }),
-            ..AntstorVolumeSpec::default()
-        },
-    );
-    // What the controller writes when it schedules the volume here.
-    v.metadata = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(keys::DEFAULT_NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            labels::TARGET_NODE_ID.to_string(),
-            NODE.to_string(),
-        )])),
-        finalizers: Some(vec![finalizers::IN_STATE.to_string()]),
-        ..ObjectMeta::default()
-    };
-    v
+        &format!("{uuid_tail:08x}-5b6a-4978-8a9b-3f2e1d0c5b6a"),
+        size,
+    )
 }
 
 /// The pool engine of a scenario.
@@ -429,32 +393,11 @@ async fn scenario(pool: Pool) {
     // up to 24 MiB.
     let agent = c.spawn(Some(&format!("after-resize:{DATA}")));
     c.ready(&agent, DATA).await;
-    let patch = json!({"metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: (8 * MIB).to_string()}},
-                       "spec": {"sizeByte": 20 * MIB + 1}});
-    c.api
-        .patch(DATA, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
+    common::expand(&c.api, DATA, 8 * MIB, 20 * MIB + 1).await;
     agent.expect_crash("after-resize", CONVERGE).await;
     let agent = c.spawn(None);
-    let api = c.api.clone();
-    let v = agent
-        .converge("expansion recorded", CONVERGE, || {
-            let api = api.clone();
-            async move {
-                let v = api.get(DATA).await.unwrap();
-                (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
-                    && v.phase() == VolumeStatus::Ready)
-                    .then_some(v)
-            }
-        })
-        .await;
-    assert_eq!(
-        v.annotations()
-            .get(annotations::ALLOCATED_BYTES)
-            .map(String::as_str),
-        Some("25165824")
-    );
+    let v = agent.expansion_recorded(&c.api, DATA, CONVERGE).await;
+    assert_eq!(common::allocated_bytes(&v), Some("25165824"));
     c.converged(&agent).await;
     assert_eq!(c.assert_data_intact(&agent).await, 24 * MIB);
     agent.kill().await;

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    HOST_B, MIB, NODE, consumer_pool, create_exported, delete_and_release, eventually,
-    metric_value, remote_volume, scrape, start_spdk_agent, with_spdk,
+    HOST_B, MIB, NODE, consumer_pool, create_exported, delete_and_release, eventually, io_series,
+    metric_value, remote_volume, scrape, start_spdk_agent, volume_io, with_spdk,
 };
 use kube::Api;
 use liteio_agent::spdk::stats::RuntimeSource;
@@ -55,19 +55,7 @@ async fn scenario() {
         ("uuid", UUID),
         ("lvol", "lvs0/pvc-m"),
     ];
-    let before = eventually(
-        "I/O series of the volume",
-        Duration::from_secs(5),
-        || async {
-            let text = scrape(&agent).await;
-            Some((
-                metric_value(&text, "liteio_volume_writes_completed_total", &lv)?,
-                metric_value(&text, "liteio_volume_written_bytes_total", &lv)?,
-                metric_value(&text, "liteio_volume_reads_completed_total", &lv)?,
-            ))
-        },
-    )
-    .await;
+    let before = io_series(&agent, &lv, "I/O series of the volume").await;
 
     // 256 KiB written and read back through the export, by SPDK's NVMe/TCP initiator.
     let names = initiator::attach_tcp(
@@ -93,9 +81,7 @@ async fn scenario() {
         Duration::from_secs(5),
         || async {
             let text = scrape(&agent).await;
-            let w = metric_value(&text, "liteio_volume_writes_completed_total", &lv)?;
-            let b = metric_value(&text, "liteio_volume_written_bytes_total", &lv)?;
-            let r = metric_value(&text, "liteio_volume_reads_completed_total", &lv)?;
+            let (w, b, r) = volume_io(&text, &lv)?;
             (w >= before.0 + 4.0 && b >= before.1 + (256 * 1024) as f64 && r > before.2)
                 .then_some(text)
         },

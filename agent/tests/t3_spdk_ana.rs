@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::free_port_on;
 use liteio_agent::spdk::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec};
 use liteio_agent::spdk::{bdev, initiator, io};
 use liteio_api::naming;
@@ -195,28 +196,19 @@ async fn host_sees(ctrlr: &str, address: &str, port: u16, state: AnaState) {
     .await;
 }
 
-fn free_port_on(address: &str) -> u16 {
-    std::net::TcpListener::bind((address, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn spec(nqn: &str, bdev: &str, address: &str, port: u16, mp: Multipath) -> SubsystemSpec {
     SubsystemSpec {
-        nqn: nqn.into(),
-        serial: naming::serial_number(UUID),
-        model: UUID.into(),
-        bdev: bdev.into(),
-        ns_uuid: UUID.into(),
         address: address.into(),
-        port,
-        hosts: vec![HOST.into()],
-        keys: HostKeys::default(),
-        secure_channel: false,
-        keyless_hosts: Vec::new(),
         multipath: Some(mp),
+        ..common::spdk::local_subsystem(
+            nqn,
+            &naming::serial_number(UUID),
+            UUID,
+            bdev,
+            UUID,
+            port,
+            vec![HOST.into()],
+        )
     }
 }
 

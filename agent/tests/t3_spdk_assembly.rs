@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyMember, AssemblyRequest, ExportError, ExportRequest, Exporter,
-    MemberSource, UnassembleRequest,
+    MemberSource,
 };
 use liteio_agent::spdk::exporter::SpdkExporter;
 use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
@@ -29,32 +29,12 @@ const DC: &str = "pvc-asm";
 const DC_UUID: &str = "dc-5a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 
 fn lvol(name: &str) -> SpdkLvol {
-    SpdkLvol {
-        name: name.into(),
-        lvs_name: "alvs".into(),
-        thin: false,
-    }
+    common::spdk::lvol("alvs", name)
 }
 
 /// Nothing of the assembly is in SPDK: no raid, subsystem, member controller or key.
 async fn nothing_left() {
-    assert_eq!(raid::raid_info(DC).await.unwrap(), None, "raid bdev left");
-    assert!(
-        nvmf::find_subsystem(&naming::subsys_nqn(DC_UUID))
-            .await
-            .unwrap()
-            .is_none(),
-        "subsystem left"
-    );
-    let prefix = naming::assembly_controller_prefix(DC);
-    let left: Vec<String> = bdev::list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|b| b.name)
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    assert!(left.is_empty(), "member controllers left: {left:?}");
+    common::spdk::assembly_gone(DC, DC_UUID).await;
     for k in ["host", "ctrl"] {
         assert!(
             !keyring::has_key(&format!("liteio-{DC_UUID}-{k}"))
@@ -83,18 +63,14 @@ fn an_assembly_is_made_kept_changed_and_removed_and_a_failed_one_leaves_nothing(
         // Member m0 as its own node exports it: to the assembling node, with the PV's keys.
         let m0 = exp
             .ensure_export(&ExportRequest {
-                volume: "pvc-asm-m0".into(),
-                uuid: "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a00".into(),
-                device: None,
-                lvol: Some(lvol("m0")),
-                size_bytes: 16 * MIB,
-                allowed_hosts: vec![ME.into()],
-                keyless_hosts: Vec::new(),
-                preset: None,
                 keys: Some(keys.clone()),
-                path_state: Default::default(),
-                qos: Default::default(),
-                group_member: false,
+                ..common::spdk::lvol_export(
+                    "pvc-asm-m0",
+                    "0b9d1f3c-6a2e-4c1d-9f0a-5e7b2c8d4a00",
+                    lvol("m0"),
+                    16 * MIB,
+                    &[ME],
+                )
             })
             .await
             .unwrap();
@@ -199,13 +175,7 @@ fn an_assembly_is_made_kept_changed_and_removed_and_a_failed_one_leaves_nothing(
         assert_eq!(ss.hosts, [HOST2.to_string()]);
 
         // Removed, twice (idempotent); the members are untouched.
-        let un = UnassembleRequest {
-            name: DC.into(),
-            uuid: DC_UUID.into(),
-            target: Some(t.clone()),
-            members: 2,
-        };
-        exp.remove_assembly(&un).await.unwrap();
+        let un = common::spdk::unassemble(&exp, DC, DC_UUID, t.clone(), 2).await;
         nothing_left().await;
         exp.remove_assembly(&un).await.unwrap();
         assert!(

@@ -27,6 +27,13 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Loads each secret into the keyring under its name.
+async fn add_keys(keys: &[(&str, &DhchapSecret)]) {
+    for (name, s) in keys {
+        keyring::add_key(name, s.expose()).await.unwrap();
+    }
+}
+
 fn keys(host: &str, ctrl: Option<&str>) -> HostKeys {
     HostKeys {
         dhchap_key: Some(host.into()),
@@ -36,19 +43,11 @@ fn keys(host: &str, ctrl: Option<&str>) -> HostKeys {
 }
 
 fn spec(nqn: &str, bdev: &str, uuid: &str, port: u16, host: &str, keys: HostKeys) -> SubsystemSpec {
+    let serial: String = uuid.replace('-', "").chars().take(20).collect();
     SubsystemSpec {
-        nqn: nqn.into(),
-        serial: uuid.replace('-', "").chars().take(20).collect(),
-        model: "auth".into(),
-        bdev: bdev.into(),
-        ns_uuid: uuid.into(),
-        address: "127.0.0.1".into(),
-        port,
-        hosts: vec![host.into()],
         secure_channel: keys.psk.is_some(),
-        keyless_hosts: Vec::new(),
-        multipath: None,
         keys,
+        ..common::spdk::local_subsystem(nqn, &serial, "auth", bdev, uuid, port, vec![host.into()])
     }
 }
 
@@ -109,14 +108,13 @@ async fn scenario() {
         DhchapSecret::generate().unwrap(),
         DhchapSecret::generate().unwrap(),
     );
-    for (name, s) in [
+    add_keys(&[
         ("tgt-a-host", &a_host),
         ("tgt-a-ctrl", &a_ctrl),
         ("tgt-b-host", &b_host),
         ("tgt-b-ctrl", &b_ctrl),
-    ] {
-        keyring::add_key(name, s.expose()).await.unwrap();
-    }
+    ])
+    .await;
     // Adding the same secret again is success; a bad name is refused naming the field.
     keyring::add_key("tgt-a-host", a_host.expose())
         .await
@@ -154,14 +152,13 @@ async fn scenario() {
 
     // Host side: its own key names (the same secrets where the host holds the right ones).
     let wrong = DhchapSecret::generate().unwrap();
-    for (name, s) in [
+    add_keys(&[
         ("ini-a-host", &a_host),
         ("ini-a-ctrl", &a_ctrl),
         ("ini-b-host", &b_host),
         ("ini-wrong", &wrong),
-    ] {
-        keyring::add_key(name, s.expose()).await.unwrap();
-    }
+    ])
+    .await;
 
     refused("no key", "r0", port_a, NQN_A, HOST_A, &HostKeys::default()).await;
     refused(

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use liteio_agent::spdk::gate::{self, CopyOptions, CopyState};
-use liteio_agent::spdk::nvmf::{self, SubsystemSpec, TcpTransportOptions};
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
 use liteio_agent::spdk::{bdev, initiator, io, lvol};
 
 const MIB: u64 = 1 << 20;
@@ -61,26 +61,22 @@ async fn remote(lvs: &str, name: &str, ctrlr: &str) -> String {
         .unwrap();
     let nqn = format!("nqn.2016-06.io.spdk:copy-{ctrlr}");
     let port = common::free_port();
-    nvmf::create_subsystem(SubsystemSpec {
-        nqn: nqn.clone(),
-        serial: format!("COPY{ctrlr}"),
-        model: "copy".into(),
-        bdev: format!("{lvs}/{name}"),
-        // Not the lvol's own UUID: the initiator's bdev lives in the same SPDK.
-        ns_uuid: format!(
-            "{:08x}-c0de-4000-8000-000000000000",
-            ctrlr
-                .bytes()
-                .fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
-        ),
-        address: "127.0.0.1".into(),
+    // Not the lvol's own UUID: the initiator's bdev lives in the same SPDK.
+    let ns_uuid = format!(
+        "{:08x}-c0de-4000-8000-000000000000",
+        ctrlr
+            .bytes()
+            .fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+    );
+    nvmf::create_subsystem(common::spdk::local_subsystem(
+        &nqn,
+        &format!("COPY{ctrlr}"),
+        "copy",
+        &format!("{lvs}/{name}"),
+        &ns_uuid,
         port,
-        hosts: vec![HOST.into()],
-        keys: Default::default(),
-        secure_channel: false,
-        keyless_hosts: Vec::new(),
-        multipath: None,
-    })
+        vec![HOST.into()],
+    ))
     .await
     .unwrap();
     let names = initiator::attach_tcp(ctrlr, "127.0.0.1", port, &nqn, HOST)

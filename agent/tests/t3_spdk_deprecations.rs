@@ -10,15 +10,13 @@ mod common;
 
 use std::time::Duration;
 
+use common::spdk::{H1, H2, beside_spdk, local_subsystem, lvol, lvol_export, small};
 use liteio_agent::exporter::{ExportRequest, Exporter, UnexportRequest};
 use liteio_agent::spdk::exporter::SpdkExporter;
-use liteio_agent::spdk::nvmf::{self, SubsystemSpec, TcpTransportOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, deprecation, lvol};
-use liteio_api::SpdkLvol;
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::{bdev, deprecation, lvol};
 
 const MIB: u64 = 1 << 20;
-const H1: &str = "nqn.2021-03.com.alipay.host:uuid:node-1";
-const H2: &str = "nqn.2021-03.com.alipay.host:uuid:node-2";
 
 /// Deprecations hit inside SPDK 26.05 by features the agent needs, with no option to avoid
 /// them; each must be gone when SPDK removes the deprecated path.
@@ -39,21 +37,11 @@ const INSIDE_SPDK: &[&str] = &[
 
 #[test]
 fn agent_calls_hit_no_spdk_deprecation() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-deprecations".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), scenario())
-            .await
-            .expect("scenario timed out");
-    });
-    spdk.stop();
+    beside_spdk(
+        &small("t3-deprecations"),
+        Duration::from_secs(60),
+        scenario(),
+    );
 
     // SPDK has stopped: the counts are final.
     let all = deprecation::deprecations();
@@ -85,24 +73,7 @@ async fn scenario() {
         .await
         .unwrap();
     let uuid = "3c2b1a09-8f7e-4d6c-9b5a-4f3e2d1c0b9a";
-    let mut req = ExportRequest {
-        volume: "pvc-1".into(),
-        uuid: uuid.into(),
-        device: None,
-        lvol: Some(SpdkLvol {
-            name: "pvc-1".into(),
-            lvs_name: "dlvs".into(),
-            thin: false,
-        }),
-        size_bytes: 8 * MIB,
-        allowed_hosts: vec![H1.into()],
-        keyless_hosts: Vec::new(),
-        preset: None,
-        keys: None,
-        path_state: Default::default(),
-        qos: Default::default(),
-        group_member: false,
-    };
+    let mut req = lvol_export("pvc-1", uuid, lvol("dlvs", "pvc-1"), 8 * MIB, &[H1]);
     let t = exp.ensure_export(&req).await.unwrap();
     // The re-create path (lookup by NQN, host reconciliation) and a live host change.
     req.allowed_hosts = vec![H2.into()];
@@ -127,20 +98,15 @@ async fn scenario() {
 
     // A subsystem made directly, with a model number, on the same port.
     bdev::create_null("dn", 16 * MIB, 512).await.unwrap();
-    let spec = SubsystemSpec {
-        nqn: "nqn.2021-03.com.alipay.test:deprecations".into(),
-        serial: "DEPRECATIONS0001".into(),
-        model: "LiteIO test".into(),
-        bdev: "dn".into(),
-        ns_uuid: "5e4d3c2b-1a09-4f8e-8d7c-6b5a4f3e2d1c".into(),
-        address: "127.0.0.1".into(),
+    let spec = local_subsystem(
+        "nqn.2021-03.com.alipay.test:deprecations",
+        "DEPRECATIONS0001",
+        "LiteIO test",
+        "dn",
+        "5e4d3c2b-1a09-4f8e-8d7c-6b5a4f3e2d1c",
         port,
-        hosts: vec![H1.into()],
-        keys: Default::default(),
-        secure_channel: false,
-        keyless_hosts: Vec::new(),
-        multipath: None,
-    };
+        vec![H1.into()],
+    );
     let made = nvmf::create_subsystem(spec.clone()).await.unwrap();
     assert_eq!(made.serial, spec.serial);
     assert_eq!(nvmf::create_subsystem(spec.clone()).await.unwrap(), made);

@@ -61,18 +61,16 @@ async fn scenario() {
     };
     let port = common::free_port();
     nvmf::create_subsystem(SubsystemSpec {
-        nqn: NQN.into(),
-        serial: "DH0000000000001".into(),
-        model: "dhgroups".into(),
-        bdev: "dh0".into(),
-        ns_uuid: UUID.into(),
-        address: "127.0.0.1".into(),
-        port,
-        hosts: vec![HOST.into()],
-        secure_channel: false,
-        keyless_hosts: Vec::new(),
-        multipath: None,
         keys: keys.clone(),
+        ..common::spdk::local_subsystem(
+            NQN,
+            "DH0000000000001",
+            "dhgroups",
+            "dh0",
+            UUID,
+            port,
+            vec![HOST.into()],
+        )
     })
     .await
     .unwrap();

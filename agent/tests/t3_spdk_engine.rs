@@ -2,33 +2,21 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, bdev, lvol, raid};
+use liteio_agent::spdk::{ErrorKind, Spdk, bdev, lvol, raid};
 
 fn spdk() -> &'static Spdk {
     static SPDK: OnceLock<Spdk> = OnceLock::new();
-    SPDK.get_or_init(|| {
-        Spdk::start(&SpdkOptions {
-            name: "t3-engine".into(),
-            ..SpdkOptions::small()
-        })
-        .expect("SPDK starts")
-    })
+    SPDK.get_or_init(|| Spdk::start(&common::spdk::small("t3-engine")).expect("SPDK starts"))
 }
 
 fn run<F: std::future::Future<Output = ()>>(f: F) {
     spdk();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), f)
-            .await
-            .expect("test timed out")
-    });
+    common::spdk::block_on(Duration::from_secs(60), f);
 }
 
 const MIB: u64 = 1 << 20;

@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use liteio_agent::spdk::nvmf::{self, SubsystemSpec, TcpTransportOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev};
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::{SpdkOptions, bdev};
 use liteio_api::naming;
 
 const MIB: u64 = 1 << 20;
@@ -18,22 +18,11 @@ const SLOTS: u32 = 4;
 
 #[test]
 fn the_target_holds_as_many_subsystems_as_configured() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-max-subsystems".into(),
+    let opts = SpdkOptions {
         max_subsystems: SLOTS,
-        ..SpdkOptions::small()
-    })
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), scenario())
-            .await
-            .expect("scenario timed out");
-    });
-    spdk.stop();
+        ..common::spdk::small("t3-max-subsystems")
+    };
+    common::spdk::beside_spdk(&opts, Duration::from_secs(60), scenario());
 }
 
 async fn scenario() {
@@ -42,20 +31,15 @@ async fn scenario() {
         .unwrap();
     let spec = |i: u32| {
         let uuid = format!("7a0e1c2d-3b4f-4a5e-8d6c-{i:012}");
-        SubsystemSpec {
-            nqn: naming::subsys_nqn(&uuid),
-            serial: naming::serial_number(&uuid),
-            model: uuid.clone(),
-            bdev: format!("m{i}"),
-            ns_uuid: uuid,
-            address: "127.0.0.1".into(),
-            port: common::free_port(),
-            hosts: Vec::new(),
-            keys: Default::default(),
-            secure_channel: false,
-            keyless_hosts: Vec::new(),
-            multipath: None,
-        }
+        common::spdk::local_subsystem(
+            &naming::subsys_nqn(&uuid),
+            &naming::serial_number(&uuid),
+            &uuid,
+            &format!("m{i}"),
+            &uuid,
+            common::free_port(),
+            Vec::new(),
+        )
     };
     for i in 0..SLOTS {
         bdev::create_malloc(&format!("m{i}"), 4 * MIB, 512)

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use liteio_agent::exporter::{
     AssemblyLevel, AssemblyMember, AssemblyRequest, ExportError, ExportRequest, Exporter,
-    MemberSource, UnassembleRequest, UnexportRequest,
+    MemberSource, UnexportRequest,
 };
 use liteio_agent::spdk::exporter::SpdkExporter;
-use liteio_agent::spdk::nvmf::{self, HostKeys, TcpTransportOptions};
+use liteio_agent::spdk::nvmf::{HostKeys, TcpTransportOptions};
 use liteio_agent::spdk::{bdev, initiator, io, lvol, raid};
 use liteio_api::auth::VolumeKeys;
 use liteio_api::replica::{ReplicaState, ReplicaStatus};
-use liteio_api::{SpdkLvol, SpdkTarget, naming};
+use liteio_api::{SpdkLvol, SpdkTarget};
 
 const MIB: u64 = 1 << 20;
 /// The assembling node's host NQN (the replicas' exports admit it).
@@ -37,11 +37,7 @@ const REPLICA: u64 = SIZE + 4 * MIB;
 const DATA: usize = 8 << 20;
 
 fn lvol(name: &str) -> SpdkLvol {
-    SpdkLvol {
-        name: name.into(),
-        lvs_name: "mlvs".into(),
-        thin: false,
-    }
+    common::spdk::lvol("mlvs", name)
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -63,18 +59,8 @@ async fn export_replica(
     keys: &VolumeKeys,
 ) -> SpdkTarget {
     exp.ensure_export(&ExportRequest {
-        volume: format!("{DC}-{name}"),
-        uuid: uuid.into(),
-        device: None,
-        lvol: Some(lvol(name)),
-        size_bytes: REPLICA,
-        allowed_hosts: vec![ME.into()],
-        keyless_hosts: Vec::new(),
-        preset: None,
         keys: Some(keys.clone()),
-        path_state: Default::default(),
-        qos: Default::default(),
-        group_member: false,
+        ..common::spdk::lvol_export(&format!("{DC}-{name}"), uuid, lvol(name), REPLICA, &[ME])
     })
     .await
     .unwrap()
@@ -90,23 +76,7 @@ fn words(st: &[ReplicaStatus]) -> Vec<(String, ReplicaState)> {
 
 /// Nothing of the assembly is in SPDK: no raid, subsystem or member controller.
 async fn nothing_left() {
-    assert_eq!(raid::raid_info(DC).await.unwrap(), None, "raid bdev left");
-    assert!(
-        nvmf::find_subsystem(&naming::subsys_nqn(DC_UUID))
-            .await
-            .unwrap()
-            .is_none(),
-        "subsystem left"
-    );
-    let prefix = naming::assembly_controller_prefix(DC);
-    let left: Vec<String> = bdev::list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|b| b.name)
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    assert!(left.is_empty(), "member controllers left: {left:?}");
+    common::spdk::assembly_gone(DC, DC_UUID).await;
 }
 
 #[test]
@@ -296,13 +266,7 @@ fn a_mirror_serves_through_the_loss_of_a_replica_and_rebuilds_its_replacement() 
 
         // Removed (the host first): nothing of the assembly is left; the replicas stay.
         initiator::detach("hostc").await.unwrap();
-        let un = UnassembleRequest {
-            name: DC.into(),
-            uuid: DC_UUID.into(),
-            target: Some(t.clone()),
-            members: 2,
-        };
-        exp.remove_assembly(&un).await.unwrap();
+        let un = common::spdk::unassemble(&exp, DC, DC_UUID, t.clone(), 2).await;
         nothing_left().await;
         exp.remove_assembly(&un).await.unwrap();
         assert!(lvol::lvol("mlvs", "r1").await.unwrap().is_some());

@@ -9,26 +9,20 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
 use liteio_agent::engine::{PoolEngine, VolumeOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions, bdev, io, lvol};
+use liteio_agent::spdk::{Spdk, bdev, io, lvol};
 
 const MIB: u64 = 1 << 20;
 const CHUNK: usize = 64 * 1024;
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), f)
-            .await
-            .expect("timed out")
-    })
+    common::spdk::block_on(Duration::from_secs(60), f)
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
@@ -95,11 +89,7 @@ fn losetup(file: &Path) -> Option<PathBuf> {
 
 #[test]
 fn a_new_volume_never_reads_a_deleted_ones_data() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-no-stale".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
+    let spdk = Spdk::start(&common::spdk::small("t3-no-stale")).unwrap();
     let dir = std::env::temp_dir().join(format!("liteio-t3-stale-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 

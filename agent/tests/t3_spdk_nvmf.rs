@@ -64,20 +64,15 @@ async fn scenario() {
         .unwrap();
 
     let port = common::free_port();
-    let spec = SubsystemSpec {
-        nqn: naming::subsys_nqn(uuid),
-        serial: naming::serial_number(uuid),
-        model: uuid.into(),
-        bdev: vol.alias(),
-        ns_uuid: uuid.into(),
-        address: "127.0.0.1".into(),
+    let spec = common::spdk::local_subsystem(
+        &naming::subsys_nqn(uuid),
+        &naming::serial_number(uuid),
+        uuid,
+        &vol.alias(),
+        uuid,
         port,
-        hosts: vec![GOOD_HOST.into()],
-        keys: Default::default(),
-        secure_channel: false,
-        keyless_hosts: Vec::new(),
-        multipath: None,
-    };
+        vec![GOOD_HOST.into()],
+    );
     let ss = nvmf::create_subsystem(spec.clone()).await.unwrap();
     assert_eq!(ss.serial, naming::serial_number(uuid));
     assert_eq!(ss.listeners, vec![("127.0.0.1".to_string(), port)]);

@@ -2,19 +2,29 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use liteio_agent::engine::spdk::{BaseBdev, SpdkLvsEngine};
 use liteio_agent::engine::{ErrorKind, PoolEngine, VolumeOptions};
-use liteio_agent::spdk::{Spdk, SpdkOptions};
+use liteio_agent::spdk::Spdk;
 
 const MIB: u64 = 1 << 20;
 
+/// The names of the engine's volumes, sorted.
+fn names(engine: &SpdkLvsEngine) -> Vec<String> {
+    let mut names: Vec<String> = engine
+        .list_volumes()
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn lvstore_engine_lifecycle_on_an_aio_file() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-engine-trait".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
+    let spdk = Spdk::start(&common::spdk::small("t3-engine-trait")).unwrap();
     let dir = std::env::temp_dir().join(format!("liteio-t3-pe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let base = BaseBdev::Aio {
@@ -95,14 +105,7 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
         ErrorKind::NotFound
     );
 
-    let mut names: Vec<String> = engine
-        .list_volumes()
-        .unwrap()
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["pvc-a", "pvc-a_snap", "pvc-b", "pvc-thin"]);
+    assert_eq!(names(&engine), ["pvc-a", "pvc-a_snap", "pvc-b", "pvc-thin"]);
     let snap = engine
         .list_volumes()
         .unwrap()
@@ -125,21 +128,10 @@ fn lvstore_engine_lifecycle_on_an_aio_file() {
     // lvstore; the agent restarts SPDK only by restarting the process.)
     let free_before = engine.info().unwrap().free_bytes;
     spdk.stop();
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-engine-trait".into(),
-        ..SpdkOptions::small()
-    })
-    .unwrap();
+    let spdk = Spdk::start(&common::spdk::small("t3-engine-trait")).unwrap();
     let again = SpdkLvsEngine::new("pe-lvs", base, 4 << 20);
     assert_eq!(again.ensure_pool().unwrap().uuid, pool.uuid);
-    let mut names: Vec<String> = again
-        .list_volumes()
-        .unwrap()
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["pvc-a", "pvc-a_snap"]);
+    assert_eq!(names(&again), ["pvc-a", "pvc-a_snap"]);
     assert_eq!(again.info().unwrap().free_bytes, free_before);
     spdk.stop();
     let _ = std::fs::remove_dir_all(dir);

@@ -5,31 +5,19 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use liteio_agent::spdk::bdev::{self, QosLimits};
-use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, io};
+use liteio_agent::spdk::{ErrorKind, io};
 
 const MIB: u64 = 1 << 20;
 
 fn run<F: std::future::Future<Output = ()>>(f: F) {
-    let _spdk = Spdk::start(&SpdkOptions {
-        name: "t3-qos".into(),
-        ..SpdkOptions::small()
-    })
-    .expect("SPDK starts");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(120), f)
-            .await
-            .expect("test timed out")
-    });
+    common::with_spdk("t3-qos", false, Duration::from_secs(120), f);
 }
 
 /// Writes of `size` bytes from `depth` writers for `secs`: (I/O per second, MiB per second).

@@ -11,10 +11,12 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
-use liteio_agent::spdk::nvmf::{self, SubsystemSpec, TcpTransportOptions};
-use liteio_agent::spdk::{ErrorKind, Spdk, SpdkOptions, bdev, initiator, io};
+use liteio_agent::spdk::nvmf::{self, TcpTransportOptions};
+use liteio_agent::spdk::{ErrorKind, SpdkOptions, bdev, initiator, io};
 use liteio_spdk::raid::{self, RaidLevel, RaidState};
 
 const KIB: u64 = 1 << 10;
@@ -22,36 +24,24 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn raid_levels_sizes_data_degrade_rebuild_errors_and_nvme_tcp_members() {
-    let spdk = Spdk::start(&SpdkOptions {
-        name: "t3-raid".into(),
+    let opts = SpdkOptions {
         interrupt_mode: false,
-        ..SpdkOptions::small()
-    })
-    .expect("SPDK starts");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(180), async {
-            println!("(a) concat of three sizes");
-            concat_of_three_sizes_sums_them().await;
-            println!("(b) raid0 of three");
-            raid0_of_three_stripes_over_them().await;
-            println!("(c) raid1 degrade and rebuild");
-            raid1_degrades_when_a_member_goes_and_rebuilds_onto_a_new_one().await;
-            println!("(d) bad inputs");
-            bad_inputs_fail_clearly_and_leave_nothing().await;
-            println!("(e) idempotence and conflicts");
-            create_is_idempotent_and_a_different_shape_conflicts().await;
-            println!("(f) concat over NVMe/TCP members");
-            concat_over_two_nvme_tcp_members().await;
-        })
-        .await
-        .expect("the raid scenarios timed out")
+        ..common::spdk::small("t3-raid")
+    };
+    common::spdk::beside_spdk(&opts, Duration::from_secs(180), async {
+        println!("(a) concat of three sizes");
+        concat_of_three_sizes_sums_them().await;
+        println!("(b) raid0 of three");
+        raid0_of_three_stripes_over_them().await;
+        println!("(c) raid1 degrade and rebuild");
+        raid1_degrades_when_a_member_goes_and_rebuilds_onto_a_new_one().await;
+        println!("(d) bad inputs");
+        bad_inputs_fail_clearly_and_leave_nothing().await;
+        println!("(e) idempotence and conflicts");
+        create_is_idempotent_and_a_different_shape_conflicts().await;
+        println!("(f) concat over NVMe/TCP members");
+        concat_over_two_nvme_tcp_members().await;
     });
-    drop(rt);
-    spdk.stop();
 }
 
 fn names(n: &[&str]) -> Vec<String> {
@@ -63,25 +53,6 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 9) as u8))
         .collect()
-}
-
-/// Polls `f` every 20 ms until it returns `Some`, or panics after `within`.
-async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Neither a raid (also none configuring) nor a bdev of that name.
@@ -293,7 +264,7 @@ async fn raid1_degrades_when_a_member_goes_and_rebuilds_onto_a_new_one() {
 
     // One member goes: the raid stays online, one slot missing.
     bdev::delete_malloc("m1b").await.unwrap();
-    let degraded = eventually("mirror degraded", Duration::from_secs(10), || async {
+    let degraded = common::eventually("mirror degraded", Duration::from_secs(10), || async {
         raid::raid_info("mirror")
             .await
             .unwrap()
@@ -600,20 +571,15 @@ async fn concat_over_two_nvme_tcp_members() {
     let mut attached = Vec::new();
     for (i, (m, uuid)) in exported.iter().zip(uuids).enumerate() {
         bdev::create_malloc(m, 16 * MIB, 512).await.unwrap();
-        let spec = SubsystemSpec {
-            nqn: format!("nqn.2021-03.com.alipay.raid-test:member{i}"),
-            serial: format!("RAIDTEST{i}"),
-            model: uuid.into(),
-            bdev: m.clone(),
-            ns_uuid: uuid.into(),
-            address: "127.0.0.1".into(),
+        let spec = common::spdk::local_subsystem(
+            &format!("nqn.2021-03.com.alipay.raid-test:member{i}"),
+            &format!("RAIDTEST{i}"),
+            uuid,
+            m,
+            uuid,
             port,
-            hosts: vec![HOST.into()],
-            keys: Default::default(),
-            secure_channel: false,
-            keyless_hosts: Vec::new(),
-            multipath: None,
-        };
+            vec![HOST.into()],
+        );
         nvmf::create_subsystem(spec.clone()).await.unwrap();
         let ns = initiator::attach_tcp(&format!("rt{i}"), "127.0.0.1", port, &spec.nqn, HOST)
             .await

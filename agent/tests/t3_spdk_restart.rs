@@ -4,6 +4,8 @@
 #![cfg(feature = "spdk")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,15 +17,7 @@ const PHASE: &str = "LITEIO_T3_RESTART_PHASE";
 const FILE: &str = "LITEIO_T3_RESTART_FILE";
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), f)
-            .await
-            .expect("timed out")
-    })
+    common::spdk::block_on(Duration::from_secs(60), f)
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
@@ -33,10 +27,7 @@ fn pattern(seed: u8) -> Vec<u8> {
 }
 
 fn opts(name: &str) -> SpdkOptions {
-    SpdkOptions {
-        name: name.into(),
-        ..SpdkOptions::small()
-    }
+    common::spdk::small(name)
 }
 
 /// Create the pool and a volume with data on `file`.

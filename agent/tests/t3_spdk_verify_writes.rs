@@ -20,8 +20,9 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::free_port_on;
 use liteio_agent::spdk::bdev;
-use liteio_agent::spdk::nvmf::{self, AnaState, HostKeys, Multipath, SubsystemSpec};
+use liteio_agent::spdk::nvmf::{self, AnaState, Multipath, SubsystemSpec};
 use liteio_api::naming;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -38,14 +39,6 @@ const LINE_TIMEOUT: Duration = Duration::from_secs(30);
 /// slow or failed connect shows the tool's own error line, not this test's timeout (seen:
 /// no line in 30 s while the rest of the test suite loaded both cores).
 const FIRST_LINE_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn free_port_on(address: &str) -> u16 {
-    std::net::TcpListener::bind((address, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn verify_writes_across_an_ana_switch() {
@@ -225,22 +218,21 @@ fn per_second(iops: Option<u64>) -> String {
 
 fn spec(nqn: &str, port: u16) -> SubsystemSpec {
     SubsystemSpec {
-        nqn: nqn.into(),
-        serial: naming::serial_number(UUID),
-        model: UUID.into(),
-        bdev: "vw".into(),
-        ns_uuid: UUID.into(),
         address: SRC.into(),
-        port,
-        hosts: vec![HOST.into()],
-        keys: HostKeys::default(),
-        secure_channel: false,
-        keyless_hosts: Vec::new(),
         multipath: Some(Multipath {
             ana_state: AnaState::Optimized,
             min_cntlid: 1,
             max_cntlid: 1024,
         }),
+        ..common::spdk::local_subsystem(
+            nqn,
+            &naming::serial_number(UUID),
+            UUID,
+            "vw",
+            UUID,
+            port,
+            vec![HOST.into()],
+        )
     }
 }
 

@@ -8,6 +8,18 @@ use std::time::Duration;
 
 use super::NODE;
 
+/// The volume with data that every crash scenario keeps across the kills.
+pub const DATA: &str = "pvc-data";
+/// Where in [`DATA`] its pattern is written.
+pub const DATA_OFFSET: u64 = super::MIB;
+
+/// The 64 KiB written to [`DATA`]: byte `i` is `i * step + seed` (wrapping).
+pub fn data_pattern(step: u8, seed: u8) -> Vec<u8> {
+    (0..64 * 1024)
+        .map(|i: usize| (i as u8).wrapping_mul(step).wrapping_add(seed))
+        .collect()
+}
+
 /// One `disk-agent` process; killed (SIGKILL) when dropped.
 pub struct AgentProc {
     pub child: tokio::process::Child,
@@ -92,23 +104,33 @@ impl AgentProc {
     }
 
     /// Polls `f` every 20 ms until it returns `Some`; after `within` panics with the log.
-    pub async fn converge<T, F, Fut>(&self, what: &str, within: Duration, mut f: F) -> T
+    pub async fn converge<T, F, Fut>(&self, what: &str, within: Duration, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        super::poll(within, f)
+            .await
+            .unwrap_or_else(|| panic!("timed out waiting for {what}:\n{}", self.log()))
+    }
+
+    /// Waits until volume `name`'s expansion is recorded (the CSI label gone) and it is
+    /// ready again; returns it.
+    pub async fn expansion_recorded(
+        &self,
+        api: &kube::Api<liteio_api::AntstorVolume>,
+        name: &str,
+        within: Duration,
+    ) -> liteio_api::AntstorVolume {
+        use kube::ResourceExt;
+        use liteio_api::keys::labels;
+        self.converge("expansion recorded", within, || async {
+            let v = api.get(name).await.unwrap();
+            (!v.labels().contains_key(labels::EXPANSION_ORIGINAL_SIZE)
+                && v.phase() == liteio_api::VolumeStatus::Ready)
+                .then_some(v)
+        })
+        .await
     }
 
     /// Waits until the agent dropped its finalizers of the deleting volume `name`, does the

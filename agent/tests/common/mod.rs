@@ -1,8 +1,27 @@
-//! Shared helpers of the agent's T1 tests: a test API server with the `obnvmf` namespace and
-//! a Node, an agent over a file-engine pool in a temp dir, and condition polling.
+//! Shared helpers of the agent's integration tests (one place per concept, so that a test
+//! file holds only what it proves):
+//!
+//! - the cluster: a test API server with the `obnvmf` namespace and a Node (`Env`,
+//!   `test_cluster`), objects as the controller leaves them (`scheduled_volume`,
+//!   `remote_volume`, `hosted_by`, `host_pool`, `consumer_pool`), `create`, `ns_api`;
+//! - the agent: over a file-engine pool in a temp dir (`Env::start_agent*`) or over SPDK
+//!   (`start_spdk_agent*`), with test timings (`test_options`); a fake exporter's `healthy`
+//!   and `aio_target`;
+//! - waiting: `eventually` / `poll` (never a bare sleep), `volume_ready`, `create_exported`,
+//!   `gone`, `delete_and_release`, `expand`;
+//! - observing: `scrape`, `metric_value`, `volume_io` / `io_series`, `http_get`,
+//!   `events_about`, `allocated_bytes`;
+//! - ports: `free_port`, `free_port_on`, `free_range`.
+//!
+//! Rooms of their own: `binary` (the `disk-agent` binary as a child process, for the crash
+//! tests), `host` (host commands and the skip reasons of tests that need root or loop
+//! devices), `spdk` (what the tests that drive SPDK in this process share).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 pub mod binary;
+pub mod host;
+#[cfg(feature = "spdk")]
+pub mod spdk;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -54,7 +73,12 @@ pub fn scheduled_volume(name: &str, uuid: &str, size: u64) -> liteio_api::Antsto
 
 /// A TCP port of 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
+    free_port_on("127.0.0.1")
+}
+
+/// A TCP port of `address` that was free a moment ago.
+pub fn free_port_on(address: &str) -> u16 {
+    std::net::TcpListener::bind((address, 0))
         .unwrap()
         .local_addr()
         .unwrap()
@@ -73,28 +97,47 @@ pub const HOST_B: &str = "nqn.2021-03.com.alipay.host:uuid:node-b";
 
 /// [`scheduled_volume`] consumed by `node-b`: the agent exports it for [`HOST_B`].
 pub fn remote_volume(name: &str, uuid: &str, size: u64) -> liteio_api::AntstorVolume {
-    let mut v = scheduled_volume(name, uuid, size);
-    v.spec.host_node = Some(liteio_api::NodeInfo {
-        id: "node-b".into(),
-        ..liteio_api::NodeInfo::default()
-    });
-    v
+    hosted_by(scheduled_volume(name, uuid, size), "node-b")
 }
 
 /// The consuming node's StoragePool, which publishes its host NQN ([`HOST_B`]) for the
 /// exports' allow-lists.
 pub async fn consumer_pool(client: &Client) {
+    host_pool(client, "node-b", HOST_B).await;
+}
+
+/// The StoragePool of some consuming `node` publishing its host NQN `nqn`.
+pub async fn host_pool(client: &Client, node: &str, nqn: &str) {
     use liteio_api::keys::annotations;
-    let pools: Api<liteio_api::StoragePool> =
-        Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE);
-    let mut host = liteio_api::StoragePool::new("node-b", Default::default());
+    let mut host = liteio_api::StoragePool::new(node, Default::default());
     host.metadata.annotations = Some(BTreeMap::from([(
         annotations::HOST_NQN.to_string(),
-        HOST_B.to_string(),
+        nqn.to_string(),
     )]));
-    host.spec.node_info.id = "node-b".into();
+    host.spec.node_info.id = node.into();
     host.spec.kernel_lvm.name = "vg".into();
-    pools.create(&PostParams::default(), &host).await.unwrap();
+    ns_api::<liteio_api::StoragePool>(client)
+        .create(&PostParams::default(), &host)
+        .await
+        .unwrap();
+}
+
+/// The API of kind `K` in the `obnvmf` namespace.
+pub fn ns_api<K>(client: &Client) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    Api::namespaced(client.clone(), keys::DEFAULT_NAMESPACE)
+}
+
+/// `v` consumed by node `host` (`spec.hostNode`).
+pub fn hosted_by(mut v: liteio_api::AntstorVolume, host: &str) -> liteio_api::AntstorVolume {
+    v.spec.host_node = Some(liteio_api::NodeInfo {
+        id: host.into(),
+        ..liteio_api::NodeInfo::default()
+    });
+    v
 }
 
 /// A test API server with the `obnvmf` namespace and the Node ([`prepare_cluster`]), a
@@ -134,7 +177,18 @@ pub async fn create_exported(
 pub use liteio_tests::spdk::{with_spdk, with_spdk_opts};
 
 /// Polls `f` every 20 ms until it returns `Some`, or panics after `within`.
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(within, f)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {within:?} waiting for {what}"))
+}
+
+/// Polls `f` every 20 ms until it returns `Some`; `None` once `within` has passed.
+pub async fn poll<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -142,13 +196,106 @@ where
     let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Some(v);
         }
         if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {within:?} waiting for {what}");
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Asks for volume `name` to grow from `from` to `to` bytes, as the CSI controller does (the
+/// original size in a label, the new one in the spec).
+pub async fn expand(api: &kube::Api<liteio_api::AntstorVolume>, name: &str, from: u64, to: u64) {
+    use liteio_api::keys::labels;
+    let patch = serde_json::json!({
+        "metadata": {"labels": {labels::EXPANSION_ORIGINAL_SIZE: from.to_string()}},
+        "spec": {"sizeByte": to},
+    });
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits (up to `within`) until volume `name` is ready; returns it.
+pub async fn volume_ready(
+    api: &Api<liteio_api::AntstorVolume>,
+    name: &str,
+    what: &str,
+    within: Duration,
+) -> liteio_api::AntstorVolume {
+    eventually(what, within, || async {
+        let v = api.get_opt(name).await.unwrap()?;
+        (v.phase() == liteio_api::VolumeStatus::Ready).then_some(v)
+    })
+    .await
+}
+
+/// The `allocated-bytes` annotation of `v`: the size the engine rounded it to, when it did.
+pub fn allocated_bytes(v: &liteio_api::AntstorVolume) -> Option<&str> {
+    use kube::ResourceExt;
+    v.annotations()
+        .get(keys::annotations::ALLOCATED_BYTES)
+        .map(String::as_str)
+}
+
+/// The target a fake exporter hands out for a file volume `uuid`: its aio bdev, LiteIO's
+/// NQN and serial, [`NODE_IP`]:4510.
+pub fn aio_target(uuid: &str) -> liteio_api::SpdkTarget {
+    use liteio_api::naming;
+    liteio_api::SpdkTarget {
+        bdev_name: naming::aio_bdev_name(uuid),
+        subsys_nqn: naming::subsys_nqn(uuid),
+        svc_id: "4510".into(),
+        sn: naming::serial_number(uuid),
+        trans_type: naming::TRANS_TYPE_TCP.into(),
+        ns_uuid: uuid.into(),
+        address: NODE_IP.into(),
+        addr_fam: naming::ADDR_FAM_IPV4.into(),
+    }
+}
+
+/// Creates `obj` through `api`; returns it as stored.
+pub async fn create<K>(api: &Api<K>, obj: &K) -> K
+where
+    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), obj).await.unwrap()
+}
+
+/// Waits (up to `within`) until object `name` of `api` is gone.
+pub async fn gone<K>(api: &Api<K>, name: &str, what: &str, within: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, within, || async {
+        api.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+/// The Events about object `name` with `reason`.
+pub async fn events_about(
+    client: &Client,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    ns_api::<k8s_openapi::api::events::v1::Event>(client)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
 }
 
 /// Deletes volume `name` and waits until the agent has released it: only the controller's
@@ -306,6 +453,17 @@ fn tracing_subscriber_init() -> Result<(), ()> {
         .map_err(|_| ())
 }
 
+/// A fake exporter's `health`: a target of SPDK `version`.
+pub fn healthy(
+    version: &'static str,
+) -> liteio_agent::exporter::ExportFuture<'static, liteio_agent::exporter::ExporterHealth> {
+    Box::pin(async move {
+        Ok(liteio_agent::exporter::ExporterHealth::Ok {
+            version: version.into(),
+        })
+    })
+}
+
 /// GET `path` from the agent's metrics server; returns (status line, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -335,6 +493,25 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
         got.sort();
         if got == want { v.parse().ok() } else { None }
     })
+}
+
+/// A volume's I/O counters in a scrape, for the series with `labels`: (writes completed,
+/// bytes written, reads completed).
+pub fn volume_io(text: &str, labels: &[(&str, &str)]) -> Option<(f64, f64, f64)> {
+    Some((
+        metric_value(text, "liteio_volume_writes_completed_total", labels)?,
+        metric_value(text, "liteio_volume_written_bytes_total", labels)?,
+        metric_value(text, "liteio_volume_reads_completed_total", labels)?,
+    ))
+}
+
+/// Waits until the agent's `/metrics` has the I/O counters of the series with `labels`
+/// ([`volume_io`]); returns them.
+pub async fn io_series(agent: &Agent, labels: &[(&str, &str)], what: &str) -> (f64, f64, f64) {
+    eventually(what, Duration::from_secs(5), || async {
+        volume_io(&scrape(agent).await, labels)
+    })
+    .await
 }
 
 /// Scrapes the agent's `/metrics`.
@@ -372,11 +549,7 @@ pub async fn start_spdk_agent_with(client: &Client, state_dir: &Path, auth: bool
         },
         0,
     ));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let exporter = Arc::new(
         SpdkExporter::new(
             "127.0.0.1",
