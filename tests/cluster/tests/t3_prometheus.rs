@@ -74,7 +74,7 @@ fn cluster_options() -> ClusterOptions {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// A `for:` value (`90s`, `1m`, `2h`).
