@@ -44,16 +44,8 @@ fn broken(file: &Path) -> Vec<String> {
     let dir = file.parent().unwrap();
     targets(&text)
         .into_iter()
-        .filter(|t| {
-            // Code spans name paths from the repository's root.
-            let from_root = t.starts_with("docs/") && !dir.ends_with("docs");
-            let base = if from_root {
-                repo_root()
-            } else {
-                dir.to_path_buf()
-            };
-            !base.join(t).exists() && !repo_root().join(t).exists()
-        })
+        // A link is relative to its file; a code span names a path from the repository's root.
+        .filter(|t| !dir.join(t).exists() && !repo_root().join(t).exists())
         .map(|t| format!("{}: {t}", file.display()))
         .collect()
 }
