@@ -646,6 +646,20 @@ fn a_limited_volume_moves_with_its_limits_and_its_copy_is_not_held_to_them() {
     });
 }
 
+/// The operator deletes migration `s` before it finished: the host drops its path to the
+/// destination, as the CSI node does on a cancel, and reports itself disconnected.
+async fn withdraw(c: &Cluster, s: &mut Started) -> Result<(), String> {
+    Api::<VolumeMigration>::namespaced(s.client.clone(), keys::DEFAULT_NAMESPACE)
+        .delete(&s.name, &Default::default())
+        .await
+        .map_err(err("delete the migration"))?;
+    s.host
+        .send(&format!("detach {} {}", s.d.address, s.d.svc_id))
+        .await?;
+    s.host.wait_for("path detached", 60).await?;
+    host_reports(c, &s.name, false).await
+}
+
 /// Deleting the migration while the copy runs cancels it: the copy stops, the destination
 /// volume goes, the source serves on as before and nothing written is lost.
 #[test]
@@ -658,17 +672,7 @@ fn a_migration_deleted_mid_copy_is_cancelled_and_the_source_serves_on() {
         Box::pin(async move {
             let mut s = begin(c, "pvc-del", false, &[]).await?;
             copy_under_way(c, &s.name, 120).await?;
-            let migs: Api<VolumeMigration> =
-                Api::namespaced(s.client.clone(), keys::DEFAULT_NAMESPACE);
-            migs.delete(&s.name, &Default::default())
-                .await
-                .map_err(err("delete the migration"))?;
-            // The host drops its second path, as the CSI node does on a cancel.
-            s.host
-                .send(&format!("detach {} {}", s.d.address, s.d.svc_id))
-                .await?;
-            s.host.wait_for("path detached", 60).await?;
-            host_reports(c, &s.name, false).await?;
+            withdraw(c, &mut s).await?;
             cancelled(c, &s, "pvc-del").await?;
             s.host.wait_for("tick ", 30).await?;
             s.host.wait_for("tick ", 30).await?;
@@ -702,16 +706,7 @@ fn a_destination_killed_mid_copy_ends_in_error_and_the_source_serves_on() {
             );
             // The source never stopped serving.
             s.host.wait_for("tick ", 30).await?;
-            let migs: Api<VolumeMigration> =
-                Api::namespaced(s.client.clone(), keys::DEFAULT_NAMESPACE);
-            migs.delete(&s.name, &Default::default())
-                .await
-                .map_err(err("delete the migration"))?;
-            s.host
-                .send(&format!("detach {} {}", s.d.address, s.d.svc_id))
-                .await?;
-            s.host.wait_for("path detached", 60).await?;
-            host_reports(c, &s.name, false).await?;
+            withdraw(c, &mut s).await?;
             c.launch(Role::Agent(k)).await.map_err(err("restart"))?;
             cancelled(c, &s, "pvc-dkill").await?;
             s.host.wait_for("tick ", 30).await?;
